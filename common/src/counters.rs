@@ -1,0 +1,77 @@
+//! Global dataplane counters: indices into the per-CPU `GLOBAL_STATS` array.
+
+/// One slot of the global counter array. The discriminant is the index.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Frames encapsulated and sent to a peer.
+    TxPackets = 0,
+    TxBytes = 1,
+    /// VXLAN frames from peers decapsulated and delivered straight to a pod.
+    RxFastPackets = 2,
+    RxFastBytes = 3,
+    /// VXLAN frames from peers accepted and left to the kernel's receive path.
+    RxHostPackets = 4,
+    RxHostBytes = 5,
+    /// Dropped: VXLAN for us from a source that is not a known peer.
+    DropUnknownPeer = 6,
+    /// Dropped: no peer subnet matched the inner destination.
+    DropNoRoute = 7,
+    /// Dropped: the kernel refused to grow or shrink the packet.
+    DropAdjustRoom = 8,
+    /// Dropped: a frame on the VTEP that is not IPv4.
+    DropNotIpv4 = 9,
+    /// Dropped: the agent has not configured the dataplane yet.
+    DropNoConfig = 10,
+    /// Passed untouched: VXLAN to our port with another VNI or inner MAC.
+    PassNotOurs = 11,
+}
+
+pub const COUNT: u32 = 12;
+
+impl Counter {
+    pub const ALL: [Counter; COUNT as usize] = [
+        Counter::TxPackets,
+        Counter::TxBytes,
+        Counter::RxFastPackets,
+        Counter::RxFastBytes,
+        Counter::RxHostPackets,
+        Counter::RxHostBytes,
+        Counter::DropUnknownPeer,
+        Counter::DropNoRoute,
+        Counter::DropAdjustRoom,
+        Counter::DropNotIpv4,
+        Counter::DropNoConfig,
+        Counter::PassNotOurs,
+    ];
+
+    /// Name used in `edgevx status` and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::TxPackets => "tx_packets",
+            Counter::TxBytes => "tx_bytes",
+            Counter::RxFastPackets => "rx_fast_packets",
+            Counter::RxFastBytes => "rx_fast_bytes",
+            Counter::RxHostPackets => "rx_host_packets",
+            Counter::RxHostBytes => "rx_host_bytes",
+            Counter::DropUnknownPeer => "drop_unknown_peer",
+            Counter::DropNoRoute => "drop_no_route",
+            Counter::DropAdjustRoom => "drop_adjust_room",
+            Counter::DropNotIpv4 => "drop_not_ipv4",
+            Counter::DropNoConfig => "drop_no_config",
+            Counter::PassNotOurs => "pass_not_ours",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indices_are_dense() {
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+    }
+}

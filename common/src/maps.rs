@@ -1,0 +1,95 @@
+//! Map names, keys and values. The names are the ELF symbol names of the
+//! maps in the eBPF object and the file names of their pins.
+
+/// `Array<DataplaneConfig>` with one slot: what the agent told the programs.
+pub const CONFIG: &str = "EDGEVX_CONFIG";
+/// `LpmTrie<[u8; 4], Peer>`: remote pod subnet -> peer VTEP (the fdb+arp of flannel).
+pub const PEER_SUBNETS: &str = "EDGEVX_PEER_SUBNETS";
+/// `PerCpuHashMap<[u8; 4], PeerStats>`: keyed by peer public IP. A key is
+/// present exactly for the peers whose VXLAN we accept.
+pub const PEER_STATS: &str = "EDGEVX_PEER_STATS";
+/// `HashMap<[u8; 4], LocalPod>`: local pod IP -> host-side veth for fast delivery.
+pub const LOCAL_PODS: &str = "EDGEVX_LOCAL_PODS";
+/// `PerCpuArray<u64>` indexed by [`crate::counters::Counter`].
+pub const GLOBAL_STATS: &str = "EDGEVX_GLOBAL_STATS";
+
+/// All pinned maps, for status and cleanup.
+pub const ALL: [&str; 5] = [CONFIG, PEER_SUBNETS, PEER_STATS, LOCAL_PODS, GLOBAL_STATS];
+
+pub const MAX_PEERS: u32 = 16384;
+pub const MAX_LOCAL_PODS: u32 = 4096;
+
+/// Flag in [`DataplaneConfig::flags`]: decapsulated traffic for a known local
+/// pod is redirected straight into the pod (skipping host routing/netfilter).
+pub const FLAG_FAST_DELIVERY: u32 = 1;
+
+/// What the agent configured; read by both programs on every packet.
+///
+/// IPv4 addresses are in network byte order as bytes, the way they sit in
+/// a packet; `vni` and `port` are host order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DataplaneConfig {
+    pub vni: u32,
+    pub local_ip: [u8; 4],
+    pub vtep_mac: [u8; 6],
+    pub port: u16,
+    pub flags: u32,
+    pub vtep_ifindex: u32,
+    pub underlay_ifindex: u32,
+}
+
+/// A remote VTEP: where to send frames for one pod subnet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Peer {
+    pub public_ip: [u8; 4],
+    pub vtep_mac: [u8; 6],
+    pub _pad: [u8; 2],
+}
+
+/// Per-peer counters (per CPU; readers sum them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PeerStats {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    /// Frames for this peer that could not be encapsulated.
+    pub tx_errors: u64,
+}
+
+/// A pod on this node that can take decapsulated frames directly.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LocalPod {
+    /// ifindex of the host-side veth (the redirect_peer target).
+    pub host_ifindex: u32,
+    pub pod_mac: [u8; 6],
+    pub host_mac: [u8; 6],
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    unsafe impl aya::Pod for super::DataplaneConfig {}
+    unsafe impl aya::Pod for super::Peer {}
+    unsafe impl aya::Pod for super::PeerStats {}
+    unsafe impl aya::Pod for super::LocalPod {}
+}
+
+#[cfg(test)]
+mod tests {
+    use core::mem::size_of;
+
+    use super::*;
+
+    /// Sizes equal the sum of the fields: no implicit padding reaches the kernel.
+    #[test]
+    fn layouts_have_no_padding() {
+        assert_eq!(size_of::<DataplaneConfig>(), 4 + 4 + 6 + 2 + 4 + 4 + 4);
+        assert_eq!(size_of::<Peer>(), 12);
+        assert_eq!(size_of::<PeerStats>(), 40);
+        assert_eq!(size_of::<LocalPod>(), 16);
+    }
+}

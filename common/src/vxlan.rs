@@ -1,0 +1,213 @@
+//! VXLAN-over-IPv4 header layout and building (RFC 7348), as flannel's
+//! kernel `flannel.<VNI>` device puts it on the wire.
+//!
+//! Encapsulated frame, offsets from the start of the outer Ethernet header:
+//! ```text
+//!  0 outer Ethernet (14)   filled by the kernel's neighbour output
+//! 14 outer IPv4 (20)       no options, TTL 64, DF clear
+//! 34 UDP (8)               checksum 0 (allowed for IPv4)
+//! 42 VXLAN (8)             flags 0x08, 24-bit VNI
+//! 50 inner Ethernet (14)   our VTEP MAC -> peer VTEP MAC
+//! 64 inner IPv4 ...
+//! ```
+
+pub const ETH_HLEN: usize = 14;
+pub const IPV4_HLEN: usize = 20;
+pub const UDP_HLEN: usize = 8;
+pub const VXLAN_HLEN: usize = 8;
+
+pub const ETH_P_IP: u16 = 0x0800;
+pub const IPPROTO_UDP: u8 = 17;
+
+pub const OUTER_IP_OFF: usize = ETH_HLEN;
+pub const UDP_OFF: usize = OUTER_IP_OFF + IPV4_HLEN;
+pub const VXLAN_OFF: usize = UDP_OFF + UDP_HLEN;
+pub const INNER_ETH_OFF: usize = VXLAN_OFF + VXLAN_HLEN;
+pub const INNER_IP_OFF: usize = INNER_ETH_OFF + ETH_HLEN;
+/// Everything in front of the inner IP packet.
+pub const ENCAP_HEADER_LEN: usize = INNER_IP_OFF;
+/// Bytes encapsulation adds to an Ethernet frame (flannel's "encap overhead").
+pub const ENCAP_OVERHEAD: usize = IPV4_HLEN + UDP_HLEN + VXLAN_HLEN + ETH_HLEN;
+
+/// The I flag: "VNI is valid". The only flag flannel sets or checks.
+pub const VXLAN_FLAG_VNI: u8 = 0x08;
+pub const OUTER_TTL: u8 = 64;
+
+/// Linux's default VXLAN port, and flannel's (`Port: 0` means this).
+pub const DEFAULT_PORT: u16 = 8472;
+pub const DEFAULT_VNI: u32 = 1;
+
+/// Source ports are spread over the kernel's default local port range, as
+/// the kernel VXLAN driver does, so receivers can hash flows across queues.
+pub const SRC_PORT_MIN: u16 = 32768;
+pub const SRC_PORT_MAX: u16 = 61000;
+
+/// What the outer headers of one frame are made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncapParams {
+    pub local_ip: [u8; 4],
+    pub remote_ip: [u8; 4],
+    pub local_mac: [u8; 6],
+    pub remote_mac: [u8; 6],
+    pub vni: u32,
+    pub src_port: u16,
+    pub dst_port: u16,
+    /// ECN bits copied from the inner header (RFC 6040 normal mode).
+    pub ecn: u8,
+}
+
+/// Maps a flow hash onto `[SRC_PORT_MIN, SRC_PORT_MAX)`: one port per flow.
+#[inline(always)]
+pub fn source_port(hash: u32) -> u16 {
+    let h = hash ^ (hash << 16);
+    let span = (SRC_PORT_MAX - SRC_PORT_MIN) as u64;
+    (((h as u64 * span) >> 32) as u16) + SRC_PORT_MIN
+}
+
+/// RFC 1071 checksum of an IPv4 header whose checksum field is zero.
+#[inline(always)]
+pub fn ipv4_checksum(hdr: &[u8; IPV4_HLEN]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut i = 0;
+    while i < IPV4_HLEN {
+        sum += u16::from_be_bytes([hdr[i], hdr[i + 1]]) as u32;
+        i += 2;
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// Builds the 64 bytes that precede an inner IPv4 packet of `inner_ip_len`
+/// bytes. The outer Ethernet addresses are left zero: the kernel fills them
+/// when the frame leaves through the underlay (`bpf_redirect_neigh`).
+#[inline(always)]
+pub fn encap_header(p: &EncapParams, inner_ip_len: u16) -> [u8; ENCAP_HEADER_LEN] {
+    let mut h = [0u8; ENCAP_HEADER_LEN];
+    h[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+
+    let outer_len = inner_ip_len.wrapping_add(ENCAP_OVERHEAD as u16);
+    let mut ip = [0u8; IPV4_HLEN];
+    ip[0] = 0x45;
+    ip[1] = p.ecn & 0x03;
+    ip[2..4].copy_from_slice(&outer_len.to_be_bytes());
+    // id 0, DF clear, fragment offset 0: what flannel's kernel device sends
+    ip[8] = OUTER_TTL;
+    ip[9] = IPPROTO_UDP;
+    ip[12..16].copy_from_slice(&p.local_ip);
+    ip[16..20].copy_from_slice(&p.remote_ip);
+    let csum = ipv4_checksum(&ip);
+    ip[10..12].copy_from_slice(&csum.to_be_bytes());
+    h[OUTER_IP_OFF..UDP_OFF].copy_from_slice(&ip);
+
+    let udp_len = outer_len.wrapping_sub(IPV4_HLEN as u16);
+    h[UDP_OFF..UDP_OFF + 2].copy_from_slice(&p.src_port.to_be_bytes());
+    h[UDP_OFF + 2..UDP_OFF + 4].copy_from_slice(&p.dst_port.to_be_bytes());
+    h[UDP_OFF + 4..UDP_OFF + 6].copy_from_slice(&udp_len.to_be_bytes());
+    // UDP checksum 0: optional over IPv4, as Calico and Cilium send it
+
+    h[VXLAN_OFF] = VXLAN_FLAG_VNI;
+    h[VXLAN_OFF + 4..VXLAN_OFF + 8].copy_from_slice(&(p.vni << 8).to_be_bytes());
+
+    h[INNER_ETH_OFF..INNER_ETH_OFF + 6].copy_from_slice(&p.remote_mac);
+    h[INNER_ETH_OFF + 6..INNER_ETH_OFF + 12].copy_from_slice(&p.local_mac);
+    h[INNER_ETH_OFF + 12..INNER_IP_OFF].copy_from_slice(&ETH_P_IP.to_be_bytes());
+    h
+}
+
+/// The VNI carried in an 8-byte VXLAN header, if its I flag is set.
+#[inline(always)]
+pub fn parse_vni(vxlan: &[u8; VXLAN_HLEN]) -> Option<u32> {
+    if vxlan[0] & VXLAN_FLAG_VNI == 0 {
+        return None;
+    }
+    Some(u32::from_be_bytes([0, vxlan[4], vxlan[5], vxlan[6]]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> EncapParams {
+        EncapParams {
+            local_ip: [198, 18, 0, 1],
+            remote_ip: [198, 18, 0, 2],
+            local_mac: [0x02, 0, 0, 0, 0, 1],
+            remote_mac: [0x02, 0, 0, 0, 0, 2],
+            vni: 1,
+            src_port: 40000,
+            dst_port: 8472,
+            ecn: 0,
+        }
+    }
+
+    #[test]
+    fn header_matches_flannel_wire_format() {
+        let h = encap_header(&params(), 84); // an 84-byte ICMP echo
+        #[rustfmt::skip]
+        let want: [u8; 64] = [
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00,
+            0x45, 0x00, 0x00, 134, 0x00, 0x00, 0x00, 0x00, 64, 17, 0, 0,
+            198, 18, 0, 1, 198, 18, 0, 2,
+            0x9c, 0x40, 0x21, 0x18, 0x00, 114, 0x00, 0x00,
+            0x08, 0, 0, 0, 0x00, 0x00, 0x01, 0x00,
+            0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1, 0x08, 0x00,
+        ];
+        // compare everything but the checksum, then the checksum on its own
+        assert_eq!(h[..24], want[..24]);
+        assert_eq!(h[26..], want[26..]);
+        let mut ip = [0u8; 20];
+        ip.copy_from_slice(&h[14..34]);
+        // a correct header sums to 0xffff including its checksum
+        let mut sum: u32 = 0;
+        for c in ip.chunks(2) {
+            sum += u16::from_be_bytes([c[0], c[1]]) as u32;
+        }
+        while sum >> 16 != 0 {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        assert_eq!(sum, 0xffff);
+    }
+
+    #[test]
+    fn checksum_known_vector() {
+        // RFC 1071 example header from Wikipedia's IPv4 checksum article
+        let hdr: [u8; 20] = [
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0, 0, 0xc0, 0xa8, 0x00,
+            0x01, 0xc0, 0xa8, 0x00, 0xc7,
+        ];
+        assert_eq!(ipv4_checksum(&hdr), 0xb861);
+    }
+
+    #[test]
+    fn vni_round_trips_and_needs_i_flag() {
+        let mut p = params();
+        p.vni = 0x00ab_cdef;
+        let h = encap_header(&p, 40);
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&h[VXLAN_OFF..INNER_ETH_OFF]);
+        assert_eq!(parse_vni(&v), Some(0x00ab_cdef));
+        v[0] = 0;
+        assert_eq!(parse_vni(&v), None);
+    }
+
+    #[test]
+    fn ecn_is_copied_and_tos_is_not() {
+        let mut p = params();
+        p.ecn = 0xff;
+        assert_eq!(encap_header(&p, 40)[15], 0x03);
+    }
+
+    #[test]
+    fn source_ports_stay_in_range_and_spread() {
+        let mut seen = [false; 16];
+        for i in 0..4096u32 {
+            let port = source_port(i.wrapping_mul(0x9e37_79b9));
+            assert!((SRC_PORT_MIN..SRC_PORT_MAX).contains(&port));
+            seen[((port - SRC_PORT_MIN) as usize * 16) / (SRC_PORT_MAX - SRC_PORT_MIN) as usize] =
+                true;
+        }
+        assert!(seen.iter().all(|s| *s), "ports cluster: {seen:?}");
+    }
+}

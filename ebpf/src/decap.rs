@@ -1,0 +1,122 @@
+//! Decapsulation on the underlay's ingress. VXLAN for our address, port and
+//! VNI from a known peer, for our VTEP MAC, is accepted; from anyone else
+//! it is dropped. Accepted frames for a known local pod are stripped here
+//! and handed straight to the pod (fast delivery); the rest go on to the
+//! kernel's `flannel.<VNI>` receive path, which keeps host routing and
+//! netfilter in the path exactly as with flannel. Anything that is not
+//! VXLAN for us is not touched.
+
+use aya_ebpf::{
+    bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode},
+    helpers::generated::bpf_redirect_peer,
+    programs::TcContext,
+};
+use edgevx_common::{
+    counters::Counter,
+    maps::FLAG_FAST_DELIVERY,
+    vxlan::{
+        ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, INNER_IP_OFF, IPPROTO_UDP, UDP_HLEN, VXLAN_HLEN,
+        parse_vni,
+    },
+};
+
+use crate::{
+    maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS},
+    stats,
+};
+
+/// Not ours: let the next program or the stack have it, unchanged.
+const NEXT: i32 = TC_ACT_UNSPEC;
+
+/// UDP + VXLAN + inner Ethernet, read in one go after the outer IP header.
+const TUNNEL_LEN: usize = UDP_HLEN + VXLAN_HLEN + ETH_HLEN;
+
+pub fn run(ctx: &TcContext) -> i32 {
+    let Some(cfg) = EDGEVX_CONFIG.get(0) else {
+        return NEXT;
+    };
+    let Ok(outer) = ctx.load::<[u8; ETH_HLEN + 20]>(0) else {
+        return NEXT;
+    };
+    let ip = &outer[ETH_HLEN..];
+    let ihl = ((ip[0] & 0x0f) as usize) * 4;
+    let fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0;
+    if u16::from_be_bytes([outer[12], outer[13]]) != ETH_P_IP
+        || ip[0] >> 4 != 4
+        || ihl < 20
+        || ip[9] != IPPROTO_UDP
+        || fragment
+        || ip[16..20] != cfg.local_ip
+        || cfg.vni == 0
+    {
+        return NEXT;
+    }
+    let udp_off = ETH_HLEN + ihl;
+    if udp_off > ETH_HLEN + 60 {
+        return NEXT;
+    }
+    let Ok(tunnel) = ctx.load::<[u8; TUNNEL_LEN]>(udp_off) else {
+        return NEXT;
+    };
+    if u16::from_be_bytes([tunnel[2], tunnel[3]]) != cfg.port {
+        return NEXT;
+    }
+    let mut vxlan = [0u8; VXLAN_HLEN];
+    vxlan.copy_from_slice(&tunnel[UDP_HLEN..UDP_HLEN + VXLAN_HLEN]);
+    if parse_vni(&vxlan) != Some(cfg.vni) {
+        stats::add(Counter::PassNotOurs, 1);
+        return NEXT;
+    }
+    let src = [ip[12], ip[13], ip[14], ip[15]];
+    let Some(peer) = stats::peer(&src) else {
+        stats::add(Counter::DropUnknownPeer, 1);
+        return TC_ACT_SHOT as i32;
+    };
+    let inner_eth = &tunnel[UDP_HLEN + VXLAN_HLEN..];
+    if inner_eth[..6] != cfg.vtep_mac {
+        stats::add(Counter::PassNotOurs, 1);
+        return NEXT;
+    }
+    let inner_len = ctx.len().wrapping_sub((udp_off + UDP_HLEN + VXLAN_HLEN) as u32);
+    peer.rx_packets += 1;
+    peer.rx_bytes += inner_len as u64;
+
+    let ipv4_inside = u16::from_be_bytes([inner_eth[12], inner_eth[13]]) == ETH_P_IP;
+    if cfg.flags & FLAG_FAST_DELIVERY != 0 && ihl == 20 && ipv4_inside {
+        if let Some(verdict) = deliver_to_pod(ctx, inner_len) {
+            return verdict;
+        }
+    }
+    stats::count(Counter::RxHostPackets, Counter::RxHostBytes, inner_len);
+    NEXT
+}
+
+/// Strips the outer headers and redirects into the pod's namespace, if the
+/// inner destination is a local pod the agent knows. `None`: not a local pod.
+#[inline(always)]
+fn deliver_to_pod(ctx: &TcContext, inner_len: u32) -> Option<i32> {
+    let dst = ctx.load::<[u8; 4]>(INNER_IP_OFF + 16).ok()?;
+    let pod = *EDGEVX_LOCAL_PODS.get_ptr(dst).map(|p| unsafe { &*p })?;
+    if ctx
+        .adjust_room(
+            -(ENCAP_OVERHEAD as i32),
+            bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+            BPF_F_ADJ_ROOM_FIXED_GSO as u64,
+        )
+        .is_err()
+    {
+        stats::add(Counter::DropAdjustRoom, 1);
+        return Some(TC_ACT_SHOT as i32);
+    }
+    let mut eth = [0u8; ETH_HLEN];
+    eth[..6].copy_from_slice(&pod.pod_mac);
+    eth[6..12].copy_from_slice(&pod.host_mac);
+    eth[12..].copy_from_slice(&ETH_P_IP.to_be_bytes());
+    if ctx.store(0, &eth, 0).is_err() {
+        stats::add(Counter::DropAdjustRoom, 1);
+        return Some(TC_ACT_SHOT as i32);
+    }
+    stats::count(Counter::RxFastPackets, Counter::RxFastBytes, inner_len);
+    // SAFETY: plain helper call; the kernel checks the ifindex.
+    Some(unsafe { bpf_redirect_peer(pod.host_ifindex, 0) as i32 })
+}

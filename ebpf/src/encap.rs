@@ -1,0 +1,107 @@
+//! Encapsulation: an IPv4 frame routed into `flannel.<VNI>` becomes a VXLAN
+//! frame to the peer owning the inner destination's subnet, sent out of
+//! the underlay with the kernel resolving the next hop (no fdb, no arp).
+
+use aya_ebpf::{
+    bindings::{
+        BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4,
+        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_SHOT, bpf_adj_room_mode,
+    },
+    helpers::generated::{bpf_get_hash_recalc, bpf_redirect_neigh},
+    maps::lpm_trie::Key,
+    programs::TcContext,
+};
+use edgevx_common::{
+    counters::Counter,
+    vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, EncapParams, encap_header, source_port},
+};
+
+use crate::{
+    maps::{EDGEVX_CONFIG, EDGEVX_PEER_SUBNETS},
+    stats,
+};
+
+/// The device MTU already leaves room for the 50 bytes (flannel's MTU - 50),
+/// so GSO segment sizes stay as the sender chose them (FIXED_GSO). The ENCAP
+/// flags tell the kernel the skb is now a UDP tunnel, so segmentation and
+/// checksum offload act on the inner headers.
+const ENCAP_FLAGS: u64 = (BPF_F_ADJ_ROOM_FIXED_GSO
+    | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4
+    | BPF_F_ADJ_ROOM_ENCAP_L4_UDP
+    | BPF_F_ADJ_ROOM_ENCAP_L2_ETH) as u64
+    | ((ETH_HLEN as u64) << BPF_F_ADJ_ROOM_ENCAP_L2_SHIFT);
+
+/// `BPF_F_ADJ_ROOM_ENCAP_L2(len)` puts the inner L2 length in the top byte.
+const BPF_F_ADJ_ROOM_ENCAP_L2_SHIFT: u64 = 56;
+
+const INNER_TOS_OFF: usize = ETH_HLEN + 1;
+const INNER_DST_OFF: usize = ETH_HLEN + 16;
+
+pub fn run(ctx: &TcContext) -> i32 {
+    let Some(cfg) = EDGEVX_CONFIG.get(0) else {
+        return TC_ACT_SHOT as i32;
+    };
+    if cfg.vni == 0 {
+        stats::add(Counter::DropNoConfig, 1);
+        return TC_ACT_SHOT as i32;
+    }
+    match ctx.load::<[u8; 2]>(12) {
+        Ok(p) if u16::from_be_bytes(p) == ETH_P_IP => {}
+        _ => {
+            stats::add(Counter::DropNotIpv4, 1);
+            return TC_ACT_SHOT as i32;
+        }
+    }
+    let (Ok(tos), Ok(dst)) = (
+        ctx.load::<u8>(INNER_TOS_OFF),
+        ctx.load::<[u8; 4]>(INNER_DST_OFF),
+    ) else {
+        stats::add(Counter::DropNotIpv4, 1);
+        return TC_ACT_SHOT as i32;
+    };
+    let Some(peer) = EDGEVX_PEER_SUBNETS.get(Key::new(32, dst)) else {
+        stats::add(Counter::DropNoRoute, 1);
+        return TC_ACT_SHOT as i32;
+    };
+    let peer = *peer;
+    let peer_stats = stats::peer(&peer.public_ip);
+
+    let len = ctx.len();
+    let inner_ip_len = len.wrapping_sub(ETH_HLEN as u32);
+    // SAFETY: the helper only reads the skb it is given.
+    let hash = unsafe { bpf_get_hash_recalc(ctx.skb.skb) };
+    let params = EncapParams {
+        local_ip: cfg.local_ip,
+        remote_ip: peer.public_ip,
+        local_mac: cfg.vtep_mac,
+        remote_mac: peer.vtep_mac,
+        vni: cfg.vni,
+        src_port: source_port(hash),
+        dst_port: cfg.port,
+        ecn: tos,
+    };
+    let grown = inner_ip_len + ENCAP_OVERHEAD as u32 <= u16::MAX as u32
+        && ctx
+            .adjust_room(
+                ENCAP_OVERHEAD as i32,
+                bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+                ENCAP_FLAGS,
+            )
+            .is_ok();
+    let header = encap_header(&params, inner_ip_len as u16);
+    if !grown || ctx.store(0, &header, 0).is_err() {
+        stats::add(Counter::DropAdjustRoom, 1);
+        if let Some(s) = peer_stats {
+            s.tx_errors += 1;
+        }
+        return TC_ACT_SHOT as i32;
+    }
+    stats::count(Counter::TxPackets, Counter::TxBytes, len);
+    if let Some(s) = peer_stats {
+        s.tx_packets += 1;
+        s.tx_bytes += len as u64;
+    }
+    // SAFETY: no neighbour parameters: the kernel routes the outer
+    // destination through the underlay and resolves its next hop.
+    unsafe { bpf_redirect_neigh(cfg.underlay_ifindex, core::ptr::null_mut(), 0, 0) as i32 }
+}

@@ -1,0 +1,34 @@
+//! edgevx TC programs: VXLAN encapsulation on the VTEP device's egress and
+//! decapsulation on the underlay's ingress. All state comes from maps the
+//! agent fills; nothing here knows where a peer came from.
+#![no_std]
+#![no_main]
+
+mod decap;
+mod encap;
+mod maps;
+mod stats;
+
+use aya_ebpf::{macros::classifier, programs::TcContext};
+
+/// Egress of `flannel.<VNI>`: routed pod traffic in, VXLAN out of the underlay.
+#[classifier]
+pub fn edgevx_encap(ctx: TcContext) -> i32 {
+    encap::run(&ctx)
+}
+
+/// Ingress of the underlay interface: VXLAN from known peers in.
+#[classifier]
+pub fn edgevx_decap(ctx: TcContext) -> i32 {
+    decap::run(&ctx)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,27 @@
+//! The maps, named as `edgevx_common::maps` names them (the static's name is
+//! the map name). All are pinned by name so they outlive the agent.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
+};
+use edgevx_common::{
+    counters,
+    maps::{DataplaneConfig, LocalPod, MAX_LOCAL_PODS, MAX_PEERS, Peer, PeerStats},
+};
+
+#[map]
+pub static EDGEVX_CONFIG: Array<DataplaneConfig> = Array::pinned(1, 0);
+
+#[map]
+pub static EDGEVX_PEER_SUBNETS: LpmTrie<[u8; 4], Peer> = LpmTrie::pinned(MAX_PEERS, 0);
+
+#[map]
+pub static EDGEVX_PEER_STATS: PerCpuHashMap<[u8; 4], PeerStats> =
+    PerCpuHashMap::pinned(MAX_PEERS, 0);
+
+#[map]
+pub static EDGEVX_LOCAL_PODS: HashMap<[u8; 4], LocalPod> = HashMap::pinned(MAX_LOCAL_PODS, 0);
+
+#[map]
+pub static EDGEVX_GLOBAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(counters::COUNT, 0);

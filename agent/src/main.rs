@@ -1,1 +1,76 @@
-fn main() {}
+//! edgevx: an eBPF VXLAN dataplane that stands in for flanneld's vxlan
+//! backend, node by node, and keeps its VTEP MAC across reboots.
+mod annotations;
+mod cleanup;
+mod cli;
+mod dataplane;
+mod mac;
+mod netconf;
+mod peer;
+mod reconcile;
+mod run;
+mod source;
+mod state;
+mod status;
+mod subnet_env;
+mod vtep_mac;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// A bad flag or config value: exit code 2, before the host is changed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+fn raise_memlock() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit with a valid struct; failure only matters on old kernels.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        tracing::debug!("cannot raise RLIMIT_MEMLOCK (fine on kernels with memcg accounting)");
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("EDGEVX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    raise_memlock();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("edgevx: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            cli::Command::Run(args) => run::run(args).await,
+            cli::Command::Status(args) => status::run(args),
+            cli::Command::Cleanup(args) => cleanup::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<UsageError>().is_some() => {
+            eprintln!("edgevx: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("edgevx: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

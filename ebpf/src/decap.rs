@@ -77,7 +77,9 @@ pub fn run(ctx: &TcContext) -> i32 {
         stats::add(Counter::PassNotOurs, 1);
         return NEXT;
     }
-    let inner_len = ctx.len().wrapping_sub((udp_off + UDP_HLEN + VXLAN_HLEN) as u32);
+    let inner_len = ctx
+        .len()
+        .wrapping_sub((udp_off + UDP_HLEN + VXLAN_HLEN) as u32);
     peer.rx_packets += 1;
     peer.rx_bytes += inner_len as u64;
 

@@ -4,8 +4,8 @@
 
 use aya_ebpf::{
     bindings::{
-        BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4,
-        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_SHOT, bpf_adj_room_mode,
+        BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L4_UDP,
+        BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_SHOT, bpf_adj_room_mode,
     },
     helpers::generated::{bpf_get_hash_recalc, bpf_redirect_neigh},
     maps::lpm_trie::Key,

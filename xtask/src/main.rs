@@ -1,1 +1,58 @@
-fn main() {}
+//! `cargo xtask <job>`: everything a fresh machine needs, in one place.
+mod bench;
+mod build;
+mod demo;
+mod exec;
+mod packages;
+mod test;
+mod toolchain;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "edgevx build, test, demo and bench jobs")]
+struct Cli {
+    #[command(subcommand)]
+    job: Job,
+}
+
+#[derive(Subcommand)]
+enum Job {
+    /// Install rust-src and bpf-linker if missing (cached), then build the eBPF object.
+    BuildEbpf,
+    /// Build target/release/edgevx with the eBPF object embedded.
+    Build,
+    /// Run every test: unit tests, BPF_PROG_TEST_RUN, and namespace tests (root).
+    Test {
+        /// Only run tests whose name contains this.
+        filter: Option<String>,
+    },
+    /// Two namespaced nodes, edgevx and kernel flannel, with pod traffic between them.
+    Demo,
+    /// Throughput, packet rate and latency: edgevx vs kernel VXLAN vs plain routing.
+    Bench {
+        /// Seconds per iperf3 measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u32,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.job {
+        Job::BuildEbpf => toolchain::ensure().and_then(|t| build::ebpf(&t)),
+        Job::Build => toolchain::ensure().and_then(|t| build::agent(&t)),
+        Job::Test { filter } => test::run(filter.as_deref()),
+        Job::Demo => demo::run(),
+        Job::Bench { seconds } => bench::run(seconds),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! flannel's node annotation names, derived from `--kube-annotation-prefix`
+//! exactly as flannel derives them (pkg/subnet/kube/annotations.go).
+
+pub const DEFAULT_PREFIX: &str = "flannel.alpha.coreos.com";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnnotationNames {
+    pub subnet_manager: String,
+    pub backend_type: String,
+    pub backend_data: String,
+    pub public_ip: String,
+    pub public_ip_overwrite: String,
+    pub node_public_ip: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "annotation prefix {0:?} is invalid: want a DNS-style prefix like \"flannel.alpha.coreos.com\" or \"example.com/flannel-\""
+)]
+pub struct PrefixError(String);
+
+fn valid_label_chars(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
+impl AnnotationNames {
+    pub fn new(prefix: &str) -> Result<Self, PrefixError> {
+        let err = || PrefixError(prefix.to_string());
+        let mut p = prefix.to_string();
+        match p.matches('/').count() {
+            0 => p.push('/'),
+            1 if !(p.ends_with('/') || p.ends_with('-')) => p.push('-'),
+            1 => {}
+            _ => return Err(err()),
+        }
+        // (?:[a-z0-9_-]+\.)+[a-z0-9_-]+/(?:[a-z0-9_-]+-)?$
+        let (domain, tail) = p.split_once('/').ok_or_else(err)?;
+        let labels: Vec<&str> = domain.split('.').collect();
+        if labels.len() < 2 || !labels.iter().all(|l| valid_label_chars(l)) {
+            return Err(err());
+        }
+        if !tail.is_empty() && !(tail.ends_with('-') && valid_label_chars(tail)) {
+            return Err(err());
+        }
+        let name = |n: &str| format!("{p}{n}");
+        Ok(AnnotationNames {
+            subnet_manager: name("kube-subnet-manager"),
+            backend_type: name("backend-type"),
+            backend_data: name("backend-data"),
+            public_ip: name("public-ip"),
+            public_ip_overwrite: name("public-ip-overwrite"),
+            node_public_ip: name("node-public-ip"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_prefix_gives_flannel_names() {
+        let n = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
+        assert_eq!(n.backend_data, "flannel.alpha.coreos.com/backend-data");
+        assert_eq!(
+            n.subnet_manager,
+            "flannel.alpha.coreos.com/kube-subnet-manager"
+        );
+        assert_eq!(
+            n.public_ip_overwrite,
+            "flannel.alpha.coreos.com/public-ip-overwrite"
+        );
+    }
+
+    #[test]
+    fn prefix_with_slash_gets_a_dash() {
+        let n = AnnotationNames::new("example.com/flannel").unwrap();
+        assert_eq!(n.public_ip, "example.com/flannel-public-ip");
+        let n = AnnotationNames::new("example.com/flannel-").unwrap();
+        assert_eq!(n.public_ip, "example.com/flannel-public-ip");
+    }
+
+    #[test]
+    fn bad_prefixes_are_rejected() {
+        for bad in [
+            "",
+            "nodots",
+            "a/b/c",
+            "Upper.case",
+            "example.com/x y",
+            "a..b",
+        ] {
+            assert!(AnnotationNames::new(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! Command line. Every flag can also come from an `EDGEVX_<FLAG>` variable
+//! (for a DaemonSet); `NODE_NAME` is read too, as the flannel manifest sets it.
+use std::{net::Ipv4Addr, path::PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::annotations::DEFAULT_PREFIX;
+
+#[derive(Parser)]
+#[command(
+    name = "edgevx",
+    version,
+    about = "eBPF VXLAN dataplane compatible with flannel's vxlan backend"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the agent in the foreground until SIGTERM or SIGINT.
+    Run(RunArgs),
+    /// Show the dataplane: works while the agent runs and after it stopped.
+    Status(StatusArgs),
+    /// Remove everything edgevx created (links, programs, maps, device, subnet file).
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct Paths {
+    /// Directory for state that must survive reboots (the VTEP MAC).
+    #[arg(long, env = "EDGEVX_STATE_DIR", default_value = "/var/lib/edgevx")]
+    pub state_dir: PathBuf,
+    /// bpffs directory for pins (mounted if it is not a bpffs yet).
+    #[arg(long, env = "EDGEVX_BPFFS", default_value = "/sys/fs/bpf/edgevx")]
+    pub bpffs: PathBuf,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct RunArgs {
+    /// This node's name in the node list.
+    #[arg(long, env = "EDGEVX_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Underlay interface: VXLAN leaves and arrives here.
+    #[arg(long, env = "EDGEVX_IFACE")]
+    pub iface: String,
+    /// Kubernetes NodeList (JSON or YAML) naming this node and its peers.
+    #[arg(long, env = "EDGEVX_NODES_FILE")]
+    pub nodes_file: PathBuf,
+    /// flannel net-conf.json (Network, Backend.VNI, Backend.Port, Backend.MTU).
+    #[arg(long, env = "EDGEVX_NET_CONF")]
+    pub net_conf: Option<PathBuf>,
+    #[command(flatten)]
+    pub paths: Paths,
+    /// Where to write flannel's subnet.env for the CNI plugin.
+    #[arg(
+        long,
+        env = "EDGEVX_SUBNET_FILE",
+        default_value = "/run/flannel/subnet.env"
+    )]
+    pub subnet_file: PathBuf,
+    /// VTEP source address (default: node-public-ip annotation, else the interface's IPv4).
+    #[arg(long, env = "EDGEVX_PUBLIC_IP")]
+    pub public_ip: Option<Ipv4Addr>,
+    /// Prefix of flannel's node annotations.
+    #[arg(long, env = "EDGEVX_KUBE_ANNOTATION_PREFIX", default_value = DEFAULT_PREFIX)]
+    pub kube_annotation_prefix: String,
+    /// Deliver decapsulated traffic through the host's routing and netfilter
+    /// (FORWARD rules apply, as with flannel) instead of straight into pods.
+    #[arg(long, env = "EDGEVX_HOST_ROUTING", default_value_t = false)]
+    pub host_routing: bool,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct CleanupArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    /// Also delete the saved VTEP MAC (peers will need the new one after the next start).
+    #[arg(long)]
+    pub purge_mac: bool,
+}

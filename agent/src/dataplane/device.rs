@@ -1,0 +1,337 @@
+//! The VTEP device and its routes, set up the way flannel sets them up:
+//! `flannel.<VNI>` is a kernel VXLAN device (nolearning, our VNI, port and
+//! source address) carrying our MAC and `<subnet network>/32`, with a route
+//! per remote subnet through it. Unlike flannel it gets no fdb and no arp
+//! entries: the TC program on its egress encapsulates from the BPF maps.
+//! It is NOARP, so the kernel never tries to resolve the on-link gateways.
+use std::net::{IpAddr, Ipv4Addr};
+
+use anyhow::{Context, Result, bail};
+use futures::TryStreamExt;
+use ipnet::Ipv4Net;
+use rtnetlink::{
+    Handle, LinkUnspec, LinkVxlan, RouteMessageBuilder,
+    packet_route::{
+        AddressFamily,
+        address::AddressAttribute,
+        link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
+        route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol},
+    },
+};
+
+use crate::mac::VtepMac;
+
+/// The underlay interface as the agent needs it.
+#[derive(Clone, Debug)]
+pub struct Underlay {
+    pub index: u32,
+    pub mtu: u32,
+    pub ipv4: Option<Ipv4Addr>,
+}
+
+/// What `flannel.<VNI>` must look like.
+#[derive(Clone, Debug)]
+pub struct VtepSpec {
+    pub name: String,
+    pub vni: u32,
+    pub port: u16,
+    pub local: Ipv4Addr,
+    pub underlay_index: u32,
+    pub mac: VtepMac,
+    pub mtu: u32,
+}
+
+pub fn vtep_name(vni: u32) -> String {
+    format!("flannel.{vni}")
+}
+
+/// `ip link show NAME`, or `None` if it does not exist.
+pub async fn link_by_name(handle: &Handle, name: &str) -> Result<Option<LinkMessage>> {
+    let mut links = handle.link().get().match_name(name.to_string()).execute();
+    match links.try_next().await {
+        Ok(link) => Ok(link),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot look up link {name}")),
+    }
+}
+
+pub async fn underlay(handle: &Handle, name: &str) -> Result<Underlay> {
+    let link = link_by_name(handle, name)
+        .await?
+        .with_context(|| format!("interface {name} does not exist"))?;
+    let index = link.header.index;
+    let mtu = link
+        .attributes
+        .iter()
+        .find_map(|a| {
+            if let LinkAttribute::Mtu(m) = a {
+                Some(*m)
+            } else {
+                None
+            }
+        })
+        .unwrap_or(1500);
+    let mut addrs = handle
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute();
+    let mut ipv4 = None;
+    while let Some(msg) = addrs
+        .try_next()
+        .await
+        .with_context(|| format!("cannot list addresses of {name}"))?
+    {
+        for a in &msg.attributes {
+            if let AddressAttribute::Address(IpAddr::V4(ip)) = a {
+                ipv4.get_or_insert(*ip);
+            }
+        }
+    }
+    Ok(Underlay { index, mtu, ipv4 })
+}
+
+fn vxlan_info(link: &LinkMessage) -> Option<&Vec<InfoVxlan>> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
+            LinkInfo::Data(InfoData::Vxlan(v)) => Some(v),
+            _ => None,
+        }),
+        _ => None,
+    })
+}
+
+fn is_vxlan(link: &LinkMessage) -> bool {
+    link.attributes.iter().any(|a| {
+        matches!(a, LinkAttribute::LinkInfo(infos) if infos.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Vxlan))))
+    })
+}
+
+/// flannel's "compatible" check: VNI, lower device, source, port. MAC, MTU
+/// and flags are fixed in place instead.
+fn compatible(link: &LinkMessage, spec: &VtepSpec) -> bool {
+    let Some(info) = vxlan_info(link).filter(|_| is_vxlan(link)) else {
+        return false;
+    };
+    let has = |want: &InfoVxlan| info.iter().any(|i| i == want);
+    has(&InfoVxlan::Id(spec.vni))
+        && has(&InfoVxlan::Link(spec.underlay_index))
+        && has(&InfoVxlan::Local(spec.local))
+        && has(&InfoVxlan::Port(spec.port))
+        && !info
+            .iter()
+            .any(|i| matches!(i, InfoVxlan::CollectMetadata(true)))
+}
+
+/// Creates or adopts the VTEP device; returns its ifindex.
+/// `ip link add flannel.1 type vxlan id 1 dev eth0 local A dstport 8472 nolearning`,
+/// then `ip link set flannel.1 address MAC mtu M arp off up`.
+pub async fn ensure_vtep(handle: &Handle, spec: &VtepSpec) -> Result<u32> {
+    if let Some(link) = link_by_name(handle, &spec.name).await? {
+        if compatible(&link, spec) {
+            let index = link.header.index;
+            let msg = LinkUnspec::new_with_index(index)
+                .address(spec.mac.0.to_vec())
+                .mtu(spec.mtu)
+                .arp(false)
+                .up()
+                .build();
+            handle
+                .link()
+                .set(msg)
+                .execute()
+                .await
+                .with_context(|| format!("cannot configure {}", spec.name))?;
+            verify_mac(handle, spec).await?;
+            return Ok(index);
+        }
+        tracing::warn!(device = %spec.name, "existing device does not match the configuration; recreating it");
+        handle
+            .link()
+            .del(link.header.index)
+            .execute()
+            .await
+            .with_context(|| format!("cannot delete {}", spec.name))?;
+    }
+    let msg = LinkVxlan::new(&spec.name, spec.vni)
+        .dev(spec.underlay_index)
+        .local(spec.local)
+        .port(spec.port)
+        .learning(false)
+        .address(spec.mac.0.to_vec())
+        .mtu(spec.mtu)
+        .arp(false)
+        .up()
+        .build();
+    handle
+        .link()
+        .add(msg)
+        .execute()
+        .await
+        .with_context(|| format!("cannot create {}", spec.name))?;
+    verify_mac(handle, spec).await?;
+    let link = link_by_name(handle, &spec.name)
+        .await?
+        .with_context(|| format!("{} vanished after creation", spec.name))?;
+    Ok(link.header.index)
+}
+
+/// udev or systemd may rewrite a new device's MAC (flannel#1795): check.
+async fn verify_mac(handle: &Handle, spec: &VtepSpec) -> Result<()> {
+    let link = link_by_name(handle, &spec.name)
+        .await?
+        .with_context(|| format!("{} does not exist", spec.name))?;
+    let actual = link.attributes.iter().find_map(|a| {
+        if let LinkAttribute::Address(m) = a {
+            Some(m.clone())
+        } else {
+            None
+        }
+    });
+    if actual.as_deref() != Some(&spec.mac.0[..]) {
+        bail!(
+            "{} has MAC {:02x?}, not {}: something rewrote it (udev MACAddressPolicy?)",
+            spec.name,
+            actual,
+            spec.mac
+        );
+    }
+    Ok(())
+}
+
+/// `<subnet network>/32` on the device, and no other address inside `network`.
+pub async fn ensure_address(
+    handle: &Handle,
+    index: u32,
+    subnet: Ipv4Net,
+    network: Ipv4Net,
+) -> Result<()> {
+    let want = subnet.network();
+    let mut have_it = false;
+    let mut addrs = handle
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute();
+    let mut stale = Vec::new();
+    while let Some(msg) = addrs
+        .try_next()
+        .await
+        .context("cannot list VTEP addresses")?
+    {
+        let ip = msg.attributes.iter().find_map(|a| {
+            if let AddressAttribute::Address(IpAddr::V4(ip)) = a {
+                Some(*ip)
+            } else {
+                None
+            }
+        });
+        match ip {
+            Some(ip) if ip == want && msg.header.prefix_len == 32 => have_it = true,
+            Some(ip) if network.contains(&ip) => stale.push(msg),
+            _ => {}
+        }
+    }
+    for msg in stale {
+        handle
+            .address()
+            .del(msg)
+            .execute()
+            .await
+            .context("cannot remove a stale VTEP address")?;
+    }
+    if !have_it {
+        handle
+            .address()
+            .add(index, IpAddr::V4(want), 32)
+            .execute()
+            .await
+            .with_context(|| format!("cannot add {want}/32 to the VTEP"))?;
+    }
+    Ok(())
+}
+
+fn route_message(index: u32, subnet: Ipv4Net) -> RouteMessage {
+    RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(subnet.network(), subnet.prefix_len())
+        .gateway(subnet.network())
+        .output_interface(index)
+        .protocol(RouteProtocol::Boot)
+        .onlink()
+        .build()
+}
+
+/// `ip route replace SUBNET via SUBNET.network dev flannel.<VNI> onlink`
+pub async fn route_replace(handle: &Handle, index: u32, subnet: Ipv4Net) -> Result<()> {
+    handle
+        .route()
+        .add(route_message(index, subnet))
+        .replace()
+        .execute()
+        .await
+        .with_context(|| format!("cannot add route {subnet} via the VTEP"))
+}
+
+/// `ip route del SUBNET dev flannel.<VNI>`; a route already gone is fine.
+pub async fn route_del(handle: &Handle, index: u32, subnet: Ipv4Net) -> Result<()> {
+    match handle
+        .route()
+        .del(route_message(index, subnet))
+        .execute()
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("cannot delete route {subnet}")),
+    }
+}
+
+/// Destinations of the IPv4 routes through `index` in the main table.
+pub async fn routes_via(handle: &Handle, index: u32) -> Result<Vec<Ipv4Net>> {
+    let mut out = Vec::new();
+    let filter = RouteMessageBuilder::<Ipv4Addr>::new().build();
+    let mut routes = handle.route().get(filter).execute();
+    while let Some(r) = routes.try_next().await.context("cannot list routes")? {
+        if r.header.address_family != AddressFamily::Inet || r.header.table != 254 {
+            continue;
+        }
+        let oif = r.attributes.iter().find_map(|a| {
+            if let RouteAttribute::Oif(i) = a {
+                Some(*i)
+            } else {
+                None
+            }
+        });
+        let dst = r.attributes.iter().find_map(|a| {
+            if let RouteAttribute::Destination(RouteAddress::Inet(ip)) = a {
+                Some(*ip)
+            } else {
+                None
+            }
+        });
+        if let (Some(i), Some(dst)) = (oif, dst) {
+            if i == index {
+                if let Ok(net) = Ipv4Net::new(dst, r.header.destination_prefix_length) {
+                    out.push(net);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `ip link del NAME`, if it exists.
+pub async fn delete_link(handle: &Handle, name: &str) -> Result<bool> {
+    match link_by_name(handle, name).await? {
+        Some(link) => {
+            handle
+                .link()
+                .del(link.header.index)
+                .execute()
+                .await
+                .with_context(|| format!("cannot delete {name}"))?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}

@@ -1,0 +1,197 @@
+//! Typed access to the pinned maps, for the running agent and for
+//! `edgevx status` alike (both open them the same way: from their pins).
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use anyhow::{Context, Result};
+use aya::maps::{
+    Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues,
+    lpm_trie::Key,
+};
+use edgevx_common::{
+    counters::{self, Counter},
+    maps::{self as names, DataplaneConfig, LocalPod, Peer as PeerEntry, PeerStats},
+};
+use ipnet::Ipv4Net;
+
+use crate::{dataplane::bpffs::PinDir, peer::Peer};
+
+/// BPF_NOEXIST: insert only if absent (keeps counters across re-adds).
+const NOEXIST: u64 = 1;
+
+pub struct Maps {
+    config: Array<MapData, DataplaneConfig>,
+    subnets: LpmTrie<MapData, [u8; 4], PeerEntry>,
+    stats: PerCpuHashMap<MapData, [u8; 4], PeerStats>,
+    local_pods: HashMap<MapData, [u8; 4], LocalPod>,
+    global: PerCpuArray<MapData, u64>,
+}
+
+fn open(pins: &PinDir, name: &str) -> Result<Map> {
+    let path = pins.map(name);
+    let data = MapData::from_pin(&path)
+        .with_context(|| format!("cannot open pinned map {}", path.display()))?;
+    Map::from_map_data(data)
+        .with_context(|| format!("pinned map {} has an unexpected type", path.display()))
+}
+
+fn typed<T: TryFrom<Map, Error = MapError>>(pins: &PinDir, name: &str) -> Result<T> {
+    T::try_from(open(pins, name)?)
+        .with_context(|| format!("pinned map {name} does not have the layout this edgevx expects"))
+}
+
+fn lpm_key(subnet: Ipv4Net) -> Key<[u8; 4]> {
+    Key::new(subnet.prefix_len() as u32, subnet.network().octets())
+}
+
+/// Sums a per-CPU peer counter set.
+fn sum(values: &PerCpuValues<PeerStats>) -> PeerStats {
+    values.iter().fold(PeerStats::default(), |mut a, v| {
+        a.tx_packets += v.tx_packets;
+        a.tx_bytes += v.tx_bytes;
+        a.rx_packets += v.rx_packets;
+        a.rx_bytes += v.rx_bytes;
+        a.tx_errors += v.tx_errors;
+        a
+    })
+}
+
+impl Maps {
+    /// Opens the maps pinned under `pins` (the loader pins them on load).
+    pub fn open(pins: &PinDir) -> Result<Self> {
+        Ok(Maps {
+            config: typed(pins, names::CONFIG)?,
+            subnets: typed(pins, names::PEER_SUBNETS)?,
+            stats: typed(pins, names::PEER_STATS)?,
+            local_pods: typed(pins, names::LOCAL_PODS)?,
+            global: typed(pins, names::GLOBAL_STATS)?,
+        })
+    }
+
+    pub fn set_config(&mut self, cfg: &DataplaneConfig) -> Result<()> {
+        self.config
+            .set(0, cfg, 0)
+            .context("cannot write the dataplane config map")
+    }
+
+    /// Programs `new`; removes what `old` had that `new` does not reuse.
+    pub fn put_peer(&mut self, old: Option<&Peer>, new: &Peer) -> Result<()> {
+        let ip = new.public_ip.octets();
+        if self.stats.get(&ip, 0).is_err() {
+            let zeros = PerCpuValues::try_from(vec![
+                PeerStats::default();
+                aya::util::nr_cpus().map_err(|(_, e)| e)?
+            ])
+            .context("cannot size per-CPU counters")?;
+            match self.stats.insert(ip, zeros, NOEXIST) {
+                Ok(()) => {}
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("cannot add counters for {}", new.public_ip));
+                }
+            }
+        }
+        let entry = PeerEntry {
+            public_ip: ip,
+            vtep_mac: new.vtep_mac.0,
+            _pad: [0; 2],
+        };
+        self.subnets
+            .insert(&lpm_key(new.subnet), entry, 0)
+            .with_context(|| format!("cannot add peer subnet {}", new.subnet))?;
+        if let Some(old) = old {
+            if old.subnet != new.subnet {
+                self.remove_subnet(old.subnet)?;
+            }
+            if old.public_ip != new.public_ip {
+                self.remove_stats(old.public_ip)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn delete_peer(&mut self, peer: &Peer) -> Result<()> {
+        self.remove_subnet(peer.subnet)?;
+        self.remove_stats(peer.public_ip)
+    }
+
+    fn remove_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
+        match self.subnets.remove(&lpm_key(subnet)) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(())
+            }
+            Err(e) => Err(e).with_context(|| format!("cannot remove peer subnet {subnet}")),
+        }
+    }
+
+    fn remove_stats(&mut self, ip: Ipv4Addr) -> Result<()> {
+        match self.stats.remove(&ip.octets()) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(())
+            }
+            Err(e) => Err(e).with_context(|| format!("cannot remove counters for {ip}")),
+        }
+    }
+
+    /// Every programmed subnet with its entry (what the programs see).
+    pub fn subnets(&self) -> Result<Vec<(Ipv4Net, PeerEntry)>> {
+        let mut out = Vec::new();
+        for item in self.subnets.iter() {
+            let (key, value) = item.context("cannot read the peer subnet map")?;
+            let net = Ipv4Net::new(Ipv4Addr::from(key.data()), key.prefix_len() as u8)
+                .context("bad key in the peer subnet map")?;
+            out.push((net, value));
+        }
+        Ok(out)
+    }
+
+    /// Removes subnet entries nobody asked for (left by a crash mid-update).
+    pub fn retain_subnets(&mut self, keep: &[Ipv4Net]) -> Result<()> {
+        for (net, _) in self.subnets()? {
+            if !keep.contains(&net) {
+                self.remove_subnet(net)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn peer_stats(&self, ip: Ipv4Addr) -> Option<PeerStats> {
+        self.stats.get(&ip.octets(), 0).ok().map(|v| sum(&v))
+    }
+
+    pub fn global_stats(&self) -> Result<BTreeMap<&'static str, u64>> {
+        let mut out = BTreeMap::new();
+        for c in Counter::ALL {
+            let v = self
+                .global
+                .get(&(c as u32), 0)
+                .with_context(|| format!("cannot read counter {}", c.name()))?;
+            out.insert(c.name(), v.iter().sum());
+        }
+        debug_assert_eq!(out.len(), counters::COUNT as usize);
+        Ok(out)
+    }
+
+    pub fn local_pods(&self) -> BTreeMap<[u8; 4], LocalPod> {
+        self.local_pods.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Makes the local pod table equal `want`.
+    pub fn sync_local_pods(&mut self, want: &BTreeMap<[u8; 4], LocalPod>) -> Result<()> {
+        let have = self.local_pods();
+        for ip in have.keys().filter(|ip| !want.contains_key(*ip)) {
+            let _ = self.local_pods.remove(ip);
+        }
+        for (ip, pod) in want {
+            if have.get(ip) != Some(pod) {
+                self.local_pods
+                    .insert(ip, pod, 0)
+                    .with_context(|| format!("cannot add local pod {}", Ipv4Addr::from(*ip)))?;
+            }
+        }
+        Ok(())
+    }
+}

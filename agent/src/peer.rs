@@ -1,0 +1,47 @@
+//! The desired-state model every source produces: our own node and its peers.
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+use crate::mac::VtepMac;
+
+/// A remote VTEP and the pod subnet behind it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peer {
+    pub node: String,
+    pub subnet: Ipv4Net,
+    pub public_ip: Ipv4Addr,
+    pub vtep_mac: VtepMac,
+}
+
+/// What the cluster says about this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnNode {
+    pub subnet: Ipv4Net,
+    /// The VtepMAC in our own `backend-data`, if it parses.
+    pub published_mac: Option<VtepMac>,
+    /// `node-public-ip`: the address to use as our VTEP source.
+    pub node_public_ip: Option<Ipv4Addr>,
+}
+
+/// A node that was not turned into a peer, and why; logged by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub node: String,
+    pub reason: String,
+}
+
+/// One interpretation of a whole node list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    /// `None` while our own node is missing or unusable.
+    pub own: Option<OwnNode>,
+    /// Why `own` is `None`.
+    pub own_problem: Option<String>,
+    pub peers: Vec<Peer>,
+    /// Malformed nodes (warned about).
+    pub rejected: Vec<Rejection>,
+    /// Nodes flannel's rules say to skip, e.g. not vxlan (logged at debug).
+    pub ignored: Vec<Rejection>,
+}

@@ -1,0 +1,143 @@
+//! `edgevx status`: what is programmed, read from the pins and the state
+//! dir, so it works with the agent running or stopped.
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+
+use crate::{
+    cli::StatusArgs,
+    dataplane::{bpffs::PinDir, loader, maps::Maps},
+    state::StateDir,
+};
+
+fn process_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
+    let state = StateDir(paths.state_dir.clone());
+    let rec = state.load_agent()?.with_context(|| {
+        format!(
+            "no edgevx state in {} (has `edgevx run` ever started here?)",
+            paths.state_dir.display()
+        )
+    })?;
+    let peers = state.load_peers()?;
+    let pins = PinDir::new(&paths.bpffs);
+    let maps = Maps::open(&pins).ok();
+    let attached: Vec<&str> = [loader::ENCAP, loader::DECAP]
+        .into_iter()
+        .filter(|n| pins.link(n).exists())
+        .collect();
+    let counters = match &maps {
+        Some(m) => serde_json::to_value(m.global_stats()?)?,
+        None => Value::Null,
+    };
+    let programmed = maps
+        .as_ref()
+        .map(|m| m.subnets())
+        .transpose()?
+        .unwrap_or_default();
+    let peers: Vec<Value> = peers
+        .iter()
+        .map(|p| {
+            let s = maps.as_ref().and_then(|m| m.peer_stats(p.public_ip)).unwrap_or_default();
+            json!({
+                "node": p.node,
+                "subnet": p.subnet.to_string(),
+                "public_ip": p.public_ip.to_string(),
+                "vtep_mac": p.vtep_mac.to_string(),
+                "in_dataplane": programmed.iter().any(|(net, e)| *net == p.subnet && e.vtep_mac == p.vtep_mac.0),
+                "tx_packets": s.tx_packets,
+                "tx_bytes": s.tx_bytes,
+                "rx_packets": s.rx_packets,
+                "rx_bytes": s.rx_bytes,
+                "tx_errors": s.tx_errors,
+            })
+        })
+        .collect();
+    Ok(json!({
+        "node": rec.node,
+        "agent_running": process_alive(rec.pid) && rec.pid != std::process::id(),
+        "dataplane_attached": attached.len() == 2,
+        "iface": rec.iface,
+        "vtep_device": rec.vtep_device,
+        "vtep_mac": rec.vtep_mac.to_string(),
+        "vni": rec.vni,
+        "port": rec.port,
+        "public_ip": rec.public_ip.to_string(),
+        "subnet": rec.subnet.to_string(),
+        "network": rec.network.to_string(),
+        "mtu": rec.mtu,
+        "delivery": if rec.fast_delivery { "fast" } else { "host-routing" },
+        "local_pods": maps.as_ref().map(|m| m.local_pods().len()).unwrap_or(0),
+        "counters": counters,
+        "peers": peers,
+    }))
+}
+
+pub fn run(args: StatusArgs) -> Result<()> {
+    let v = collect(&args.paths)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let s = |k: &str| {
+        v[k].as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| v[k].to_string())
+    };
+    println!(
+        "node {}  agent {}  dataplane {}",
+        s("node"),
+        if v["agent_running"] == true {
+            "running"
+        } else {
+            "stopped"
+        },
+        if v["dataplane_attached"] == true {
+            "attached"
+        } else {
+            "NOT attached"
+        }
+    );
+    println!(
+        "vtep {} mac {} vni {} port {} public-ip {} subnet {} mtu {} delivery {}",
+        s("vtep_device"),
+        s("vtep_mac"),
+        s("vni"),
+        s("port"),
+        s("public_ip"),
+        s("subnet"),
+        s("mtu"),
+        s("delivery")
+    );
+    println!(
+        "\n{:<20} {:<18} {:<16} {:<18} {:>12} {:>12}",
+        "PEER", "SUBNET", "PUBLIC IP", "VTEP MAC", "TX PKTS", "RX PKTS"
+    );
+    for p in v["peers"].as_array().into_iter().flatten() {
+        let f = |k: &str| {
+            p[k].as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| p[k].to_string())
+        };
+        println!(
+            "{:<20} {:<18} {:<16} {:<18} {:>12} {:>12}",
+            f("node"),
+            f("subnet"),
+            f("public_ip"),
+            f("vtep_mac"),
+            f("tx_packets"),
+            f("rx_packets")
+        );
+    }
+    if let Some(c) = v["counters"].as_object() {
+        println!();
+        for (k, n) in c {
+            println!("{k:<20} {n}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,46 @@
+//! Debian packages the tests, demo and bench run: installed when missing.
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+use crate::exec;
+
+/// (command that proves it is there, Debian package that provides it)
+const NEEDED: &[(&str, &str)] = &[
+    ("ip", "iproute2"),
+    ("bridge", "iproute2"),
+    ("ping", "iputils-ping"),
+    ("iperf3", "iperf3"),
+    ("etcd", "etcd-server"),
+    ("etcdctl", "etcd-client"),
+];
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+pub fn ensure() -> Result<()> {
+    let mut missing: Vec<&str> = NEEDED.iter().filter(|(c, _)| !have(c)).map(|(_, p)| *p).collect();
+    missing.dedup();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
+    exec::run(Command::new("apt-get").arg("update").arg("-qq"))
+        .context("missing packages and `apt-get update` failed")?;
+    exec::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+    .with_context(|| format!("missing: {} (apt-get install failed)", missing.join(" ")))?;
+    // the etcd-server package starts a system etcd; tests run their own
+    let _ = Command::new("sh")
+        .args(["-c", "command -v systemctl >/dev/null && systemctl stop etcd 2>/dev/null; pkill -x etcd 2>/dev/null; true"])
+        .status();
+    Ok(())
+}

@@ -1,0 +1,40 @@
+//! `cargo xtask test`: unit tests, then the privileged tests one at a time.
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+use crate::{build, exec, packages, toolchain};
+
+pub fn run(filter: Option<&str>) -> Result<()> {
+    packages::ensure()?;
+    let tools = toolchain::ensure()?;
+    build::agent(&tools)?;
+    let root = exec::workspace_root();
+    let mut unit = Command::new("cargo");
+    unit.args(["test", "--release", "--locked", "-p", "edgevx-common", "-p", "edgevx"])
+        .current_dir(&root)
+        .env("PATH", tools.path_env());
+    if let Some(f) = filter {
+        unit.arg("--").arg(f);
+    }
+    exec::run(&mut unit)?;
+
+    if !is_root() {
+        bail!("the namespace and BPF tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)");
+    }
+    let mut e2e = Command::new("cargo");
+    e2e.args(["test", "--release", "--locked", "-p", "edgevx-tests"])
+        .current_dir(&root)
+        .env("PATH", tools.path_env())
+        .env("EDGEVX_BIN", root.join("target/release/edgevx"))
+        .arg("--")
+        .arg("--test-threads=1");
+    if let Some(f) = filter {
+        e2e.arg(f);
+    }
+    exec::run(&mut e2e)
+}
+
+fn is_root() -> bool {
+    exec::output(Command::new("id").arg("-u")).is_ok_and(|s| s.trim() == "0")
+}

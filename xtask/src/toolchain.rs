@@ -1,0 +1,128 @@
+//! What building the eBPF crate needs beyond a Rust install, installed on
+//! first use and cached: rust-src for `-Z build-std=core`, and bpf-linker
+//! linked against the LLVM of the toolchain that compiles the eBPF crate
+//! (a mismatch of LLVM majors makes the link fail).
+use std::{
+    env,
+    ffi::OsString,
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::exec;
+
+/// The toolchain aya-build compiles the eBPF crate with (its default).
+pub const EBPF_TOOLCHAIN: &str = "nightly";
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Where the tools are, for the children that need them.
+pub struct Tools {
+    pub bpf_linker_dir: PathBuf,
+}
+
+impl Tools {
+    /// PATH with bpf-linker's directory in front.
+    pub fn path_env(&self) -> OsString {
+        let mut paths = vec![self.bpf_linker_dir.clone()];
+        if let Some(p) = env::var_os("PATH") {
+            paths.extend(env::split_paths(&p));
+        }
+        env::join_paths(paths).unwrap_or_default()
+    }
+}
+
+pub fn ensure() -> Result<Tools> {
+    ensure_rust_src()?;
+    let bpf_linker_dir = ensure_bpf_linker()?;
+    Ok(Tools { bpf_linker_dir })
+}
+
+fn ensure_rust_src() -> Result<()> {
+    let installed = exec::output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        EBPF_TOOLCHAIN,
+    ]))
+    .with_context(|| {
+        format!(
+            "missing: the Rust toolchain `{EBPF_TOOLCHAIN}` (rustup toolchain install {EBPF_TOOLCHAIN})"
+        )
+    })?;
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        return Ok(());
+    }
+    eprintln!("xtask: installing rust-src for {EBPF_TOOLCHAIN}");
+    exec::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", EBPF_TOOLCHAIN]))
+        .context("missing: rust-src, and `rustup component add rust-src` could not install it")
+}
+
+/// The toolchain's own libLLVM shared library and its major version.
+fn toolchain_llvm() -> Result<(PathBuf, String)> {
+    let sysroot = exec::output(Command::new("rustc").arg(format!("+{EBPF_TOOLCHAIN}")).args(["--print", "sysroot"]))?;
+    let lib = Path::new(sysroot.trim()).join("lib");
+    let entries = fs::read_dir(&lib).with_context(|| format!("cannot list {}", lib.display()))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // libLLVM.so.22.1-rust-1.97.0-nightly
+        if let Some(rest) = name.strip_prefix("libLLVM.so.") {
+            if let Some(major) = rest.split('.').next().filter(|m| m.chars().all(|c| c.is_ascii_digit())) {
+                return Ok((entry.path(), major.to_string()));
+            }
+        }
+    }
+    bail!(
+        "missing: a shared libLLVM (libLLVM.so.<major>...) in {}; bpf-linker cannot be built against this toolchain",
+        lib.display()
+    )
+}
+
+fn cache_root() -> Result<PathBuf> {
+    if let Some(dir) = env::var_os("EDGEVX_TOOLS_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let base = env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .context("missing: HOME (or XDG_CACHE_HOME / EDGEVX_TOOLS_DIR) to cache tools in")?;
+    Ok(base.join("edgevx").join("tools"))
+}
+
+fn ensure_bpf_linker() -> Result<PathBuf> {
+    let (llvm_lib, major) = toolchain_llvm()?;
+    let soname = llvm_lib
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // keyed by the exact library, so a toolchain update builds a new linker
+    let root = cache_root()?.join(format!("bpf-linker-{BPF_LINKER_VERSION}-{soname}"));
+    let bin_dir = root.join("bin");
+    let bin = bin_dir.join("bpf-linker");
+    if bin.exists() && Command::new(&bin).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Ok(bin_dir);
+    }
+    eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)", llvm_lib.display());
+    let prefix = root.join("llvm");
+    let prefix_lib = prefix.join("lib");
+    fs::create_dir_all(&prefix_lib).with_context(|| format!("cannot create {}", prefix_lib.display()))?;
+    for link in ["libLLVM.so".to_string(), soname] {
+        let at = prefix_lib.join(link);
+        let _ = fs::remove_file(&at);
+        symlink(&llvm_lib, &at).with_context(|| format!("cannot link {}", at.display()))?;
+    }
+    exec::run(
+        Command::new("cargo")
+            .args(["install", "bpf-linker", "--locked", "--version", BPF_LINKER_VERSION])
+            .args(["--no-default-features", "--features", &format!("llvm-{major}")])
+            .arg("--root")
+            .arg(&root)
+            .env("LLVM_PREFIX", &prefix),
+    )
+    .with_context(|| format!("missing: bpf-linker, and building it against LLVM {major} failed (needs crates.io)"))?;
+    Ok(bin_dir)
+}

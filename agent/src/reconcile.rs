@@ -70,6 +70,10 @@ pub fn select(
 #[derive(Default)]
 pub struct Reconciler {
     programmed: BTreeMap<String, Peer>,
+    /// Set for adopted records: after a reboot the record outlives the
+    /// kernel state it describes, so the first pass re-puts every peer
+    /// (idempotent: same entries, same routes) instead of trusting it.
+    unverified: bool,
 }
 
 impl Reconciler {
@@ -80,6 +84,7 @@ impl Reconciler {
                 .into_iter()
                 .map(|p| (p.node.clone(), p))
                 .collect(),
+            unverified: true,
         }
     }
 
@@ -92,6 +97,7 @@ impl Reconciler {
     /// Returns whether anything changed.
     pub async fn apply<T: PeerTable>(&mut self, table: &mut T, accepted: &[Peer]) -> bool {
         let mut changed = false;
+        let mut all_ok = true;
         let wanted: BTreeMap<&str, &Peer> = accepted.iter().map(|p| (p.node.as_str(), p)).collect();
         let gone: Vec<Peer> = self
             .programmed
@@ -106,23 +112,36 @@ impl Reconciler {
                     self.programmed.remove(&p.node);
                     changed = true;
                 }
-                Err(e) => warn!(node = %p.node, "removing peer failed, will retry: {e:#}"),
+                Err(e) => {
+                    all_ok = false;
+                    warn!(node = %p.node, "removing peer failed, will retry: {e:#}");
+                }
             }
         }
         for p in accepted {
             let old = self.programmed.get(&p.node).cloned();
-            if old.as_ref() == Some(p) {
+            if old.as_ref() == Some(p) && !self.unverified {
                 continue;
             }
             match table.put(old.as_ref(), p).await {
                 Ok(()) => {
-                    info!(node = %p.node, subnet = %p.subnet, public_ip = %p.public_ip, vtep_mac = %p.vtep_mac,
-                        "{}", if old.is_some() { "peer changed" } else { "peer added" });
+                    let what = match &old {
+                        None => "peer added",
+                        Some(o) if o == p => "peer re-programmed",
+                        Some(_) => "peer changed",
+                    };
+                    info!(node = %p.node, subnet = %p.subnet, public_ip = %p.public_ip, vtep_mac = %p.vtep_mac, "{what}");
                     self.programmed.insert(p.node.clone(), p.clone());
                     changed = true;
                 }
-                Err(e) => warn!(node = %p.node, "programming peer failed, will retry: {e:#}"),
+                Err(e) => {
+                    all_ok = false;
+                    warn!(node = %p.node, "programming peer failed, will retry: {e:#}");
+                }
             }
+        }
+        if all_ok {
+            self.unverified = false;
         }
         changed
     }
@@ -234,12 +253,28 @@ mod tests {
             peer("new", "10.244.6.0/24", "198.18.0.6"),
         ];
         assert!(r.apply(&mut t, &want).await);
-        assert_eq!(t.log, vec!["delete drop", "put move 10.244.4.0/24"]);
+        // adopted records are re-put once (they may predate a reboot)
+        assert_eq!(
+            t.log,
+            vec![
+                "delete drop",
+                "put keep 10.244.2.0/24",
+                "put move 10.244.4.0/24"
+            ]
+        );
         assert_eq!(r.programmed().count(), 2, "the failed peer is not recorded");
         t.fail = None;
         t.log.clear();
         assert!(r.apply(&mut t, &want).await);
-        assert_eq!(t.log, vec!["put new "]);
+        assert_eq!(
+            t.log,
+            vec![
+                "put keep 10.244.2.0/24",
+                "put move 10.244.5.0/24",
+                "put new "
+            ],
+            "still unverified after a failure"
+        );
         t.log.clear();
         assert!(!r.apply(&mut t, &want).await);
         assert!(t.log.is_empty());

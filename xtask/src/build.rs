@@ -10,12 +10,27 @@ pub fn ebpf(tools: &Tools) -> Result<()> {
     let root = exec::workspace_root();
     exec::run(
         Command::new("rustup")
-            .args(["run", crate::toolchain::EBPF_TOOLCHAIN, "cargo", "build", "--release"])
-            .args(["--package", "edgevx-ebpf", "--bins", "--target", "bpfel-unknown-none"])
+            .args([
+                "run",
+                crate::toolchain::EBPF_TOOLCHAIN,
+                "cargo",
+                "build",
+                "--release",
+            ])
+            .args([
+                "--package",
+                "edgevx-ebpf",
+                "--bins",
+                "--target",
+                "bpfel-unknown-none",
+            ])
             .args(["-Z", "build-std=core"])
             .current_dir(&root)
             .env("PATH", tools.path_env())
-            .env("CARGO_ENCODED_RUSTFLAGS", "--cfg=bpf_target_arch=\"x86_64\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf")
+            .env(
+                "CARGO_ENCODED_RUSTFLAGS",
+                "--cfg=bpf_target_arch=\"x86_64\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf",
+            )
             .env_remove("RUSTC")
             .env_remove("RUSTC_WORKSPACE_WRAPPER"),
     )
@@ -30,6 +45,9 @@ pub fn agent(tools: &Tools) -> Result<()> {
             .current_dir(&root)
             .env("PATH", tools.path_env()),
     )?;
-    eprintln!("xtask: built {}", root.join("target/release/edgevx").display());
+    eprintln!(
+        "xtask: built {}",
+        root.join("target/release/edgevx").display()
+    );
     Ok(())
 }

@@ -6,7 +6,9 @@ use anyhow::{Context, Result, bail};
 /// Runs `cmd` with inherited stdio; fails naming the command if it fails.
 pub fn run(cmd: &mut Command) -> Result<()> {
     let shown = format!("{cmd:?}");
-    let status = cmd.status().with_context(|| format!("cannot start {shown}"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {shown}"))?;
     if !status.success() {
         bail!("{shown} failed: {status}");
     }
@@ -16,9 +18,15 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 /// Runs `cmd` and returns its stdout.
 pub fn output(cmd: &mut Command) -> Result<String> {
     let shown = format!("{cmd:?}");
-    let out = cmd.output().with_context(|| format!("cannot start {shown}"))?;
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot start {shown}"))?;
     if !out.status.success() {
-        bail!("{shown} failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "{shown} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -13,6 +13,7 @@ const NEEDED: &[(&str, &str)] = &[
     ("iperf3", "iperf3"),
     ("etcd", "etcd-server"),
     ("etcdctl", "etcd-client"),
+    ("nft", "nftables"),
 ];
 
 fn have(cmd: &str) -> bool {
@@ -23,7 +24,11 @@ fn have(cmd: &str) -> bool {
 }
 
 pub fn ensure() -> Result<()> {
-    let mut missing: Vec<&str> = NEEDED.iter().filter(|(c, _)| !have(c)).map(|(_, p)| *p).collect();
+    let mut missing: Vec<&str> = NEEDED
+        .iter()
+        .filter(|(c, _)| !have(c))
+        .map(|(_, p)| *p)
+        .collect();
     missing.dedup();
     if missing.is_empty() {
         return Ok(());

@@ -58,20 +58,34 @@ fn ensure_rust_src() -> Result<()> {
         return Ok(());
     }
     eprintln!("xtask: installing rust-src for {EBPF_TOOLCHAIN}");
-    exec::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", EBPF_TOOLCHAIN]))
-        .context("missing: rust-src, and `rustup component add rust-src` could not install it")
+    exec::run(Command::new("rustup").args([
+        "component",
+        "add",
+        "rust-src",
+        "--toolchain",
+        EBPF_TOOLCHAIN,
+    ]))
+    .context("missing: rust-src, and `rustup component add rust-src` could not install it")
 }
 
 /// The toolchain's own libLLVM shared library and its major version.
 fn toolchain_llvm() -> Result<(PathBuf, String)> {
-    let sysroot = exec::output(Command::new("rustc").arg(format!("+{EBPF_TOOLCHAIN}")).args(["--print", "sysroot"]))?;
+    let sysroot = exec::output(
+        Command::new("rustc")
+            .arg(format!("+{EBPF_TOOLCHAIN}"))
+            .args(["--print", "sysroot"]),
+    )?;
     let lib = Path::new(sysroot.trim()).join("lib");
     let entries = fs::read_dir(&lib).with_context(|| format!("cannot list {}", lib.display()))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         // libLLVM.so.22.1-rust-1.97.0-nightly
         if let Some(rest) = name.strip_prefix("libLLVM.so.") {
-            if let Some(major) = rest.split('.').next().filter(|m| m.chars().all(|c| c.is_ascii_digit())) {
+            if let Some(major) = rest
+                .split('.')
+                .next()
+                .filter(|m| m.chars().all(|c| c.is_ascii_digit()))
+            {
                 return Ok((entry.path(), major.to_string()));
             }
         }
@@ -103,13 +117,22 @@ fn ensure_bpf_linker() -> Result<PathBuf> {
     let root = cache_root()?.join(format!("bpf-linker-{BPF_LINKER_VERSION}-{soname}"));
     let bin_dir = root.join("bin");
     let bin = bin_dir.join("bpf-linker");
-    if bin.exists() && Command::new(&bin).arg("--version").output().is_ok_and(|o| o.status.success()) {
+    if bin.exists()
+        && Command::new(&bin)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    {
         return Ok(bin_dir);
     }
-    eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)", llvm_lib.display());
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)",
+        llvm_lib.display()
+    );
     let prefix = root.join("llvm");
     let prefix_lib = prefix.join("lib");
-    fs::create_dir_all(&prefix_lib).with_context(|| format!("cannot create {}", prefix_lib.display()))?;
+    fs::create_dir_all(&prefix_lib)
+        .with_context(|| format!("cannot create {}", prefix_lib.display()))?;
     for link in ["libLLVM.so".to_string(), soname] {
         let at = prefix_lib.join(link);
         let _ = fs::remove_file(&at);
@@ -117,12 +140,26 @@ fn ensure_bpf_linker() -> Result<PathBuf> {
     }
     exec::run(
         Command::new("cargo")
-            .args(["install", "bpf-linker", "--locked", "--version", BPF_LINKER_VERSION])
-            .args(["--no-default-features", "--features", &format!("llvm-{major}")])
+            .args([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--version",
+                BPF_LINKER_VERSION,
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{major}"),
+            ])
             .arg("--root")
             .arg(&root)
             .env("LLVM_PREFIX", &prefix),
     )
-    .with_context(|| format!("missing: bpf-linker, and building it against LLVM {major} failed (needs crates.io)"))?;
+    .with_context(|| {
+        format!(
+            "missing: bpf-linker, and building it against LLVM {major} failed (needs crates.io)"
+        )
+    })?;
     Ok(bin_dir)
 }

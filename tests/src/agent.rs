@@ -1,0 +1,166 @@
+//! An `edgevx run` process inside a node namespace.
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::{edgevx_bin, topo::Host};
+
+pub struct Agent {
+    child: Option<Child>,
+    pub log: PathBuf,
+    pub state_dir: PathBuf,
+    pub bpffs: PathBuf,
+}
+
+impl Agent {
+    /// Starts the agent for `host` and waits until its dataplane is up.
+    pub fn start(host: &Host, nodes_file: &Path, extra: &[&str]) -> Result<Self> {
+        let log = host.dir.join(format!("{}.log", crate::unique("agent")));
+        let mut cmd = host.ns.cmd(edgevx_bin().to_str().context("bin path")?);
+        cmd.args(["run", "--node-name", &host.name(), "--iface", "eth0"])
+            .arg("--nodes-file")
+            .arg(nodes_file)
+            .arg("--state-dir")
+            .arg(host.state_dir())
+            .arg("--bpffs")
+            .arg(host.bpffs_dir())
+            .arg("--subnet-file")
+            .arg(host.subnet_file())
+            .args(extra)
+            .env("EDGEVX_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(File::create(&log)?);
+        let child = cmd.spawn().context("cannot start edgevx")?;
+        let mut agent = Agent {
+            child: Some(child),
+            log,
+            state_dir: host.state_dir(),
+            bpffs: host.bpffs_dir(),
+        };
+        agent.wait_log("dataplane up", Duration::from_secs(20))?;
+        Ok(agent)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle` (counting from the start).
+    pub fn wait_log(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.log_text().contains(needle) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "agent log has no {needle:?} after {timeout:?}:\n{}",
+                    self.log_text()
+                );
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!(
+                    "agent exited ({status}) before logging {needle:?}:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `edgevx status --json` for this agent's state.
+    pub fn status(&self) -> Result<Value> {
+        status(&self.state_dir, &self.bpffs)
+    }
+
+    /// SIGKILL: no chance to clean anything up.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let status = c.wait()?;
+            if !status.success() {
+                bail!("agent exited with {status}:\n{}", self.log_text());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn status(state_dir: &Path, bpffs: &Path) -> Result<Value> {
+    let out = Command::new(edgevx_bin())
+        .args(["status", "--json", "--state-dir"])
+        .arg(state_dir)
+        .arg("--bpffs")
+        .arg(bpffs)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "edgevx status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// Polls `check` on the agent's status until it holds (or `timeout`).
+pub fn wait_status(
+    agent: &Agent,
+    timeout: Duration,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Result<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = agent.status()?;
+        if check(&s) {
+            return Ok(s);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "status never showed {what} within {timeout:?}: {s:#}\nlog:\n{}",
+                agent.log_text()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The peers in a status document: (node, vtep_mac).
+pub fn peers(status: &Value) -> Vec<(String, String)> {
+    status["peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            (
+                p["node"].as_str().unwrap_or("").to_string(),
+                p["vtep_mac"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}

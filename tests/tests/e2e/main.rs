@@ -1,0 +1,20 @@
+//! Privileged end-to-end tests (root; run by `cargo xtask test` with
+//! `--test-threads=1`). Each test builds its own namespaces and removes
+//! them on drop, also when it fails.
+mod cli;
+mod edgevx_pair;
+mod interop;
+mod nodes_file;
+mod prog_test_run;
+mod restart;
+
+use edgevx_tests::traffic::Peer;
+
+/// The kernel VTEP MAC of flannel-style nodes in these tests.
+pub const KERNEL_MAC: &str = "02:00:00:00:02:01";
+
+pub fn testpeer() -> Peer {
+    Peer::new(env!("CARGO_BIN_EXE_edgevx-testpeer"))
+}
+
+pub const MIB: u64 = 1 << 20;

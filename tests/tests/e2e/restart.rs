@@ -1,0 +1,135 @@
+//! The VTEP MAC survives restarts and reboots; the dataplane survives the
+//! agent being killed.
+use std::{process::Stdio, time::Duration};
+
+use anyhow::{Context, Result};
+use edgevx_tests::{
+    agent::Agent,
+    nodes::{flannel_node, node_list, write},
+    topo::{Cluster, pod_ip},
+    traffic::{ping, wait_reachable},
+};
+
+use crate::KERNEL_MAC;
+
+fn setup() -> Result<(Cluster, std::path::PathBuf, Agent, String)> {
+    let mut c = Cluster::new(2)?;
+    c.host_mut(1).mount_bpffs()?;
+    let nodes = c.dir.join("nodes.json");
+    // our own node publishes no MAC: it comes from the state dir
+    write(
+        &nodes,
+        &node_list(vec![
+            flannel_node(1, None),
+            flannel_node(2, Some(KERNEL_MAC)),
+        ]),
+    )?;
+    let agent = Agent::start(c.host(1), &nodes, &[])?;
+    let mac = agent.status()?["vtep_mac"]
+        .as_str()
+        .context("no vtep_mac")?
+        .to_string();
+    c.host(2).kernel_vtep(KERNEL_MAC)?;
+    c.host(2).kernel_add_peer(1, &mac)?;
+    wait_reachable(&c.host(2).pod, pod_ip(1), 10)?;
+    Ok((c, nodes, agent, mac))
+}
+
+#[test]
+fn mac_is_kept_across_restart_and_reboot_with_the_kernel_peer_untouched() -> Result<()> {
+    let (mut c, nodes, mut agent, mac) = setup()?;
+    let kernel_state = c
+        .host(2)
+        .ns
+        .run(&["bridge", "fdb", "show", "dev", "flannel.1"])?;
+
+    agent.stop()?;
+    let agent = Agent::start(c.host(1), &nodes, &[])?;
+    assert_eq!(
+        agent.status()?["vtep_mac"],
+        mac.as_str(),
+        "restart changed the MAC"
+    );
+    assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?, (5, 5));
+    drop(agent);
+
+    // reboot: namespaces, links and bpffs pins all gone; the state dir stays
+    c.reboot(1)?;
+    assert!(
+        c.host(1).ns.ip(&["link", "show", "flannel.1"]).is_err(),
+        "reboot left the device behind"
+    );
+    c.host_mut(1).mount_bpffs()?;
+    let agent = Agent::start(c.host(1), &nodes, &[])?;
+    assert_eq!(
+        agent.status()?["vtep_mac"],
+        mac.as_str(),
+        "reboot changed the MAC"
+    );
+    assert_eq!(
+        c.host(1)
+            .ns
+            .ip(&["link", "show", "flannel.1"])?
+            .contains(&mac),
+        true
+    );
+    // node2 was never told anything, and it still reaches us
+    assert_eq!(
+        c.host(2)
+            .ns
+            .run(&["bridge", "fdb", "show", "dev", "flannel.1"])?,
+        kernel_state
+    );
+    wait_reachable(&c.host(2).pod, pod_ip(1), 10)?;
+    assert_eq!(ping(&c.host(2).pod, pod_ip(1), 10, "0.05")?, (10, 10));
+    assert_eq!(ping(&c.host(1).pod, pod_ip(2), 10, "0.05")?, (10, 10));
+    Ok(())
+}
+
+#[test]
+fn no_ping_is_lost_across_kill_9_and_restart() -> Result<()> {
+    let (c, nodes, mut agent, mac) = setup()?;
+    // 400 pings at 10 ms across the kill and the restart, both directions
+    let pingers: Vec<_> = [(2u8, 1u8), (1, 2)]
+        .into_iter()
+        .map(|(from, to)| {
+            c.host(from)
+                .pod
+                .cmd("ping")
+                .args([
+                    "-n",
+                    "-q",
+                    "-c",
+                    "400",
+                    "-i",
+                    "0.01",
+                    "-W",
+                    "1",
+                    &pod_ip(to).to_string(),
+                ])
+                .stdout(Stdio::piped())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    std::thread::sleep(Duration::from_millis(800));
+    agent.kill9();
+    std::thread::sleep(Duration::from_millis(800));
+    // the dataplane keeps running with no agent at all
+    assert_eq!(ping(&c.host(1).pod, pod_ip(2), 3, "0.05")?.1, 3);
+    let agent = Agent::start(c.host(1), &nodes, &[])?;
+    assert!(
+        agent.log_text().contains("adopted pinned link"),
+        "restart did not adopt the pinned links:\n{}",
+        agent.log_text()
+    );
+    assert_eq!(agent.status()?["vtep_mac"], mac.as_str());
+    for p in pingers {
+        let out = p.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("400 packets transmitted, 400 received"),
+            "pings lost: {text}"
+        );
+    }
+    Ok(())
+}

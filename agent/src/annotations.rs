@@ -41,7 +41,7 @@ impl AnnotationNames {
         if labels.len() < 2 || !labels.iter().all(|l| valid_label_chars(l)) {
             return Err(err());
         }
-        if !tail.is_empty() && !(tail.ends_with('-') && valid_label_chars(tail)) {
+        if !(tail.is_empty() || tail.ends_with('-') && valid_label_chars(tail)) {
             return Err(err());
         }
         let name = |n: &str| format!("{p}{n}");

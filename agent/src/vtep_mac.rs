@@ -2,6 +2,7 @@
 //! 1. the VtepMAC our own Node publishes in `backend-data`;
 //! 2. the MAC saved in the state dir;
 //! 3. a new random one, saved (fsync + rename) before any device exists.
+//!
 //! Whatever is chosen is saved, so a reboot brings back the same MAC and
 //! peers that never saw an update keep working.
 use anyhow::{Context, Result};

@@ -40,12 +40,16 @@ pub fn run(ctx: &TcContext) -> i32 {
     };
     let ip = &outer[ETH_HLEN..];
     let ihl = ((ip[0] & 0x0f) as usize) * 4;
-    let fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0;
+    let frag = u16::from_be_bytes([ip[6], ip[7]]);
+    // a later fragment carries no UDP header to judge; the kernel cannot
+    // reassemble it without the first one, which is judged below
+    let later_fragment = frag & 0x1fff != 0;
+    let first_fragment = frag & 0x2000 != 0;
     if u16::from_be_bytes([outer[12], outer[13]]) != ETH_P_IP
         || ip[0] >> 4 != 4
         || ihl < 20
         || ip[9] != IPPROTO_UDP
-        || fragment
+        || later_fragment
         || ip[16..20] != cfg.local_ip
         || cfg.vni == 0
     {
@@ -70,7 +74,7 @@ pub fn run(ctx: &TcContext) -> i32 {
     let src = [ip[12], ip[13], ip[14], ip[15]];
     let Some(peer) = stats::peer(&src) else {
         stats::add(Counter::DropUnknownPeer, 1);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     };
     let inner_eth = &tunnel[UDP_HLEN + VXLAN_HLEN..];
     if inner_eth[..6] != cfg.vtep_mac {
@@ -84,7 +88,7 @@ pub fn run(ctx: &TcContext) -> i32 {
     peer.rx_bytes += inner_len as u64;
 
     let ipv4_inside = u16::from_be_bytes([inner_eth[12], inner_eth[13]]) == ETH_P_IP;
-    if cfg.flags & FLAG_FAST_DELIVERY != 0 && ihl == 20 && ipv4_inside {
+    if cfg.flags & FLAG_FAST_DELIVERY != 0 && ihl == 20 && ipv4_inside && !first_fragment {
         if let Some(verdict) = deliver_to_pod(ctx, inner_len) {
             return verdict;
         }
@@ -108,7 +112,7 @@ fn deliver_to_pod(ctx: &TcContext, inner_len: u32) -> Option<i32> {
         .is_err()
     {
         stats::add(Counter::DropAdjustRoom, 1);
-        return Some(TC_ACT_SHOT as i32);
+        return Some(TC_ACT_SHOT);
     }
     let mut eth = [0u8; ETH_HLEN];
     eth[..6].copy_from_slice(&pod.pod_mac);
@@ -116,7 +120,7 @@ fn deliver_to_pod(ctx: &TcContext, inner_len: u32) -> Option<i32> {
     eth[12..].copy_from_slice(&ETH_P_IP.to_be_bytes());
     if ctx.store(0, &eth, 0).is_err() {
         stats::add(Counter::DropAdjustRoom, 1);
-        return Some(TC_ACT_SHOT as i32);
+        return Some(TC_ACT_SHOT);
     }
     stats::count(Counter::RxFastPackets, Counter::RxFastBytes, inner_len);
     // SAFETY: plain helper call; the kernel checks the ifindex.

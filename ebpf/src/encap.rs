@@ -39,17 +39,17 @@ const INNER_DST_OFF: usize = ETH_HLEN + 16;
 
 pub fn run(ctx: &TcContext) -> i32 {
     let Some(cfg) = EDGEVX_CONFIG.get(0) else {
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     };
     if cfg.vni == 0 {
         stats::add(Counter::DropNoConfig, 1);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     match ctx.load::<[u8; 2]>(12) {
         Ok(p) if u16::from_be_bytes(p) == ETH_P_IP => {}
         _ => {
             stats::add(Counter::DropNotIpv4, 1);
-            return TC_ACT_SHOT as i32;
+            return TC_ACT_SHOT;
         }
     }
     let (Ok(tos), Ok(dst)) = (
@@ -57,11 +57,11 @@ pub fn run(ctx: &TcContext) -> i32 {
         ctx.load::<[u8; 4]>(INNER_DST_OFF),
     ) else {
         stats::add(Counter::DropNotIpv4, 1);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     };
     let Some(peer) = EDGEVX_PEER_SUBNETS.get(Key::new(32, dst)) else {
         stats::add(Counter::DropNoRoute, 1);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     };
     let peer = *peer;
     let peer_stats = stats::peer(&peer.public_ip);
@@ -94,7 +94,7 @@ pub fn run(ctx: &TcContext) -> i32 {
         if let Some(s) = peer_stats {
             s.tx_errors += 1;
         }
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     stats::count(Counter::TxPackets, Counter::TxBytes, len);
     if let Some(s) = peer_stats {

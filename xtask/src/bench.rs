@@ -1,3 +1,197 @@
-pub fn run(_seconds: u32) -> anyhow::Result<()> {
-    anyhow::bail!("bench: not written yet")
+//! `cargo xtask bench`: the same two-node topology, measured in one run as
+//! edgevx (fast delivery), edgevx (--host-routing), flannel-style kernel
+//! VXLAN, and plain routing with no overlay. Prints ratios; asserts nothing.
+use std::{process::Stdio, thread::sleep, time::Duration};
+
+use anyhow::{Context, Result, bail};
+use edgevx_tests::{
+    agent::Agent,
+    netns::Netns,
+    nodes::{flannel_node, node_list, write},
+    topo::{Cluster, pod_ip},
+    traffic::wait_reachable,
+};
+use serde_json::Value;
+
+use crate::{build, exec, packages, toolchain};
+
+#[derive(Clone, Copy)]
+enum Setup {
+    EdgevxFast,
+    EdgevxHostRouting,
+    KernelVxlan,
+    PlainRouting,
+}
+
+impl Setup {
+    fn name(self) -> &'static str {
+        match self {
+            Setup::EdgevxFast => "edgevx (fast delivery, default)",
+            Setup::EdgevxHostRouting => "edgevx --host-routing",
+            Setup::KernelVxlan => "kernel VXLAN (flannel)",
+            Setup::PlainRouting => "plain routing, no overlay",
+        }
+    }
+}
+
+struct Result3 {
+    tcp_gbps: f64,
+    udp_kpps: f64,
+    rtt_us: f64,
+}
+
+/// Brings up `setup` on a fresh cluster; returns it and the agents keeping it alive.
+fn bring_up(setup: Setup) -> Result<(Cluster, Vec<Agent>)> {
+    let mut c = Cluster::new(2)?;
+    let mut agents = Vec::new();
+    match setup {
+        Setup::EdgevxFast | Setup::EdgevxHostRouting => {
+            let nodes = c.dir.join("nodes.json");
+            write(
+                &nodes,
+                &node_list(vec![
+                    flannel_node(1, Some("02:11:00:00:00:01")),
+                    flannel_node(2, Some("02:22:00:00:00:02")),
+                ]),
+            )?;
+            let extra: &[&str] = if matches!(setup, Setup::EdgevxHostRouting) {
+                &["--host-routing"]
+            } else {
+                &[]
+            };
+            for i in [1, 2] {
+                c.host_mut(i).mount_bpffs()?;
+                agents.push(Agent::start(c.host(i), &nodes, extra)?);
+            }
+        }
+        Setup::KernelVxlan => {
+            let macs = ["02:11:00:00:00:01", "02:22:00:00:00:02"];
+            for (i, peer) in [(1u8, 2u8), (2, 1)] {
+                c.host(i).kernel_vtep(macs[i as usize - 1])?;
+                c.host(i).kernel_add_peer(peer, macs[peer as usize - 1])?;
+            }
+        }
+        Setup::PlainRouting => {
+            c.host(1).plain_route(2)?;
+            c.host(2).plain_route(1)?;
+        }
+    }
+    wait_reachable(&c.host(1).pod, pod_ip(2), 10)?;
+    wait_reachable(&c.host(2).pod, pod_ip(1), 10)?;
+    Ok((c, agents))
+}
+
+fn iperf(client: &Netns, server: &Netns, args: &[&str]) -> Result<Value> {
+    let mut srv = server
+        .cmd("iperf3")
+        .args(["-s", "-1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    sleep(Duration::from_millis(300));
+    let mut all = vec!["iperf3", "-J", "-c"];
+    let target = pod_ip(2).to_string();
+    all.push(&target);
+    all.extend_from_slice(args);
+    let out = client.run(&all);
+    let _ = srv.kill();
+    let _ = srv.wait();
+    serde_json::from_str(&out?).context("iperf3 JSON")
+}
+
+fn measure(c: &Cluster, seconds: u32) -> Result<Result3> {
+    let (p1, p2) = (&c.host(1).pod, &c.host(2).pod);
+    let t = seconds.to_string();
+    let tcp = iperf(p1, p2, &["-t", &t])?;
+    let tcp_gbps = tcp["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("tcp result")?
+        / 1e9;
+    let udp = iperf(p1, p2, &["-u", "-b", "0", "-l", "64", "-t", &t])?;
+    let sum = &udp["end"]["sum"];
+    let received =
+        sum["packets"].as_f64().unwrap_or(0.0) - sum["lost_packets"].as_f64().unwrap_or(0.0);
+    let udp_kpps = received
+        / sum["seconds"]
+            .as_f64()
+            .filter(|s| *s > 0.0)
+            .unwrap_or(seconds as f64)
+        / 1e3;
+    let ping = p1.run(&[
+        "ping",
+        "-n",
+        "-q",
+        "-c",
+        "500",
+        "-i",
+        "0.002",
+        &pod_ip(2).to_string(),
+    ])?;
+    let line = ping
+        .lines()
+        .find(|l| l.contains("min/avg/max"))
+        .context("ping summary")?;
+    let avg_ms: f64 = line
+        .split('=')
+        .nth(1)
+        .and_then(|v| v.trim().split('/').nth(1))
+        .and_then(|v| v.parse().ok())
+        .context("ping avg")?;
+    Ok(Result3 {
+        tcp_gbps,
+        udp_kpps,
+        rtt_us: avg_ms * 1000.0,
+    })
+}
+
+pub fn run(seconds: u32) -> Result<()> {
+    packages::ensure()?;
+    let tools = toolchain::ensure()?;
+    build::agent(&tools)?;
+    let root = exec::workspace_root();
+    // SAFETY: single-threaded here; the harness reads it.
+    unsafe { std::env::set_var("EDGEVX_BIN", root.join("target/release/edgevx")) };
+    let setups = [
+        Setup::EdgevxFast,
+        Setup::EdgevxHostRouting,
+        Setup::KernelVxlan,
+        Setup::PlainRouting,
+    ];
+    let mut results = Vec::new();
+    for s in setups {
+        eprintln!("bench: {} ...", s.name());
+        let (c, agents) = bring_up(s)?;
+        results.push(measure(&c, seconds)?);
+        drop(agents);
+        drop(c);
+    }
+    let kernel = &results[2];
+    let plain = &results[3];
+    if kernel.tcp_gbps <= 0.0 || plain.tcp_gbps <= 0.0 {
+        bail!("a baseline measured zero");
+    }
+    println!(
+        "\nsingle TCP stream, UDP 64-byte packets/s, ping RTT; pod to pod across two namespaced nodes; {seconds} s each\n"
+    );
+    println!(
+        "| setup | TCP Gbit/s | UDP 64B kpps | RTT us | TCP vs kernel | pps vs kernel | RTT vs kernel | TCP vs plain | pps vs plain | RTT vs plain |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (s, r) in setups.iter().zip(&results) {
+        println!(
+            "| {} | {:.2} | {:.1} | {:.1} | {:.2}x | {:.2}x | {:.2}x | {:.2}x | {:.2}x | {:.2}x |",
+            s.name(),
+            r.tcp_gbps,
+            r.udp_kpps,
+            r.rtt_us,
+            r.tcp_gbps / kernel.tcp_gbps,
+            r.udp_kpps / kernel.udp_kpps,
+            r.rtt_us / kernel.rtt_us,
+            r.tcp_gbps / plain.tcp_gbps,
+            r.udp_kpps / plain.udp_kpps,
+            r.rtt_us / plain.rtt_us,
+        );
+    }
+    println!("\n(RTT ratios below 1.00x are better; throughput ratios above 1.00x are better)");
+    Ok(())
 }

@@ -51,3 +51,20 @@ pub fn agent(tools: &Tools) -> Result<()> {
     );
     Ok(())
 }
+
+/// The traffic endpoint the demo, bench and tests run inside pods.
+pub fn testpeer() -> Result<()> {
+    exec::run(
+        Command::new("cargo")
+            .args([
+                "build",
+                "--release",
+                "--locked",
+                "--package",
+                "edgevx-tests",
+                "--bin",
+                "edgevx-testpeer",
+            ])
+            .current_dir(exec::workspace_root()),
+    )
+}

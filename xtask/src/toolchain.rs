@@ -80,14 +80,12 @@ fn toolchain_llvm() -> Result<(PathBuf, String)> {
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         // libLLVM.so.22.1-rust-1.97.0-nightly
-        if let Some(rest) = name.strip_prefix("libLLVM.so.") {
-            if let Some(major) = rest
-                .split('.')
-                .next()
-                .filter(|m| m.chars().all(|c| c.is_ascii_digit()))
-            {
-                return Ok((entry.path(), major.to_string()));
-            }
+        let major = name
+            .strip_prefix("libLLVM.so.")
+            .and_then(|rest| rest.split('.').next())
+            .filter(|m| !m.is_empty() && m.chars().all(|c| c.is_ascii_digit()));
+        if let Some(major) = major {
+            return Ok((entry.path(), major.to_string()));
         }
     }
     bail!(

@@ -155,8 +155,10 @@ impl Rules<'_> {
 
     /// Reads every node; one bad node never spoils the others.
     pub fn view(&self, nodes: &[Value]) -> ClusterView {
-        let mut view = ClusterView::default();
-        view.own_problem = Some(format!("node {:?} is not in the node list", self.own_name));
+        let mut view = ClusterView {
+            own_problem: Some(format!("node {:?} is not in the node list", self.own_name)),
+            ..ClusterView::default()
+        };
         for (i, node) in nodes.iter().enumerate() {
             let Some(name) = node.pointer("/metadata/name").and_then(Value::as_str) else {
                 view.rejected.push(Rejection {

@@ -111,9 +111,11 @@ impl Loaded {
     fn run(&self, prog: &str, input: &[u8]) -> Result<(u32, Vec<u8>)> {
         let p: &SchedClassifier = self.ebpf.program(prog).context("program")?.try_into()?;
         let mut out = vec![0u8; input.len() + 256];
-        let mut opts = TestRunOptions::default();
-        opts.data_in = Some(input);
-        opts.data_out = Some(&mut out);
+        let opts = TestRunOptions {
+            data_in: Some(input),
+            data_out: Some(&mut out),
+            ..Default::default()
+        };
         let r = p.test_run(opts)?;
         out.truncate(r.data_size_out as usize);
         Ok((r.return_value, out))
@@ -355,6 +357,49 @@ fn decap_drops_vxlan_from_unknown_sources() -> Result<()> {
     );
     assert_eq!(l.counter(Counter::DropUnknownPeer)?, 1);
     assert_eq!(l.counter(Counter::RxFastPackets)?, 0);
+    Ok(())
+}
+
+/// The same frame with a 4-byte IP option block (NOP NOP NOP EOL).
+fn with_ip_options(frame: &[u8]) -> Vec<u8> {
+    let mut f = frame[..34].to_vec();
+    f[14] = 0x46;
+    let len = u16::from_be_bytes([f[16], f[17]]) + 4;
+    f[16..18].copy_from_slice(&len.to_be_bytes());
+    f.extend([1, 1, 1, 0]);
+    f.extend(&frame[34..]);
+    f
+}
+
+#[test]
+fn ip_options_and_fragments_do_not_bypass_the_source_check() -> Result<()> {
+    let l = load(FLAG_FAST_DELIVERY)?;
+    let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
+    assert_eq!(
+        l.run(
+            "edgevx_decap",
+            &with_ip_options(&vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner))
+        )?
+        .0,
+        TC_ACT_SHOT
+    );
+    let mut first_fragment = vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner);
+    first_fragment[20] = 0x20; // MF, offset 0
+    assert_eq!(l.run("edgevx_decap", &first_fragment)?.0, TC_ACT_SHOT);
+    assert_eq!(l.counter(Counter::DropUnknownPeer)?, 2);
+    // from a peer: accepted, but left to the kernel (options, or reassembly needed)
+    for frame in [
+        with_ip_options(&vxlan_frame(PEER_IP, 1, OUR_MAC, &inner)),
+        {
+            let mut f = vxlan_frame(PEER_IP, 1, OUR_MAC, &inner);
+            f[20] = 0x20;
+            f
+        },
+    ] {
+        let (rc, out) = l.run("edgevx_decap", &frame)?;
+        assert_eq!((rc, out), (NEXT, frame));
+    }
+    assert_eq!(l.counter(Counter::RxHostPackets)?, 2);
     Ok(())
 }
 

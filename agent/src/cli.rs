@@ -20,7 +20,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Run the agent in the foreground until SIGTERM or SIGINT.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show the dataplane: works while the agent runs and after it stopped.
     Status(StatusArgs),
     /// Remove everything edgevx created (links, programs, maps, device, subnet file).
@@ -45,10 +45,44 @@ pub struct RunArgs {
     /// Underlay interface: VXLAN leaves and arrives here.
     #[arg(long, env = "EDGEVX_IFACE")]
     pub iface: String,
-    /// Kubernetes NodeList (JSON or YAML) naming this node and its peers.
+    /// Source: a Kubernetes NodeList file (JSON or YAML) naming this node and its peers.
     #[arg(long, env = "EDGEVX_NODES_FILE")]
-    pub nodes_file: PathBuf,
-    /// flannel net-conf.json (Network, Backend.VNI, Backend.Port, Backend.MTU).
+    pub nodes_file: Option<PathBuf>,
+    /// Source: the Kubernetes API (default when KUBERNETES_SERVICE_HOST is set).
+    #[arg(long, env = "EDGEVX_KUBE", default_value_t = false)]
+    pub kube: bool,
+    /// kubeconfig for --kube (default: the in-cluster service account).
+    #[arg(long, env = "EDGEVX_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// User agent sent to the API. YurtHub caches only listed agents: see the README.
+    #[arg(long, env = "EDGEVX_USER_AGENT", default_value = concat!("edgevx/", env!("CARGO_PKG_VERSION")))]
+    pub user_agent: String,
+    /// Source: etcd v3 endpoints, comma-separated (flannel's etcd layout).
+    #[arg(long, env = "EDGEVX_ETCD_ENDPOINTS")]
+    pub etcd_endpoints: Option<String>,
+    #[arg(
+        long,
+        env = "EDGEVX_ETCD_PREFIX",
+        default_value = "/coreos.com/network"
+    )]
+    pub etcd_prefix: String,
+    #[arg(long, env = "EDGEVX_ETCD_CAFILE")]
+    pub etcd_cafile: Option<PathBuf>,
+    #[arg(long, env = "EDGEVX_ETCD_CERTFILE")]
+    pub etcd_certfile: Option<PathBuf>,
+    #[arg(long, env = "EDGEVX_ETCD_KEYFILE")]
+    pub etcd_keyfile: Option<PathBuf>,
+    /// TTL of our etcd subnet lease, in seconds (flannel: 24 h).
+    #[arg(long, env = "EDGEVX_SUBNET_LEASE_TTL", default_value_t = 86400)]
+    pub subnet_lease_ttl: u64,
+    /// Renew the etcd lease this many seconds before it expires (flannel: 60 min).
+    #[arg(
+        long,
+        env = "EDGEVX_SUBNET_LEASE_RENEW_MARGIN_SECS",
+        default_value_t = 3600
+    )]
+    pub subnet_lease_renew_margin_secs: u64,
+    /// flannel net-conf.json (Network, Backend.VNI, Backend.Port, Backend.MTU); in etcd mode it comes from <prefix>/config.
     #[arg(long, env = "EDGEVX_NET_CONF")]
     pub net_conf: Option<PathBuf>,
     #[command(flatten)]

@@ -1,6 +1,7 @@
 //! edgevx: an eBPF VXLAN dataplane that stands in for flanneld's vxlan
 //! backend, node by node, and keeps its VTEP MAC across reboots.
 mod annotations;
+mod cache;
 mod cleanup;
 mod cli;
 mod dataplane;
@@ -46,6 +47,8 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     raise_memlock();
+    // one TLS provider for kube (rustls) and etcd (tonic): ring
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -58,7 +61,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            cli::Command::Run(args) => run::run(args).await,
+            cli::Command::Run(args) => run::run(*args).await,
             cli::Command::Status(args) => status::run(args),
             cli::Command::Cleanup(args) => cleanup::run(args).await,
         }

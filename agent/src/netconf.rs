@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use edgevx_common::vxlan::{DEFAULT_PORT, DEFAULT_VNI};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NetConf {
     /// The cluster pod network (`Network`).
     pub network: Ipv4Net,

@@ -16,7 +16,7 @@ pub struct Peer {
 }
 
 /// What the cluster says about this node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnNode {
     pub subnet: Ipv4Net,
     /// The VtepMAC in our own `backend-data`, if it parses.
@@ -26,14 +26,14 @@ pub struct OwnNode {
 }
 
 /// A node that was not turned into a peer, and why; logged by name.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rejection {
     pub node: String,
     pub reason: String,
 }
 
 /// One interpretation of a whole node list.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterView {
     /// `None` while our own node is missing or unusable.
     pub own: Option<OwnNode>,

@@ -11,10 +11,10 @@ use edgevx_common::{
 };
 use ipnet::Ipv4Net;
 use rtnetlink::Handle;
-use serde_json::Value;
 use tokio::{
     signal::unix::{SignalKind, signal},
-    sync::mpsc,
+    sync::{mpsc, watch},
+    task::JoinHandle,
 };
 use tracing::{debug, error, info, warn};
 
@@ -26,7 +26,7 @@ use crate::{
     netconf::NetConf,
     peer::{ClusterView, OwnNode},
     reconcile::{self, Reconciler},
-    source::{flannel_rules::Rules, nodes_file},
+    source::{Desired, LocalVtep, NodeReader, etcd, kube, nodes_file},
     state::{AgentRecord, StateDir},
     subnet_env, vtep_mac,
 };
@@ -35,6 +35,23 @@ use crate::{
 const LEARN_EVERY: Duration = Duration::from_secs(1);
 const RESYNC_EVERY: Duration = Duration::from_secs(30);
 
+/// Where desired state comes from.
+enum Source {
+    File(PathBuf),
+    Kube(::kube::Client),
+    Etcd(etcd::EtcdSettings),
+}
+
+impl Source {
+    fn name(&self) -> &'static str {
+        match self {
+            Source::File(_) => "nodes file",
+            Source::Kube(_) => "Kubernetes API",
+            Source::Etcd(_) => "etcd",
+        }
+    }
+}
+
 /// Everything `run` needs, checked before the host is touched.
 struct Checked {
     args: RunArgs,
@@ -42,10 +59,101 @@ struct Checked {
     conf: NetConf,
     names: AnnotationNames,
     underlay: device::Underlay,
+    source: Source,
+}
+
+fn usage(m: String) -> anyhow::Error {
+    anyhow::Error::new(UsageError(m))
+}
+
+fn existing_file(flag: &str, p: &Option<PathBuf>) -> Result<()> {
+    match p {
+        Some(p) if !p.is_file() => Err(usage(format!("{flag} {}: no such file", p.display()))),
+        _ => Ok(()),
+    }
+}
+
+async fn choose_source(args: &RunArgs) -> Result<Source> {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let kube =
+        args.kube || (in_cluster && args.nodes_file.is_none() && args.etcd_endpoints.is_none());
+    let chosen = [
+        args.nodes_file.is_some(),
+        kube,
+        args.etcd_endpoints.is_some(),
+    ]
+    .iter()
+    .filter(|b| **b)
+    .count();
+    if chosen != 1 {
+        return Err(usage(
+            "give exactly one source: --nodes-file, --kube or --etcd-endpoints".into(),
+        ));
+    }
+    if let Some(path) = &args.nodes_file {
+        if !path.is_file() {
+            return Err(usage(format!(
+                "--nodes-file {}: no such file",
+                path.display()
+            )));
+        }
+        std::fs::File::open(path)
+            .map_err(|e| usage(format!("--nodes-file {}: {e}", path.display())))?;
+        return Ok(Source::File(path.clone()));
+    }
+    if kube {
+        existing_file("--kubeconfig", &args.kubeconfig)?;
+        let client = kube::client(args.kubeconfig.as_deref(), &args.user_agent)
+            .await
+            .map_err(|e| usage(format!("{e:#}")))?;
+        return Ok(Source::Kube(client));
+    }
+    let endpoints: Vec<String> = args
+        .etcd_endpoints
+        .iter()
+        .flat_map(|e| e.split(','))
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(String::from)
+        .collect();
+    if endpoints.is_empty() {
+        return Err(usage("--etcd-endpoints is empty".into()));
+    }
+    for (flag, f) in [
+        ("--etcd-cafile", &args.etcd_cafile),
+        ("--etcd-certfile", &args.etcd_certfile),
+        ("--etcd-keyfile", &args.etcd_keyfile),
+    ] {
+        existing_file(flag, f)?;
+    }
+    if args.etcd_certfile.is_some() != args.etcd_keyfile.is_some() {
+        return Err(usage(
+            "--etcd-certfile and --etcd-keyfile go together".into(),
+        ));
+    }
+    if args.net_conf.is_some() {
+        return Err(usage(format!(
+            "--net-conf does not apply with etcd: the config is {}/config",
+            args.etcd_prefix
+        )));
+    }
+    if args.subnet_lease_renew_margin_secs >= args.subnet_lease_ttl {
+        return Err(usage(
+            "--subnet-lease-renew-margin-secs must be below --subnet-lease-ttl".into(),
+        ));
+    }
+    Ok(Source::Etcd(etcd::EtcdSettings {
+        endpoints,
+        prefix: args.etcd_prefix.trim_end_matches('/').to_string(),
+        cafile: args.etcd_cafile.clone(),
+        certfile: args.etcd_certfile.clone(),
+        keyfile: args.etcd_keyfile.clone(),
+        lease_ttl: Duration::from_secs(args.subnet_lease_ttl),
+        renew_margin: Duration::from_secs(args.subnet_lease_renew_margin_secs),
+    }))
 }
 
 async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
-    let usage = |m: String| anyhow::Error::new(UsageError(m));
     let node = args
         .node_name
         .clone()
@@ -58,14 +166,6 @@ async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
         Some(p) => NetConf::load(p).map_err(|e| usage(format!("--net-conf: {e}")))?,
         None => NetConf::default(),
     };
-    if !args.nodes_file.is_file() {
-        return Err(usage(format!(
-            "--nodes-file {}: no such file",
-            args.nodes_file.display()
-        )));
-    }
-    std::fs::File::open(&args.nodes_file)
-        .map_err(|e| usage(format!("--nodes-file {}: {e}", args.nodes_file.display())))?;
     let underlay = match device::link_by_name(handle, &args.iface).await {
         Ok(Some(_)) => device::underlay(handle, &args.iface).await?,
         Ok(None) => return Err(usage(format!("--iface {}: no such interface", args.iface))),
@@ -88,12 +188,14 @@ async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
             )));
         }
     }
+    let source = choose_source(&args).await?;
     Ok(Checked {
         args,
         node,
         conf,
         names,
         underlay,
+        source,
     })
 }
 
@@ -118,7 +220,13 @@ struct Node {
     record: AgentRecord,
 }
 
-async fn bring_up(c: &Checked, own: OwnNode, state: &StateDir, handle: &Handle) -> Result<Node> {
+async fn bring_up(
+    c: &Checked,
+    conf: &NetConf,
+    own: OwnNode,
+    state: &StateDir,
+    handle: &Handle,
+) -> Result<Node> {
     let (mac, _) = vtep_mac::choose(own.published_mac, state)?;
     let public_ip: Ipv4Addr = c
         .args
@@ -136,24 +244,24 @@ async fn bring_up(c: &Checked, own: OwnNode, state: &StateDir, handle: &Handle) 
     let mut ebpf = loader::load(&pins)?;
 
     let spec = device::VtepSpec {
-        name: device::vtep_name(c.conf.vni),
-        vni: c.conf.vni,
-        port: c.conf.port,
+        name: device::vtep_name(conf.vni),
+        vni: conf.vni,
+        port: conf.port,
         local: public_ip,
         underlay_index: c.underlay.index,
         mac,
         mtu,
     };
     let vtep_index = device::ensure_vtep(handle, &spec).await?;
-    device::ensure_address(handle, vtep_index, own.subnet, c.conf.network).await?;
+    device::ensure_address(handle, vtep_index, own.subnet, conf.network).await?;
 
     let mut maps = Maps::open(&pins)?;
     let fast = !c.args.host_routing;
     maps.set_config(&DataplaneConfig {
-        vni: c.conf.vni,
+        vni: conf.vni,
         local_ip: public_ip.octets(),
         vtep_mac: mac.0,
-        port: c.conf.port,
+        port: conf.port,
         flags: if fast { FLAG_FAST_DELIVERY } else { 0 },
         vtep_ifindex: vtep_index,
         underlay_ifindex: c.underlay.index,
@@ -177,18 +285,18 @@ async fn bring_up(c: &Checked, own: OwnNode, state: &StateDir, handle: &Handle) 
     )?;
     drop(ebpf); // the pinned links keep the programs; the pinned maps keep their state
 
-    subnet_env::write(&c.args.subnet_file, c.conf.network, own.subnet, mtu, false)
+    subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, mtu, false)
         .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
     let record = AgentRecord {
         node: c.node.clone(),
         iface: c.args.iface.clone(),
         vtep_device: spec.name.clone(),
         vtep_mac: mac,
-        vni: c.conf.vni,
-        port: c.conf.port,
+        vni: conf.vni,
+        port: conf.port,
         public_ip,
         subnet: own.subnet,
-        network: c.conf.network,
+        network: conf.network,
         mtu,
         fast_delivery: fast,
         subnet_file: c.args.subnet_file.clone(),
@@ -263,23 +371,80 @@ impl Node {
     }
 }
 
+/// How long a control-plane source gets to answer before the cached view
+/// is used, so an offline node has its dataplane back within a second.
+const CACHE_AFTER: Duration = Duration::from_millis(600);
+
+/// Starts the chosen source; returns its tasks (aborted on exit).
+fn start_source(
+    c: &Checked,
+    state: &StateDir,
+    tx: mpsc::Sender<Desired>,
+    local: watch::Receiver<Option<LocalVtep>>,
+) -> Vec<JoinHandle<()>> {
+    let reader = NodeReader {
+        names: c.names.clone(),
+        own_name: c.node.clone(),
+        conf: c.conf.clone(),
+    };
+    match &c.source {
+        Source::File(path) => vec![nodes_file::watch(path.clone(), reader, tx)],
+        Source::Kube(client) => vec![
+            kube::watch_nodes(client.clone(), reader, tx),
+            kube::publish(client.clone(), c.node.clone(), c.names.clone(), local),
+        ],
+        Source::Etcd(settings) => {
+            let me = etcd::Identity4 {
+                public_ip: c
+                    .args
+                    .public_ip
+                    .or(c.underlay.ipv4)
+                    .unwrap_or(Ipv4Addr::UNSPECIFIED),
+                state: state.clone(),
+                subnet_file: c.args.subnet_file.clone(),
+            };
+            vec![etcd::run(settings.clone(), me, tx)]
+        }
+    }
+}
+
 pub async fn run(args: RunArgs) -> Result<()> {
     let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
     tokio::spawn(conn);
     let c = check(args, &handle).await?;
     let state = StateDir(c.args.paths.state_dir.clone());
-    let rules = Rules {
-        names: &c.names,
-        own_name: &c.node,
-        network: c.conf.network,
-    };
 
     let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    let (tx, mut rx) = mpsc::channel::<Vec<Value>>(4);
-    let watcher = nodes_file::watch(PathBuf::from(&c.args.nodes_file), tx);
+    let (tx, mut rx) = mpsc::channel::<Desired>(8);
+    let (local_tx, local_rx) = watch::channel::<Option<LocalVtep>>(None);
+    let tasks = start_source(&c, &state, tx, local_rx);
+    info!(source = c.source.name(), node = %c.node, "agent starting");
 
-    let mut view = ClusterView::default();
+    // a control plane that does not answer at once: bring back the last good view
+    let mut desired: Option<Desired> = None;
+    let mut live = true;
+    if !matches!(c.source, Source::File(_)) {
+        match tokio::time::timeout(CACHE_AFTER, rx.recv()).await {
+            Ok(Some(d)) => desired = Some(d),
+            _ => match state.load_view() {
+                Ok(Some(cached)) => {
+                    warn!(
+                        source = c.source.name(),
+                        "control plane not reachable; restoring the dataplane from the cached view and retrying in the background"
+                    );
+                    desired = Some(cached);
+                    live = false;
+                }
+                Ok(None) => warn!(
+                    source = c.source.name(),
+                    "control plane not reachable and no cached view; waiting for it"
+                ),
+                Err(e) => warn!("cannot read the cached view: {e:#}"),
+            },
+        }
+    }
+
     let mut node: Option<Node> = None;
     let mut reconciler = Reconciler::adopt(state.load_peers().unwrap_or_else(|e| {
         warn!("ignoring the saved peer list: {e:#}");
@@ -288,26 +453,45 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut learn = tokio::time::interval(LEARN_EVERY);
     let mut resync = tokio::time::interval(RESYNC_EVERY);
     let mut first_pass = true;
+    let mut fresh = desired.is_some();
     loop {
-        tokio::select! {
-            Some(nodes) = rx.recv() => {
-                view = rules.view(&nodes);
-                log_view(&view);
+        if !fresh {
+            tokio::select! {
+                Some(d) = rx.recv() => {
+                    if !live {
+                        info!(source = c.source.name(), "control plane reachable again; reconciling");
+                    }
+                    desired = Some(d);
+                    live = true;
+                }
+                _ = learn.tick() => {
+                    if let Some(n) = node.as_mut() { n.learn_pods().await; }
+                    continue;
+                }
+                _ = resync.tick() => {}
+                _ = term.recv() => break,
+                _ = int.recv() => break,
             }
-            _ = learn.tick() => {
-                if let Some(n) = node.as_mut() { n.learn_pods().await; }
-                continue;
-            }
-            _ = resync.tick() => {}
-            _ = term.recv() => break,
-            _ = int.recv() => break,
         }
-        let Some(own) = view.own.clone() else {
+        fresh = false;
+        let Some(d) = desired.as_ref() else { continue };
+        if live {
+            log_view(&d.view);
+        }
+        let Some(own) = d.view.own.clone() else {
             continue;
         };
         match node.as_mut() {
-            None => match bring_up(&c, own, &state, &handle).await {
-                Ok(n) => node = Some(n),
+            None => match bring_up(&c, &d.conf, own, &state, &handle).await {
+                Ok(n) => {
+                    local_tx.send_replace(Some(LocalVtep {
+                        mac: n.record.vtep_mac,
+                        public_ip: n.record.public_ip,
+                        vni: n.record.vni,
+                        subnet: n.own.subnet,
+                    }));
+                    node = Some(n);
+                }
                 Err(e) => {
                     error!("cannot bring up the dataplane, retrying: {e:#}");
                     continue;
@@ -319,25 +503,46 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     error!("cannot apply the new pod CIDR: {e:#}");
                     continue;
                 }
+                local_tx.send_replace(Some(LocalVtep {
+                    mac: n.record.vtep_mac,
+                    public_ip: n.record.public_ip,
+                    vni: n.record.vni,
+                    subnet: own.subnet,
+                }));
             }
             Some(_) => {}
         }
         if let Some(n) = node.as_mut() {
-            n.reconcile(&view, &mut reconciler, &state, first_pass)
+            if d.conf.vni != n.record.vni
+                || d.conf.port != n.record.port
+                || d.conf.network != n.record.network
+            {
+                warn!(
+                    "the network config changed (VNI, port or Network); restart the agent to apply it"
+                );
+            }
+            n.reconcile(&d.view, &mut reconciler, &state, first_pass)
                 .await;
             first_pass = false;
+            if live && !matches!(c.source, Source::File(_)) {
+                if let Err(e) = state.save_view(d) {
+                    warn!("cannot cache the view: {e:#}");
+                }
+            }
         }
     }
-    watcher.abort();
+    for t in tasks {
+        t.abort();
+    }
     info!("stopping; the dataplane stays in place (edgevx cleanup removes it)");
     Ok(())
 }
 
 async fn readdress(n: &mut Node, c: &Checked, own: &OwnNode, state: &StateDir) -> Result<()> {
-    device::ensure_address(&n.handle, n.vtep_index, own.subnet, c.conf.network).await?;
+    device::ensure_address(&n.handle, n.vtep_index, own.subnet, n.record.network).await?;
     subnet_env::write(
         &c.args.subnet_file,
-        c.conf.network,
+        n.record.network,
         own.subnet,
         n.record.mtu,
         false,

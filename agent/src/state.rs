@@ -111,7 +111,7 @@ impl StateDir {
         self.save_json(AGENT_FILE, rec)
     }
 
-    fn load_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Result<Option<T>> {
+    pub(crate) fn load_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Result<Option<T>> {
         let path = self.path(name);
         match fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b)
@@ -122,7 +122,7 @@ impl StateDir {
         }
     }
 
-    fn save_json<T: Serialize + ?Sized>(&self, name: &str, value: &T) -> Result<()> {
+    pub(crate) fn save_json<T: Serialize + ?Sized>(&self, name: &str, value: &T) -> Result<()> {
         let mut data = serde_json::to_vec_pretty(value).context("cannot encode state")?;
         data.push(b'\n');
         write_atomic(&self.path(name), &data)

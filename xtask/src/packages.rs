@@ -1,12 +1,16 @@
-//! Debian packages the tests, demo and bench run: installed when missing.
+//! Debian packages the build, tests, demo and bench need: installed when missing.
 use std::process::Command;
 
 use anyhow::{Context, Result};
 
 use crate::exec;
 
+/// What building needs: etcd-client compiles etcd's protobufs with protoc.
+const BUILD: &[(&str, &str)] = &[("protoc", "protobuf-compiler")];
+
 /// (command that proves it is there, Debian package that provides it)
 const NEEDED: &[(&str, &str)] = &[
+    ("protoc", "protobuf-compiler"),
     ("ip", "iproute2"),
     ("bridge", "iproute2"),
     ("ping", "iputils-ping"),
@@ -23,12 +27,23 @@ fn have(cmd: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// Everything the tests, demo and bench need.
 pub fn ensure() -> Result<()> {
-    let mut missing: Vec<&str> = NEEDED
+    install(NEEDED)
+}
+
+/// What `cargo xtask build` needs.
+pub fn ensure_build() -> Result<()> {
+    install(BUILD)
+}
+
+fn install(needed: &[(&str, &str)]) -> Result<()> {
+    let mut missing: Vec<&str> = needed
         .iter()
         .filter(|(c, _)| !have(c))
         .map(|(_, p)| *p)
         .collect();
+    missing.sort_unstable();
     missing.dedup();
     if missing.is_empty() {
         return Ok(());
@@ -43,7 +58,7 @@ pub fn ensure() -> Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
     .with_context(|| format!("missing: {} (apt-get install failed)", missing.join(" ")))?;
-    // the etcd-server package starts a system etcd; tests run their own
+    // the etcd-server package may start a system etcd; the tests run their own
     let _ = Command::new("sh")
         .args(["-c", "command -v systemctl >/dev/null && systemctl stop etcd 2>/dev/null; pkill -x etcd 2>/dev/null; true"])
         .status();

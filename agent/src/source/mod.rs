@@ -1,5 +1,55 @@
-//! Sources of desired state. Each turns what it reads into Kubernetes Node
-//! objects (as JSON); `flannel_rules` turns those into a `ClusterView`.
-//! Sources never touch the dataplane.
+//! Sources of desired state: the nodes file, the Kubernetes API and etcd.
+//! Each one sends complete [`Desired`] views to the run loop and nothing
+//! else; none of them touches the dataplane. A source sends only what it
+//! read in full, so an unreachable control plane never looks like "no peers".
+pub mod etcd;
 pub mod flannel_rules;
+pub mod kube;
+pub mod leases;
 pub mod nodes_file;
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{annotations::AnnotationNames, mac::VtepMac, netconf::NetConf, peer::ClusterView};
+
+/// One complete view from a source.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Desired {
+    pub conf: NetConf,
+    pub view: ClusterView,
+}
+
+/// What this node publishes about itself once its VTEP is up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalVtep {
+    pub mac: VtepMac,
+    pub public_ip: Ipv4Addr,
+    pub vni: u32,
+    pub subnet: Ipv4Net,
+}
+
+/// Reads Node objects (from a file or the API) with flannel's rules.
+#[derive(Clone)]
+pub struct NodeReader {
+    pub names: AnnotationNames,
+    pub own_name: String,
+    pub conf: NetConf,
+}
+
+impl NodeReader {
+    pub fn desired(&self, nodes: &[Value]) -> Desired {
+        let rules = flannel_rules::Rules {
+            names: &self.names,
+            own_name: &self.own_name,
+            network: self.conf.network,
+        };
+        Desired {
+            conf: self.conf.clone(),
+            view: rules.view(nodes),
+        }
+    }
+}

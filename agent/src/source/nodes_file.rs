@@ -9,6 +9,8 @@ use std::{
 
 use serde_json::Value;
 use tokio::sync::mpsc;
+
+use super::{Desired, NodeReader};
 use tracing::{error, info};
 
 /// How often the file's metadata is checked; edits reach the maps well within 2 s.
@@ -70,8 +72,12 @@ fn stamp(path: &Path) -> Option<Stamp> {
     })
 }
 
-/// Sends the node list now and after every change that parses.
-pub fn watch(path: PathBuf, tx: mpsc::Sender<Vec<Value>>) -> tokio::task::JoinHandle<()> {
+/// Sends the desired view now and after every change that parses.
+pub fn watch(
+    path: PathBuf,
+    reader: NodeReader,
+    tx: mpsc::Sender<Desired>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut last: Option<Stamp> = None;
         let mut last_text: Option<String> = None;
@@ -85,7 +91,7 @@ pub fn watch(path: PathBuf, tx: mpsc::Sender<Vec<Value>>) -> tokio::task::JoinHa
                         Ok(nodes) => {
                             info!(path = %path.display(), nodes = nodes.len(), "nodes file loaded");
                             last_text = Some(text);
-                            if tx.send(nodes).await.is_err() {
+                            if tx.send(reader.desired(&nodes)).await.is_err() {
                                 return;
                             }
                         }

@@ -1,0 +1,418 @@
+//! The etcd source, flannel's etcd subnet manager (etcd v3): the network
+//! config at `<prefix>/config`, one lease per node at
+//! `<prefix>/subnets/<a.b.c.d>-<len>`. We acquire or reuse our own lease
+//! (which also restores our VTEP MAC: flannel cannot), renew it before it
+//! expires, honour TTL-less reservations, and watch the rest, re-listing
+//! after a compaction.
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    path::PathBuf,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result, bail};
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    PutOptions, TlsOptions, Txn, TxnOp, WatchOptions,
+};
+use ipnet::Ipv4Net;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::{Desired, leases};
+use crate::{
+    mac::VtepMac,
+    netconf::NetConf,
+    peer::{ClusterView, OwnNode},
+    state::StateDir,
+    vtep_mac,
+};
+
+#[derive(Clone, Debug)]
+pub struct EtcdSettings {
+    pub endpoints: Vec<String>,
+    pub prefix: String,
+    pub cafile: Option<PathBuf>,
+    pub certfile: Option<PathBuf>,
+    pub keyfile: Option<PathBuf>,
+    pub lease_ttl: Duration,
+    pub renew_margin: Duration,
+}
+
+/// What the source needs to know about this node.
+#[derive(Clone, Debug)]
+pub struct Identity4 {
+    pub public_ip: Ipv4Addr,
+    pub state: StateDir,
+    pub subnet_file: PathBuf,
+}
+
+async fn connect(s: &EtcdSettings) -> Result<Client> {
+    let mut opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5));
+    if s.cafile.is_some() || s.certfile.is_some() {
+        let mut tls = TlsOptions::new();
+        if let Some(ca) = &s.cafile {
+            let pem = std::fs::read(ca)
+                .with_context(|| format!("cannot read --etcd-cafile {}", ca.display()))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        if let (Some(c), Some(k)) = (&s.certfile, &s.keyfile) {
+            let cert = std::fs::read(c)
+                .with_context(|| format!("cannot read --etcd-certfile {}", c.display()))?;
+            let key = std::fs::read(k)
+                .with_context(|| format!("cannot read --etcd-keyfile {}", k.display()))?;
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        opts = opts.with_tls(tls);
+    }
+    Client::connect(&s.endpoints, Some(opts))
+        .await
+        .with_context(|| format!("cannot connect to etcd at {}", s.endpoints.join(",")))
+}
+
+/// One connected session: our lease and the others.
+struct Session {
+    client: Client,
+    settings: EtcdSettings,
+    conf: NetConf,
+    range: leases::SubnetRange,
+    own: Ipv4Net,
+    own_key: String,
+    own_value: String,
+    /// 0 for a reservation (no TTL)
+    lease_id: i64,
+    leases: BTreeMap<String, String>,
+    revision: i64,
+}
+
+fn now_seed() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+impl Session {
+    fn subnets_prefix(&self) -> String {
+        format!("{}/subnets/", self.settings.prefix)
+    }
+
+    async fn list(
+        client: &mut Client,
+        prefix: &str,
+    ) -> Result<(BTreeMap<String, (String, i64)>, i64)> {
+        let resp = client
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .context("cannot list leases")?;
+        let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let mut out = BTreeMap::new();
+        for kv in resp.kvs() {
+            let (Ok(k), Ok(v)) = (kv.key_str(), kv.value_str()) else {
+                continue;
+            };
+            if let Some(short) = k.strip_prefix(prefix) {
+                out.insert(short.to_string(), (v.to_string(), kv.lease()));
+            }
+        }
+        Ok((out, rev))
+    }
+
+    /// Reads the config, then reuses or acquires our lease.
+    async fn open(settings: &EtcdSettings, me: &Identity4) -> Result<Session> {
+        let mut client = connect(settings).await?;
+        let config_key = format!("{}/config", settings.prefix);
+        let resp = client
+            .get(config_key.as_str(), None)
+            .await
+            .with_context(|| format!("cannot read {config_key}"))?;
+        let text = resp
+            .kvs()
+            .first()
+            .and_then(|kv| kv.value_str().ok())
+            .map(str::to_string)
+            .with_context(|| {
+                format!("{config_key} does not exist (create it with the etcd v3 API)")
+            })?;
+        let conf = NetConf::parse(&text, &config_key).map_err(anyhow::Error::msg)?;
+        let range = leases::subnet_range(&text, &conf).map_err(anyhow::Error::msg)?;
+        let prefix = format!("{}/subnets/", settings.prefix);
+        let (all, revision) = Self::list(&mut client, &prefix).await?;
+
+        // 1. our own lease, matched by PublicIP (a reservation counts)
+        let mine = all.iter().find_map(|(k, (v, lease))| {
+            let l = leases::parse_lease(k, v).ok()?;
+            (l.public_ip == me.public_ip && conf.network.contains(&l.subnet)).then_some((l, *lease))
+        });
+        let (mac, _) = vtep_mac::choose(mine.as_ref().and_then(|(l, _)| l.vtep_mac), &me.state)?;
+        let mut s = Session {
+            client,
+            settings: settings.clone(),
+            conf,
+            range,
+            own: Ipv4Net::default(),
+            own_key: String::new(),
+            own_value: String::new(),
+            lease_id: 0,
+            leases: all
+                .iter()
+                .map(|(k, (v, _))| (k.clone(), v.clone()))
+                .collect(),
+            revision,
+        };
+        match mine {
+            Some((l, lease)) => s.reuse(l.subnet, lease, mac, me).await?,
+            None => s.acquire(mac, me, &all).await?,
+        }
+        Ok(s)
+    }
+
+    fn value(&self, me: &Identity4, mac: VtepMac) -> String {
+        leases::lease_value(me.public_ip, self.conf.vni, mac)
+    }
+
+    async fn reuse(
+        &mut self,
+        subnet: Ipv4Net,
+        lease: i64,
+        mac: VtepMac,
+        me: &Identity4,
+    ) -> Result<()> {
+        self.own = subnet;
+        self.own_key = format!("{}{}", self.subnets_prefix(), leases::subnet_key(subnet));
+        self.own_value = self.value(me, mac);
+        if lease == 0 {
+            // a reservation: keep it TTL-less, refresh our backend data in it
+            self.client
+                .put(self.own_key.as_str(), self.own_value.as_str(), None)
+                .await
+                .context("cannot update our reservation")?;
+            info!(subnet = %subnet, "using our reserved subnet");
+        } else {
+            self.grant_and_put().await?;
+            info!(subnet = %subnet, "reusing our lease");
+        }
+        Ok(())
+    }
+
+    async fn grant_and_put(&mut self) -> Result<()> {
+        let ttl = self.settings.lease_ttl.as_secs().max(1) as i64;
+        let id = self
+            .client
+            .lease_grant(ttl, None)
+            .await
+            .context("cannot grant an etcd lease")?
+            .id();
+        self.client
+            .put(
+                self.own_key.as_str(),
+                self.own_value.as_str(),
+                Some(PutOptions::new().with_lease(id)),
+            )
+            .await
+            .context("cannot write our lease")?;
+        self.lease_id = id;
+        Ok(())
+    }
+
+    async fn acquire(
+        &mut self,
+        mac: VtepMac,
+        me: &Identity4,
+        all: &BTreeMap<String, (String, i64)>,
+    ) -> Result<()> {
+        let previous = std::fs::read_to_string(&me.subnet_file)
+            .ok()
+            .and_then(|t| leases::previous_subnet(&t));
+        let mut taken: Vec<Ipv4Net> = all
+            .keys()
+            .filter_map(|k| leases::parse_subnet_key(k))
+            .collect();
+        let value = self.value(me, mac);
+        for attempt in 0..10u64 {
+            let Some(subnet) = leases::allocate(self.range, &taken, previous, now_seed() ^ attempt)
+            else {
+                bail!(
+                    "no free subnet left in {} between {} and {}",
+                    self.conf.network,
+                    self.range.min,
+                    self.range.max
+                );
+            };
+            let key = format!("{}{}", self.subnets_prefix(), leases::subnet_key(subnet));
+            let ttl = self.settings.lease_ttl.as_secs().max(1) as i64;
+            let id = self
+                .client
+                .lease_grant(ttl, None)
+                .await
+                .context("cannot grant an etcd lease")?
+                .id();
+            let txn = Txn::new()
+                .when([Compare::version(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.as_str(),
+                    value.as_str(),
+                    Some(PutOptions::new().with_lease(id)),
+                )]);
+            if self
+                .client
+                .txn(txn)
+                .await
+                .context("cannot create our lease")?
+                .succeeded()
+            {
+                info!(subnet = %subnet, "acquired a new lease");
+                self.own = subnet;
+                self.own_key = key;
+                self.own_value = value;
+                self.lease_id = id;
+                return Ok(());
+            }
+            // someone else took it first: try another one
+            let _ = self.client.lease_revoke(id).await;
+            taken.push(subnet);
+        }
+        bail!("lost the race for a subnet 10 times")
+    }
+
+    fn desired(&self) -> Desired {
+        let (peers, rejected, ignored) =
+            leases::peers(&self.leases, self.conf.network, Some(self.own));
+        let mac = leases::parse_lease(&leases::subnet_key(self.own), &self.own_value)
+            .ok()
+            .and_then(|l| l.vtep_mac);
+        Desired {
+            conf: self.conf.clone(),
+            view: ClusterView {
+                own: Some(OwnNode {
+                    subnet: self.own,
+                    published_mac: mac,
+                    node_public_ip: None,
+                }),
+                own_problem: None,
+                peers,
+                rejected,
+                ignored,
+            },
+        }
+    }
+
+    /// Renews our lease: a fresh lease and a re-put, as flanneld does.
+    async fn renew(&mut self) -> Result<()> {
+        if self.lease_id == 0 {
+            return Ok(());
+        }
+        let resp = self
+            .client
+            .get(self.own_key.as_str(), None)
+            .await
+            .context("cannot read our lease")?;
+        if resp.kvs().is_empty() {
+            warn!(key = %self.own_key, "our lease was revoked or expired; writing it again");
+        }
+        let old = self.lease_id;
+        self.grant_and_put().await?;
+        let _ = self.client.lease_revoke(old).await;
+        info!(subnet = %self.own, ttl = ?self.settings.lease_ttl, "lease renewed");
+        Ok(())
+    }
+
+    /// Watches leases until an error; sends a view after every change.
+    async fn follow(&mut self, tx: &mpsc::Sender<Desired>) -> Result<()> {
+        let prefix = self.subnets_prefix();
+        let renew_every = self
+            .settings
+            .lease_ttl
+            .saturating_sub(self.settings.renew_margin)
+            .max(Duration::from_secs(1));
+        let mut renew =
+            tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
+        loop {
+            let opts = WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(self.revision + 1);
+            let mut stream = self
+                .client
+                .watch(prefix.as_str(), Some(opts))
+                .await
+                .context("cannot watch leases")?;
+            loop {
+                tokio::select! {
+                    _ = renew.tick() => self.renew().await?,
+                    msg = stream.message() => {
+                        let Some(resp) = msg.context("lease watch failed")? else { bail!("lease watch ended") };
+                        if resp.compact_revision() > 0 || resp.canceled() {
+                            warn!(compacted = resp.compact_revision(), "lease watch fell behind a compaction; listing again");
+                            let (all, rev) = Self::list(&mut self.client, &prefix).await?;
+                            self.leases = all.into_iter().map(|(k, (v, _))| (k, v)).collect();
+                            self.revision = rev;
+                            tx.send(self.desired()).await.ok();
+                            break;
+                        }
+                        if let Some(h) = resp.header() {
+                            self.revision = self.revision.max(h.revision());
+                        }
+                        let mut changed = false;
+                        for ev in resp.events() {
+                            let Some(kv) = ev.kv() else { continue };
+                            let Ok(key) = kv.key_str() else { continue };
+                            let Some(short) = key.strip_prefix(prefix.as_str()) else { continue };
+                            match ev.event_type() {
+                                EventType::Put => {
+                                    if let Ok(v) = kv.value_str() {
+                                        self.leases.insert(short.to_string(), v.to_string());
+                                    }
+                                }
+                                EventType::Delete => {
+                                    self.leases.remove(short);
+                                    if short == leases::subnet_key(self.own) {
+                                        warn!("our lease disappeared; writing it again");
+                                        self.renew().await?;
+                                    }
+                                }
+                            }
+                            changed = true;
+                        }
+                        if changed && tx.send(self.desired()).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs the etcd source until the receiver is gone, reconnecting with
+/// backoff. Nothing is sent while etcd cannot be read, so peers stay.
+pub fn run(
+    settings: EtcdSettings,
+    me: Identity4,
+    tx: mpsc::Sender<Desired>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            match Session::open(&settings, &me).await {
+                Ok(mut s) => {
+                    backoff = Duration::from_millis(500);
+                    if tx.send(s.desired()).await.is_err() {
+                        return;
+                    }
+                    if let Err(e) = s.follow(&tx).await {
+                        warn!("etcd session ended, reconnecting: {e:#}");
+                    }
+                    if tx.is_closed() {
+                        return;
+                    }
+                }
+                Err(e) => warn!("etcd is not usable, retrying in {backoff:?}: {e:#}"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(10));
+        }
+    })
+}

@@ -1,0 +1,248 @@
+//! The Kubernetes source, flannel's kube subnet manager: Nodes are listed
+//! and watched (kube-runtime's watcher, which re-lists after `410 Gone`),
+//! read with flannel's rules, and our own annotations are published through
+//! a strategic-merge patch on the Node's `status` subresource, as flanneld
+//! publishes them.
+use std::{collections::BTreeMap, path::Path, time::Duration};
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
+use kube::{
+    Api, Client, Config,
+    api::{Patch, PatchParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use super::{Desired, LocalVtep, NodeReader};
+use crate::annotations::AnnotationNames;
+
+/// A client from `kubeconfig`, else the in-cluster service account.
+/// `user_agent` matters behind OpenYurt's YurtHub, which caches responses
+/// only for the user agents on its cache list.
+pub async fn client(kubeconfig: Option<&Path>, user_agent: &str) -> Result<Client> {
+    let mut config = match kubeconfig {
+        Some(p) => {
+            let kc = Kubeconfig::read_from(p)
+                .with_context(|| format!("cannot read kubeconfig {}", p.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {} is unusable", p.display()))?
+        }
+        None => Config::incluster().context("no --kubeconfig and no in-cluster service account")?,
+    };
+    let ua = http::HeaderValue::from_str(user_agent)
+        .with_context(|| format!("user agent {user_agent:?} is not a valid header"))?;
+    config.headers.push((http::header::USER_AGENT, ua));
+    Client::try_from(config).context("cannot build the Kubernetes client")
+}
+
+fn node_json(node: &Node) -> Option<(String, Value)> {
+    let name = node.metadata.name.clone()?;
+    serde_json::to_value(node).ok().map(|v| (name, v))
+}
+
+/// Lists and watches Nodes; sends a complete view after the initial list
+/// and after every change. Errors are retried by the watcher with backoff;
+/// nothing is sent while the API is unreachable.
+pub fn watch_nodes(
+    client: Client,
+    reader: NodeReader,
+    tx: mpsc::Sender<Desired>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let api: Api<Node> = Api::all(client);
+        let mut stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut nodes: BTreeMap<String, Value> = BTreeMap::new();
+        let mut listing: BTreeMap<String, Value> = BTreeMap::new();
+        let mut synced = false;
+        while let Some(event) = stream.next().await {
+            let send = match event {
+                Ok(watcher::Event::Init) => {
+                    listing.clear();
+                    false
+                }
+                Ok(watcher::Event::InitApply(n)) => {
+                    listing.extend(node_json(&n));
+                    false
+                }
+                Ok(watcher::Event::InitDone) => {
+                    nodes = std::mem::take(&mut listing);
+                    if !synced {
+                        info!(nodes = nodes.len(), "Kubernetes node list synced");
+                    }
+                    synced = true;
+                    true
+                }
+                Ok(watcher::Event::Apply(n)) => {
+                    nodes.extend(node_json(&n));
+                    synced
+                }
+                Ok(watcher::Event::Delete(n)) => {
+                    if let Some(name) = &n.metadata.name {
+                        nodes.remove(name);
+                    }
+                    synced
+                }
+                Err(e) => {
+                    warn!("Kubernetes node watch failed, retrying: {e}");
+                    false
+                }
+            };
+            if send {
+                let list: Vec<Value> = nodes.values().cloned().collect();
+                if tx.send(reader.desired(&list)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+}
+
+/// The annotations flanneld publishes for a vxlan node.
+pub fn wanted_annotations(
+    names: &AnnotationNames,
+    local: &LocalVtep,
+    current: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let public_ip = current
+        .get(&names.public_ip_overwrite)
+        .filter(|o| !o.is_empty())
+        .cloned()
+        .unwrap_or_else(|| local.public_ip.to_string());
+    BTreeMap::from([
+        (names.subnet_manager.clone(), "true".to_string()),
+        (names.backend_type.clone(), "vxlan".to_string()),
+        (
+            names.backend_data.clone(),
+            format!("{{\"VNI\":{},\"VtepMAC\":\"{}\"}}", local.vni, local.mac),
+        ),
+        (names.public_ip.clone(), public_ip),
+    ])
+}
+
+async fn publish_once(
+    api: &Api<Node>,
+    node: &str,
+    names: &AnnotationNames,
+    local: &LocalVtep,
+) -> Result<()> {
+    let current = api
+        .get(node)
+        .await
+        .with_context(|| format!("cannot get node {node}"))?;
+    let have = current.metadata.annotations.clone().unwrap_or_default();
+    let want = wanted_annotations(names, local, &have);
+    let missing: BTreeMap<&String, &String> = want
+        .iter()
+        .filter(|(k, v)| have.get(*k) != Some(*v))
+        .collect();
+    if !missing.is_empty() {
+        let patch = json!({"metadata": {"annotations": missing}});
+        api.patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+            .with_context(|| format!("cannot patch node {node} annotations"))?;
+        info!(node, "published VTEP annotations");
+    }
+    let unavailable = current
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "NetworkUnavailable"))
+        .map(|c| c.status.as_str());
+    if unavailable != Some("False") {
+        let now = Timestamp::now().to_string();
+        let patch = json!({"status": {"conditions": [{
+            "type": "NetworkUnavailable",
+            "status": "False",
+            "reason": "FlannelIsUp",
+            "message": "Flannel is running on this node (edgevx)",
+            "lastTransitionTime": now,
+            "lastHeartbeatTime": now,
+        }]}});
+        api.patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+            .with_context(|| format!("cannot set NetworkUnavailable=False on {node}"))?;
+    }
+    Ok(())
+}
+
+/// Publishes our annotations whenever the local VTEP changes, retrying with
+/// backoff (1 s doubling to 30 s) until the API accepts it.
+pub fn publish(
+    client: Client,
+    node: String,
+    names: AnnotationNames,
+    mut local: watch::Receiver<Option<LocalVtep>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let api: Api<Node> = Api::all(client);
+        loop {
+            let Some(vtep) = local.borrow_and_update().clone() else {
+                if local.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let mut backoff = Duration::from_secs(1);
+            loop {
+                match publish_once(&api, &node, &names, &vtep).await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        warn!("publishing node annotations failed, retrying in {backoff:?}: {e:#}");
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff) => {}
+                            r = local.changed() => { if r.is_err() { return; } break; }
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+            if local.has_changed().unwrap_or(false) {
+                continue;
+            }
+            if local.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::annotations::DEFAULT_PREFIX;
+
+    #[test]
+    fn publishes_flannel_annotations_and_honours_overwrite() {
+        let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
+        let local = LocalVtep {
+            mac: "02:aa:00:00:00:01".parse().unwrap(),
+            public_ip: "198.18.0.1".parse().unwrap(),
+            vni: 1,
+            subnet: "10.244.1.0/24".parse().unwrap(),
+        };
+        let want = wanted_annotations(&names, &local, &BTreeMap::new());
+        assert_eq!(
+            want["flannel.alpha.coreos.com/backend-data"],
+            r#"{"VNI":1,"VtepMAC":"02:aa:00:00:00:01"}"#
+        );
+        assert_eq!(want["flannel.alpha.coreos.com/public-ip"], "198.18.0.1");
+        assert_eq!(want["flannel.alpha.coreos.com/kube-subnet-manager"], "true");
+        assert_eq!(want["flannel.alpha.coreos.com/backend-type"], "vxlan");
+        let current = BTreeMap::from([(
+            "flannel.alpha.coreos.com/public-ip-overwrite".to_string(),
+            "203.0.113.9".to_string(),
+        )]);
+        assert_eq!(
+            wanted_annotations(&names, &local, &current)["flannel.alpha.coreos.com/public-ip"],
+            "203.0.113.9"
+        );
+    }
+}

@@ -20,9 +20,7 @@ pub struct AnnotationNames {
 pub struct PrefixError(String);
 
 fn valid_label_chars(s: &str) -> bool {
-    !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
 impl AnnotationNames {
@@ -64,14 +62,8 @@ mod tests {
     fn default_prefix_gives_flannel_names() {
         let n = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
         assert_eq!(n.backend_data, "flannel.alpha.coreos.com/backend-data");
-        assert_eq!(
-            n.subnet_manager,
-            "flannel.alpha.coreos.com/kube-subnet-manager"
-        );
-        assert_eq!(
-            n.public_ip_overwrite,
-            "flannel.alpha.coreos.com/public-ip-overwrite"
-        );
+        assert_eq!(n.subnet_manager, "flannel.alpha.coreos.com/kube-subnet-manager");
+        assert_eq!(n.public_ip_overwrite, "flannel.alpha.coreos.com/public-ip-overwrite");
     }
 
     #[test]
@@ -84,14 +76,7 @@ mod tests {
 
     #[test]
     fn bad_prefixes_are_rejected() {
-        for bad in [
-            "",
-            "nodots",
-            "a/b/c",
-            "Upper.case",
-            "example.com/x y",
-            "a..b",
-        ] {
+        for bad in ["", "nodots", "a/b/c", "Upper.case", "example.com/x y", "a..b"] {
             assert!(AnnotationNames::new(bad).is_err(), "{bad}");
         }
     }

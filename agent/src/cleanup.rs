@@ -23,17 +23,11 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
     for name in edgevx_common::maps::ALL {
         loader::remove_pin(&pins.map(name))?;
     }
-    for dir in [
-        pins.root.join("links"),
-        pins.root.join("progs"),
-        pins.maps(),
-        pins.root.clone(),
-    ] {
+    for dir in [pins.root.join("links"), pins.root.join("progs"), pins.maps(), pins.root.clone()] {
         let _ = fs::remove_dir(&dir);
     }
     if let Some(rec) = &rec {
-        let (conn, handle, _) =
-            rtnetlink::new_connection().context("cannot open a netlink socket")?;
+        let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
         tokio::spawn(conn);
         if device::delete_link(&handle, &rec.vtep_device).await? {
             info!(device = %rec.vtep_device, "deleted (its routes went with it)");
@@ -42,8 +36,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
             Ok(()) => info!(path = %rec.subnet_file.display(), "removed"),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
-                return Err(e)
-                    .with_context(|| format!("cannot remove {}", rec.subnet_file.display()));
+                return Err(e).with_context(|| format!("cannot remove {}", rec.subnet_file.display()));
             }
         }
     }

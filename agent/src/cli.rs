@@ -7,11 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::annotations::DEFAULT_PREFIX;
 
 #[derive(Parser)]
-#[command(
-    name = "edgevx",
-    version,
-    about = "eBPF VXLAN dataplane compatible with flannel's vxlan backend"
-)]
+#[command(name = "edgevx", version, about = "eBPF VXLAN dataplane compatible with flannel's vxlan backend")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -60,11 +56,7 @@ pub struct RunArgs {
     /// Source: etcd v3 endpoints, comma-separated (flannel's etcd layout).
     #[arg(long, env = "EDGEVX_ETCD_ENDPOINTS")]
     pub etcd_endpoints: Option<String>,
-    #[arg(
-        long,
-        env = "EDGEVX_ETCD_PREFIX",
-        default_value = "/coreos.com/network"
-    )]
+    #[arg(long, env = "EDGEVX_ETCD_PREFIX", default_value = "/coreos.com/network")]
     pub etcd_prefix: String,
     #[arg(long, env = "EDGEVX_ETCD_CAFILE")]
     pub etcd_cafile: Option<PathBuf>,
@@ -76,11 +68,7 @@ pub struct RunArgs {
     #[arg(long, env = "EDGEVX_SUBNET_LEASE_TTL", default_value_t = 86400)]
     pub subnet_lease_ttl: u64,
     /// Renew the etcd lease this many seconds before it expires (flannel: 60 min).
-    #[arg(
-        long,
-        env = "EDGEVX_SUBNET_LEASE_RENEW_MARGIN_SECS",
-        default_value_t = 3600
-    )]
+    #[arg(long, env = "EDGEVX_SUBNET_LEASE_RENEW_MARGIN_SECS", default_value_t = 3600)]
     pub subnet_lease_renew_margin_secs: u64,
     /// flannel net-conf.json (Network, Backend.VNI, Backend.Port, Backend.MTU); in etcd mode it comes from <prefix>/config.
     #[arg(long, env = "EDGEVX_NET_CONF")]
@@ -88,11 +76,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub paths: Paths,
     /// Where to write flannel's subnet.env for the CNI plugin.
-    #[arg(
-        long,
-        env = "EDGEVX_SUBNET_FILE",
-        default_value = "/run/flannel/subnet.env"
-    )]
+    #[arg(long, env = "EDGEVX_SUBNET_FILE", default_value = "/run/flannel/subnet.env")]
     pub subnet_file: PathBuf,
     /// VTEP source address (default: node-public-ip annotation, else the interface's IPv4).
     #[arg(long, env = "EDGEVX_PUBLIC_IP")]

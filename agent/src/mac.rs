@@ -34,9 +34,7 @@ impl FromStr for VtepMac {
         let mut out = [0u8; 6];
         let mut parts = s.split(':');
         for byte in &mut out {
-            let part = parts
-                .next()
-                .ok_or_else(|| MacError::Syntax(s.to_string()))?;
+            let part = parts.next().ok_or_else(|| MacError::Syntax(s.to_string()))?;
             if part.len() != 2 {
                 return Err(MacError::Syntax(s.to_string()));
             }
@@ -58,11 +56,7 @@ impl FromStr for VtepMac {
 impl fmt::Display for VtepMac {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            b[0], b[1], b[2], b[3], b[4], b[5]
-        )
+        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3], b[4], b[5])
     }
 }
 
@@ -91,24 +85,13 @@ mod tests {
 
     #[test]
     fn rejects_bad_input() {
-        for bad in [
-            "",
-            "9e:c9:07:f9:b3",
-            "9e:c9:07:f9:b3:8b:00",
-            "9e-c9-07-f9-b3-8b",
-            "zz:c9:07:f9:b3:8b",
-            "9e:c9:7:f9:b3:8b",
-        ] {
-            assert!(
-                matches!(bad.parse::<VtepMac>(), Err(MacError::Syntax(_))),
-                "{bad}"
-            );
+        for bad in
+            ["", "9e:c9:07:f9:b3", "9e:c9:07:f9:b3:8b:00", "9e-c9-07-f9-b3-8b", "zz:c9:07:f9:b3:8b", "9e:c9:7:f9:b3:8b"]
+        {
+            assert!(matches!(bad.parse::<VtepMac>(), Err(MacError::Syntax(_))), "{bad}");
         }
         assert_eq!("00:00:00:00:00:00".parse::<VtepMac>(), Err(MacError::Zero));
-        assert!(matches!(
-            "01:00:5e:00:00:01".parse::<VtepMac>(),
-            Err(MacError::Multicast(_))
-        ));
+        assert!(matches!("01:00:5e:00:00:01".parse::<VtepMac>(), Err(MacError::Multicast(_))));
     }
 
     #[test]

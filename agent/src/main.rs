@@ -26,10 +26,7 @@ use clap::Parser;
 pub struct UsageError(pub String);
 
 fn raise_memlock() {
-    let unlimited = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
+    let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: setrlimit with a valid struct; failure only matters on old kernels.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
         tracing::debug!("cannot raise RLIMIT_MEMLOCK (fine on kernels with memcg accounting)");
@@ -49,10 +46,7 @@ fn main() -> ExitCode {
     raise_memlock();
     // one TLS provider for kube (rustls) and etcd (tonic): ring
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("edgevx: cannot start the runtime: {e}");

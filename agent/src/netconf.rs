@@ -32,82 +32,49 @@ impl Default for NetConf {
 #[derive(Debug, thiserror::Error)]
 pub enum NetConfError {
     #[error("cannot read net-conf {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    Read { path: String, source: std::io::Error },
     #[error("net-conf {path} is not valid JSON: {source}")]
-    Json {
-        path: String,
-        source: serde_json::Error,
-    },
+    Json { path: String, source: serde_json::Error },
     #[error("net-conf {path}: {field} {problem}")]
-    Field {
-        path: String,
-        field: &'static str,
-        problem: String,
-    },
+    Field { path: String, field: &'static str, problem: String },
 }
 
 fn get<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(key))
-        .map(|(_, v)| v)
+    obj.iter().find(|(k, _)| k.eq_ignore_ascii_case(key)).map(|(_, v)| v)
 }
 
 impl NetConf {
     pub fn load(path: &Path) -> Result<Self, NetConfError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| NetConfError::Read {
-            path: shown.clone(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| NetConfError::Read { path: shown.clone(), source })?;
         Self::parse(&text, &shown)
     }
 
     pub fn parse(text: &str, path: &str) -> Result<Self, NetConfError> {
-        let field = |field: &'static str, problem: String| NetConfError::Field {
-            path: path.to_string(),
-            field,
-            problem,
-        };
-        let root: Value = serde_json::from_str(text).map_err(|source| NetConfError::Json {
-            path: path.to_string(),
-            source,
-        })?;
-        let root = root
-            .as_object()
-            .ok_or_else(|| field("top level", "must be a JSON object".into()))?;
+        let field =
+            |field: &'static str, problem: String| NetConfError::Field { path: path.to_string(), field, problem };
+        let root: Value =
+            serde_json::from_str(text).map_err(|source| NetConfError::Json { path: path.to_string(), source })?;
+        let root = root.as_object().ok_or_else(|| field("top level", "must be a JSON object".into()))?;
         let mut conf = NetConf::default();
         if let Some(v) = get(root, "Network") {
-            let s = v
-                .as_str()
-                .ok_or_else(|| field("Network", format!("must be a string, got {v}")))?;
-            conf.network = s
-                .parse()
-                .map_err(|_| field("Network", format!("{s:?} is not an IPv4 CIDR")))?;
+            let s = v.as_str().ok_or_else(|| field("Network", format!("must be a string, got {v}")))?;
+            conf.network = s.parse().map_err(|_| field("Network", format!("{s:?} is not an IPv4 CIDR")))?;
             if conf.network.prefix_len() > 28 {
                 return Err(field("Network", format!("{s} is smaller than /28")));
             }
         }
         if let Some(false) = get(root, "EnableIPv4").and_then(Value::as_bool) {
-            return Err(field(
-                "EnableIPv4",
-                "false is not supported: edgevx carries IPv4 pod traffic".into(),
-            ));
+            return Err(field("EnableIPv4", "false is not supported: edgevx carries IPv4 pod traffic".into()));
         }
         let Some(backend) = get(root, "Backend") else {
             return Ok(conf);
         };
-        let backend = backend
-            .as_object()
-            .ok_or_else(|| field("Backend", "must be a JSON object".into()))?;
+        let backend = backend.as_object().ok_or_else(|| field("Backend", "must be a JSON object".into()))?;
         if let Some(t) = get(backend, "Type") {
             if t.as_str() != Some("vxlan") {
-                return Err(field(
-                    "Backend.Type",
-                    format!("is {t}; edgevx only implements \"vxlan\""),
-                ));
+                return Err(field("Backend.Type", format!("is {t}; edgevx only implements \"vxlan\"")));
             }
         }
         let number = |key: &'static str, max: u64| -> Result<Option<u64>, NetConfError> {
@@ -115,10 +82,7 @@ impl NetConf {
                 None => Ok(None),
                 Some(v) => match v.as_u64() {
                     Some(n) if n <= max => Ok(Some(n)),
-                    _ => Err(field(
-                        key,
-                        format!("must be an integer from 0 to {max}, got {v}"),
-                    )),
+                    _ => Err(field(key, format!("must be an integer from 0 to {max}, got {v}"))),
                 },
             }
         };
@@ -140,10 +104,7 @@ impl NetConf {
         }
         for unsupported in ["GBP", "DirectRouting", "Learning"] {
             if get(backend, unsupported).and_then(Value::as_bool) == Some(true) {
-                return Err(field(
-                    "Backend",
-                    format!("{unsupported}: true is not supported by edgevx"),
-                ));
+                return Err(field("Backend", format!("{unsupported}: true is not supported by edgevx")));
             }
         }
         Ok(conf)
@@ -156,25 +117,21 @@ mod tests {
 
     #[test]
     fn defaults_match_flannel() {
-        let c = NetConf::parse(
-            r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#,
-            "x",
-        )
-        .unwrap();
+        let c = NetConf::parse(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#, "x").unwrap();
         assert_eq!(c, NetConf::default());
         assert_eq!((c.vni, c.port, c.mtu), (1, 8472, None));
     }
 
     #[test]
     fn reads_backend_keys_case_insensitively() {
-        let c = NetConf::parse(r#"{"network":"10.10.0.0/16","backend":{"type":"vxlan","vni":4096,"port":4789,"mtu":9000}}"#, "x").unwrap();
-        assert_eq!(c.network.to_string(), "10.10.0.0/16");
-        assert_eq!((c.vni, c.port, c.mtu), (4096, 4789, Some(9000)));
         let c = NetConf::parse(
-            r#"{"Network":"10.10.0.0/16","Backend":{"Type":"vxlan","Port":0}}"#,
+            r#"{"network":"10.10.0.0/16","backend":{"type":"vxlan","vni":4096,"port":4789,"mtu":9000}}"#,
             "x",
         )
         .unwrap();
+        assert_eq!(c.network.to_string(), "10.10.0.0/16");
+        assert_eq!((c.vni, c.port, c.mtu), (4096, 4789, Some(9000)));
+        let c = NetConf::parse(r#"{"Network":"10.10.0.0/16","Backend":{"Type":"vxlan","Port":0}}"#, "x").unwrap();
         assert_eq!(c.port, 8472);
     }
 
@@ -192,17 +149,9 @@ mod tests {
             (r#"[1]"#, "top level"),
         ];
         for (text, culprit) in cases {
-            let e = NetConf::parse(text, "net-conf.json")
-                .unwrap_err()
-                .to_string();
-            assert!(
-                e.contains(culprit) && e.contains("net-conf.json"),
-                "{text}: {e}"
-            );
+            let e = NetConf::parse(text, "net-conf.json").unwrap_err().to_string();
+            assert!(e.contains(culprit) && e.contains("net-conf.json"), "{text}: {e}");
         }
-        assert!(matches!(
-            NetConf::parse("{", "x"),
-            Err(NetConfError::Json { .. })
-        ));
+        assert!(matches!(NetConf::parse("{", "x"), Err(NetConfError::Json { .. })));
     }
 }

@@ -20,45 +20,25 @@ pub trait PeerTable {
 /// Chooses which candidates become peers. A peer that is already programmed
 /// keeps its place; a newcomer whose subnet overlaps ours, or a programmed
 /// peer's, or whose public IP is taken, is rejected with the reason.
-pub fn select(
-    own: Ipv4Net,
-    programmed: &BTreeMap<String, Peer>,
-    candidates: &[Peer],
-) -> (Vec<Peer>, Vec<Rejection>) {
-    let established = |p: &Peer| {
-        programmed
-            .get(&p.node)
-            .is_some_and(|q| q.subnet == p.subnet)
-    };
+pub fn select(own: Ipv4Net, programmed: &BTreeMap<String, Peer>, candidates: &[Peer]) -> (Vec<Peer>, Vec<Rejection>) {
+    let established = |p: &Peer| programmed.get(&p.node).is_some_and(|q| q.subnet == p.subnet);
     let mut ordered: Vec<&Peer> = candidates.iter().filter(|p| established(p)).collect();
     ordered.extend(candidates.iter().filter(|p| !established(p)));
 
     let mut accepted: Vec<Peer> = Vec::new();
     let mut rejected = Vec::new();
     for p in ordered {
-        let reject = |reason: String| Rejection {
-            node: p.node.clone(),
-            reason,
-        };
+        let reject = |reason: String| Rejection { node: p.node.clone(), reason };
         if accepted.iter().any(|a| a.node == p.node) {
             rejected.push(reject("the node is listed twice".into()));
         } else if own.contains(&p.subnet.network()) || p.subnet.contains(&own.network()) {
-            rejected.push(reject(format!(
-                "pod CIDR {} overlaps our own {own}",
-                p.subnet
-            )));
-        } else if let Some(a) = accepted.iter().find(|a| {
-            a.subnet.contains(&p.subnet.network()) || p.subnet.contains(&a.subnet.network())
-        }) {
-            rejected.push(reject(format!(
-                "pod CIDR {} overlaps {} of node {}",
-                p.subnet, a.subnet, a.node
-            )));
+            rejected.push(reject(format!("pod CIDR {} overlaps our own {own}", p.subnet)));
+        } else if let Some(a) =
+            accepted.iter().find(|a| a.subnet.contains(&p.subnet.network()) || p.subnet.contains(&a.subnet.network()))
+        {
+            rejected.push(reject(format!("pod CIDR {} overlaps {} of node {}", p.subnet, a.subnet, a.node)));
         } else if let Some(a) = accepted.iter().find(|a| a.public_ip == p.public_ip) {
-            rejected.push(reject(format!(
-                "public IP {} is already node {}'s",
-                p.public_ip, a.node
-            )));
+            rejected.push(reject(format!("public IP {} is already node {}'s", p.public_ip, a.node)));
         } else {
             accepted.push(p.clone());
         }
@@ -79,13 +59,7 @@ pub struct Reconciler {
 impl Reconciler {
     /// Starts from what an earlier run programmed (adopted state).
     pub fn adopt(programmed: impl IntoIterator<Item = Peer>) -> Self {
-        Reconciler {
-            programmed: programmed
-                .into_iter()
-                .map(|p| (p.node.clone(), p))
-                .collect(),
-            unverified: true,
-        }
+        Reconciler { programmed: programmed.into_iter().map(|p| (p.node.clone(), p)).collect(), unverified: true }
     }
 
     pub fn programmed(&self) -> impl Iterator<Item = &Peer> {
@@ -99,12 +73,8 @@ impl Reconciler {
         let mut changed = false;
         let mut all_ok = true;
         let wanted: BTreeMap<&str, &Peer> = accepted.iter().map(|p| (p.node.as_str(), p)).collect();
-        let gone: Vec<Peer> = self
-            .programmed
-            .values()
-            .filter(|p| !wanted.contains_key(p.node.as_str()))
-            .cloned()
-            .collect();
+        let gone: Vec<Peer> =
+            self.programmed.values().filter(|p| !wanted.contains_key(p.node.as_str())).cloned().collect();
         for p in gone {
             match table.delete(&p).await {
                 Ok(()) => {
@@ -168,10 +138,7 @@ mod tests {
         let (ok, bad) = select(
             own(),
             &BTreeMap::new(),
-            &[
-                peer("x", "10.244.1.0/25", "198.18.0.9"),
-                peer("y", "10.244.0.0/16", "198.18.0.8"),
-            ],
+            &[peer("x", "10.244.1.0/25", "198.18.0.9"), peer("y", "10.244.0.0/16", "198.18.0.8")],
         );
         assert!(ok.is_empty());
         assert_eq!(bad.len(), 2);
@@ -183,11 +150,7 @@ mod tests {
         let old = peer("old", "10.244.2.0/24", "198.18.0.2");
         let programmed = BTreeMap::from([(old.node.clone(), old.clone())]);
         // the newcomer is listed first, but the established one wins
-        let (ok, bad) = select(
-            own(),
-            &programmed,
-            &[peer("new", "10.244.2.0/25", "198.18.0.3"), old.clone()],
-        );
+        let (ok, bad) = select(own(), &programmed, &[peer("new", "10.244.2.0/25", "198.18.0.3"), old.clone()]);
         assert_eq!(ok, vec![old]);
         assert_eq!(bad[0].node, "new");
         assert!(bad[0].reason.contains("of node old"), "{}", bad[0].reason);
@@ -205,14 +168,8 @@ mod tests {
             ],
         );
         assert_eq!(ok.len(), 1);
-        assert!(
-            bad.iter()
-                .any(|r| r.node == "b" && r.reason.contains("public IP"))
-        );
-        assert!(
-            bad.iter()
-                .any(|r| r.node == "a" && r.reason.contains("twice"))
-        );
+        assert!(bad.iter().any(|r| r.node == "b" && r.reason.contains("public IP")));
+        assert!(bad.iter().any(|r| r.node == "a" && r.reason.contains("twice")));
     }
 
     #[derive(Default)]
@@ -225,11 +182,7 @@ mod tests {
             if self.fail.as_deref() == Some(new.node.as_str()) {
                 anyhow::bail!("injected failure");
             }
-            self.log.push(format!(
-                "put {} {}",
-                new.node,
-                old.map(|o| o.subnet.to_string()).unwrap_or_default()
-            ));
+            self.log.push(format!("put {} {}", new.node, old.map(|o| o.subnet.to_string()).unwrap_or_default()));
             Ok(())
         }
         async fn delete(&mut self, p: &Peer) -> anyhow::Result<()> {
@@ -254,25 +207,14 @@ mod tests {
         ];
         assert!(r.apply(&mut t, &want).await);
         // adopted records are re-put once (they may predate a reboot)
-        assert_eq!(
-            t.log,
-            vec![
-                "delete drop",
-                "put keep 10.244.2.0/24",
-                "put move 10.244.4.0/24"
-            ]
-        );
+        assert_eq!(t.log, vec!["delete drop", "put keep 10.244.2.0/24", "put move 10.244.4.0/24"]);
         assert_eq!(r.programmed().count(), 2, "the failed peer is not recorded");
         t.fail = None;
         t.log.clear();
         assert!(r.apply(&mut t, &want).await);
         assert_eq!(
             t.log,
-            vec![
-                "put keep 10.244.2.0/24",
-                "put move 10.244.5.0/24",
-                "put new "
-            ],
+            vec!["put keep 10.244.2.0/24", "put move 10.244.5.0/24", "put new "],
             "still unverified after a failure"
         );
         t.log.clear();

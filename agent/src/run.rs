@@ -75,37 +75,22 @@ fn existing_file(flag: &str, p: &Option<PathBuf>) -> Result<()> {
 
 async fn choose_source(args: &RunArgs) -> Result<Source> {
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    let kube =
-        args.kube || (in_cluster && args.nodes_file.is_none() && args.etcd_endpoints.is_none());
-    let chosen = [
-        args.nodes_file.is_some(),
-        kube,
-        args.etcd_endpoints.is_some(),
-    ]
-    .iter()
-    .filter(|b| **b)
-    .count();
+    let kube = args.kube || (in_cluster && args.nodes_file.is_none() && args.etcd_endpoints.is_none());
+    let chosen = [args.nodes_file.is_some(), kube, args.etcd_endpoints.is_some()].iter().filter(|b| **b).count();
     if chosen != 1 {
-        return Err(usage(
-            "give exactly one source: --nodes-file, --kube or --etcd-endpoints".into(),
-        ));
+        return Err(usage("give exactly one source: --nodes-file, --kube or --etcd-endpoints".into()));
     }
     if let Some(path) = &args.nodes_file {
         if !path.is_file() {
-            return Err(usage(format!(
-                "--nodes-file {}: no such file",
-                path.display()
-            )));
+            return Err(usage(format!("--nodes-file {}: no such file", path.display())));
         }
-        std::fs::File::open(path)
-            .map_err(|e| usage(format!("--nodes-file {}: {e}", path.display())))?;
+        std::fs::File::open(path).map_err(|e| usage(format!("--nodes-file {}: {e}", path.display())))?;
         return Ok(Source::File(path.clone()));
     }
     if kube {
         existing_file("--kubeconfig", &args.kubeconfig)?;
-        let client = kube::client(args.kubeconfig.as_deref(), &args.user_agent)
-            .await
-            .map_err(|e| usage(format!("{e:#}")))?;
+        let client =
+            kube::client(args.kubeconfig.as_deref(), &args.user_agent).await.map_err(|e| usage(format!("{e:#}")))?;
         return Ok(Source::Kube(client));
     }
     let endpoints: Vec<String> = args
@@ -127,20 +112,13 @@ async fn choose_source(args: &RunArgs) -> Result<Source> {
         existing_file(flag, f)?;
     }
     if args.etcd_certfile.is_some() != args.etcd_keyfile.is_some() {
-        return Err(usage(
-            "--etcd-certfile and --etcd-keyfile go together".into(),
-        ));
+        return Err(usage("--etcd-certfile and --etcd-keyfile go together".into()));
     }
     if args.net_conf.is_some() {
-        return Err(usage(format!(
-            "--net-conf does not apply with etcd: the config is {}/config",
-            args.etcd_prefix
-        )));
+        return Err(usage(format!("--net-conf does not apply with etcd: the config is {}/config", args.etcd_prefix)));
     }
     if args.subnet_lease_renew_margin_secs >= args.subnet_lease_ttl {
-        return Err(usage(
-            "--subnet-lease-renew-margin-secs must be below --subnet-lease-ttl".into(),
-        ));
+        return Err(usage("--subnet-lease-renew-margin-secs must be below --subnet-lease-ttl".into()));
     }
     Ok(Source::Etcd(etcd::EtcdSettings {
         endpoints,
@@ -172,31 +150,15 @@ async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
         Err(e) => return Err(e),
     };
     if args.public_ip.is_none() && underlay.ipv4.is_none() {
-        return Err(usage(format!(
-            "--iface {} has no IPv4 address; give --public-ip",
-            args.iface
-        )));
+        return Err(usage(format!("--iface {} has no IPv4 address; give --public-ip", args.iface)));
     }
-    for (flag, dir) in [
-        ("--state-dir", &args.paths.state_dir),
-        ("--bpffs", &args.paths.bpffs),
-    ] {
+    for (flag, dir) in [("--state-dir", &args.paths.state_dir), ("--bpffs", &args.paths.bpffs)] {
         if dir.exists() && !dir.is_dir() {
-            return Err(usage(format!(
-                "{flag} {} is not a directory",
-                dir.display()
-            )));
+            return Err(usage(format!("{flag} {} is not a directory", dir.display())));
         }
     }
     let source = choose_source(&args).await?;
-    Ok(Checked {
-        args,
-        node,
-        conf,
-        names,
-        underlay,
-        source,
-    })
+    Ok(Checked { args, node, conf, names, underlay, source })
 }
 
 fn log_view(view: &ClusterView) {
@@ -220,25 +182,10 @@ struct Node {
     record: AgentRecord,
 }
 
-async fn bring_up(
-    c: &Checked,
-    conf: &NetConf,
-    own: OwnNode,
-    state: &StateDir,
-    handle: &Handle,
-) -> Result<Node> {
+async fn bring_up(c: &Checked, conf: &NetConf, own: OwnNode, state: &StateDir, handle: &Handle) -> Result<Node> {
     let (mac, _) = vtep_mac::choose(own.published_mac, state)?;
-    let public_ip: Ipv4Addr = c
-        .args
-        .public_ip
-        .or(own.node_public_ip)
-        .or(c.underlay.ipv4)
-        .context("no public IP")?;
-    let mtu = c
-        .conf
-        .mtu
-        .unwrap_or(c.underlay.mtu)
-        .saturating_sub(ENCAP_OVERHEAD as u32);
+    let public_ip: Ipv4Addr = c.args.public_ip.or(own.node_public_ip).or(c.underlay.ipv4).context("no public IP")?;
+    let mtu = c.conf.mtu.unwrap_or(c.underlay.mtu).saturating_sub(ENCAP_OVERHEAD as u32);
     bpffs::ensure_mounted(&c.args.paths.bpffs)?;
     let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
     let mut ebpf = loader::load(&pins)?;
@@ -269,20 +216,8 @@ async fn bring_up(
     if !fast {
         maps.sync_local_pods(&Default::default())?;
     }
-    loader::attach(
-        &mut ebpf,
-        &pins,
-        loader::ENCAP,
-        &spec.name,
-        TcAttachType::Egress,
-    )?;
-    loader::attach(
-        &mut ebpf,
-        &pins,
-        loader::DECAP,
-        &c.args.iface,
-        TcAttachType::Ingress,
-    )?;
+    loader::attach(&mut ebpf, &pins, loader::ENCAP, &spec.name, TcAttachType::Egress)?;
+    loader::attach(&mut ebpf, &pins, loader::DECAP, &c.args.iface, TcAttachType::Ingress)?;
     drop(ebpf); // the pinned links keep the programs; the pinned maps keep their state
 
     subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, mtu, false)
@@ -304,13 +239,7 @@ async fn bring_up(
     };
     state.save_agent(&record)?;
     info!(device = %spec.name, %mac, %public_ip, subnet = %own.subnet, mtu, fast_delivery = fast, "dataplane up");
-    Ok(Node {
-        handle: handle.clone(),
-        maps,
-        vtep_index,
-        own,
-        record,
-    })
+    Ok(Node { handle: handle.clone(), maps, vtep_index, own, record })
 }
 
 impl Node {
@@ -323,20 +252,12 @@ impl Node {
         state: &StateDir,
         collect: bool,
     ) {
-        let programmed = reconciler
-            .programmed()
-            .map(|p| (p.node.clone(), p.clone()))
-            .collect();
-        let (accepted, rejected) =
-            reconcile::select(self.own.subnet, &programmed, &rules_view.peers);
+        let programmed = reconciler.programmed().map(|p| (p.node.clone(), p.clone())).collect();
+        let (accepted, rejected) = reconcile::select(self.own.subnet, &programmed, &rules_view.peers);
         for r in &rejected {
             warn!(node = %r.node, "skipping conflicting node: {}", r.reason);
         }
-        let mut table = peers::Programmed {
-            maps: &mut self.maps,
-            handle: &self.handle,
-            vtep_index: self.vtep_index,
-        };
+        let mut table = peers::Programmed { maps: &mut self.maps, handle: &self.handle, vtep_index: self.vtep_index };
         let changed = reconciler.apply(&mut table, &accepted).await;
         if collect {
             let keep: Vec<Ipv4Net> = reconciler.programmed().map(|p| p.subnet).collect();
@@ -382,11 +303,7 @@ fn start_source(
     tx: mpsc::Sender<Desired>,
     local: watch::Receiver<Option<LocalVtep>>,
 ) -> Vec<JoinHandle<()>> {
-    let reader = NodeReader {
-        names: c.names.clone(),
-        own_name: c.node.clone(),
-        conf: c.conf.clone(),
-    };
+    let reader = NodeReader { names: c.names.clone(), own_name: c.node.clone(), conf: c.conf.clone() };
     match &c.source {
         Source::File(path) => vec![nodes_file::watch(path.clone(), reader, tx)],
         Source::Kube(client) => vec![
@@ -395,11 +312,7 @@ fn start_source(
         ],
         Source::Etcd(settings) => {
             let me = etcd::Identity4 {
-                public_ip: c
-                    .args
-                    .public_ip
-                    .or(c.underlay.ipv4)
-                    .unwrap_or(Ipv4Addr::UNSPECIFIED),
+                public_ip: c.args.public_ip.or(c.underlay.ipv4).unwrap_or(Ipv4Addr::UNSPECIFIED),
                 state: state.clone(),
                 subnet_file: c.args.subnet_file.clone(),
             };
@@ -436,10 +349,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     desired = Some(cached);
                     live = false;
                 }
-                Ok(None) => warn!(
-                    source = c.source.name(),
-                    "control plane not reachable and no cached view; waiting for it"
-                ),
+                Ok(None) => {
+                    warn!(source = c.source.name(), "control plane not reachable and no cached view; waiting for it")
+                }
                 Err(e) => warn!("cannot read the cached view: {e:#}"),
             },
         }
@@ -513,16 +425,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Some(_) => {}
         }
         if let Some(n) = node.as_mut() {
-            if d.conf.vni != n.record.vni
-                || d.conf.port != n.record.port
-                || d.conf.network != n.record.network
-            {
-                warn!(
-                    "the network config changed (VNI, port or Network); restart the agent to apply it"
-                );
+            if d.conf.vni != n.record.vni || d.conf.port != n.record.port || d.conf.network != n.record.network {
+                warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
             }
-            n.reconcile(&d.view, &mut reconciler, &state, first_pass)
-                .await;
+            n.reconcile(&d.view, &mut reconciler, &state, first_pass).await;
             first_pass = false;
             if live && !matches!(c.source, Source::File(_)) {
                 if let Err(e) = state.save_view(d) {
@@ -540,13 +446,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
 async fn readdress(n: &mut Node, c: &Checked, own: &OwnNode, state: &StateDir) -> Result<()> {
     device::ensure_address(&n.handle, n.vtep_index, own.subnet, n.record.network).await?;
-    subnet_env::write(
-        &c.args.subnet_file,
-        n.record.network,
-        own.subnet,
-        n.record.mtu,
-        false,
-    )?;
+    subnet_env::write(&c.args.subnet_file, n.record.network, own.subnet, n.record.mtu, false)?;
     n.own = own.clone();
     n.record.subnet = own.subnet;
     state.save_agent(&n.record)

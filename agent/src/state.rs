@@ -20,28 +20,16 @@ pub const AGENT_FILE: &str = "agent.json";
 
 /// Writes `data` to `path` so readers see the old or the new file, never a part.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
     let result = (|| -> Result<()> {
-        let mut f =
-            File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-        f.write_all(data)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        f.sync_all()
-            .with_context(|| format!("cannot fsync {}", tmp.display()))?;
-        fs::rename(&tmp, path)
-            .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .with_context(|| format!("cannot fsync {}", dir.display()))
+        let mut f = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+        f.write_all(data).with_context(|| format!("cannot write {}", tmp.display()))?;
+        f.sync_all().with_context(|| format!("cannot fsync {}", tmp.display()))?;
+        fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+        File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("cannot fsync {}", dir.display()))
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -80,11 +68,9 @@ impl StateDir {
     pub fn load_mac(&self) -> Result<Option<VtepMac>> {
         let path = self.path(MAC_FILE);
         match fs::read_to_string(&path) {
-            Ok(s) => s
-                .trim()
-                .parse()
-                .map(Some)
-                .with_context(|| format!("saved VTEP MAC in {} is damaged", path.display())),
+            Ok(s) => {
+                s.trim().parse().map(Some).with_context(|| format!("saved VTEP MAC in {} is damaged", path.display()))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
         }
@@ -114,9 +100,7 @@ impl StateDir {
     pub(crate) fn load_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Result<Option<T>> {
         let path = self.path(name);
         match fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .with_context(|| format!("{} is damaged", path.display())),
+            Ok(b) => serde_json::from_slice(&b).map(Some).with_context(|| format!("{} is damaged", path.display())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
         }

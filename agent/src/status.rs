@@ -18,27 +18,17 @@ fn process_alive(pid: u32) -> bool {
 pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     let state = StateDir(paths.state_dir.clone());
     let rec = state.load_agent()?.with_context(|| {
-        format!(
-            "no edgevx state in {} (has `edgevx run` ever started here?)",
-            paths.state_dir.display()
-        )
+        format!("no edgevx state in {} (has `edgevx run` ever started here?)", paths.state_dir.display())
     })?;
     let peers = state.load_peers()?;
     let pins = PinDir::new(&paths.bpffs);
     let maps = Maps::open(&pins).ok();
-    let attached: Vec<&str> = [loader::ENCAP, loader::DECAP]
-        .into_iter()
-        .filter(|n| pins.link(n).exists())
-        .collect();
+    let attached: Vec<&str> = [loader::ENCAP, loader::DECAP].into_iter().filter(|n| pins.link(n).exists()).collect();
     let counters = match &maps {
         Some(m) => serde_json::to_value(m.global_stats()?)?,
         None => Value::Null,
     };
-    let programmed = maps
-        .as_ref()
-        .map(|m| m.subnets())
-        .transpose()?
-        .unwrap_or_default();
+    let programmed = maps.as_ref().map(|m| m.subnets()).transpose()?.unwrap_or_default();
     let peers: Vec<Value> = peers
         .iter()
         .map(|p| {
@@ -83,24 +73,12 @@ pub fn run(args: StatusArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    let s = |k: &str| {
-        v[k].as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| v[k].to_string())
-    };
+    let s = |k: &str| v[k].as_str().map(str::to_string).unwrap_or_else(|| v[k].to_string());
     println!(
         "node {}  agent {}  dataplane {}",
         s("node"),
-        if v["agent_running"] == true {
-            "running"
-        } else {
-            "stopped"
-        },
-        if v["dataplane_attached"] == true {
-            "attached"
-        } else {
-            "NOT attached"
-        }
+        if v["agent_running"] == true { "running" } else { "stopped" },
+        if v["dataplane_attached"] == true { "attached" } else { "NOT attached" }
     );
     println!(
         "vtep {} mac {} vni {} port {} public-ip {} subnet {} mtu {} delivery {}",
@@ -118,11 +96,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         "PEER", "SUBNET", "PUBLIC IP", "VTEP MAC", "TX PKTS", "RX PKTS"
     );
     for p in v["peers"].as_array().into_iter().flatten() {
-        let f = |k: &str| {
-            p[k].as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| p[k].to_string())
-        };
+        let f = |k: &str| p[k].as_str().map(str::to_string).unwrap_or_else(|| p[k].to_string());
         println!(
             "{:<20} {:<18} {:<16} {:<18} {:>12} {:>12}",
             f("node"),

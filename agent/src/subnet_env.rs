@@ -18,13 +18,7 @@ pub fn render(network: Ipv4Net, subnet: Ipv4Net, mtu: u32, ip_masq: bool) -> Str
     )
 }
 
-pub fn write(
-    path: &Path,
-    network: Ipv4Net,
-    subnet: Ipv4Net,
-    mtu: u32,
-    ip_masq: bool,
-) -> Result<()> {
+pub fn write(path: &Path, network: Ipv4Net, subnet: Ipv4Net, mtu: u32, ip_masq: bool) -> Result<()> {
     write_atomic(path, render(network, subnet, mtu, ip_masq).as_bytes())
 }
 
@@ -34,12 +28,7 @@ mod tests {
 
     #[test]
     fn matches_flannel_sample() {
-        let s = render(
-            "10.1.0.0/16".parse().unwrap(),
-            "10.1.74.0/24".parse().unwrap(),
-            1472,
-            false,
-        );
+        let s = render("10.1.0.0/16".parse().unwrap(), "10.1.74.0/24".parse().unwrap(), 1472, false);
         assert_eq!(
             s,
             "FLANNEL_NETWORK=10.1.0.0/16\nFLANNEL_SUBNET=10.1.74.1/24\nFLANNEL_MTU=1472\nFLANNEL_IPMASQ=false\n"

@@ -22,15 +22,14 @@ pub fn choose(published: Option<VtepMac>, state: &StateDir) -> Result<(VtepMac, 
     let (mac, source) = match (published, saved) {
         (Some(m), _) => (m, MacSource::Annotation),
         (None, Some(m)) => (m, MacSource::StateDir),
-        (None, None) => (
-            VtepMac::random().context("cannot read /dev/urandom for a new VTEP MAC")?,
-            MacSource::Generated,
-        ),
+        (None, None) => {
+            (VtepMac::random().context("cannot read /dev/urandom for a new VTEP MAC")?, MacSource::Generated)
+        }
     };
     if saved != Some(mac) {
-        state.save_mac(mac).context(
-            "cannot save the VTEP MAC; refusing to use a MAC that would not survive a reboot",
-        )?;
+        state
+            .save_mac(mac)
+            .context("cannot save the VTEP MAC; refusing to use a MAC that would not survive a reboot")?;
     }
     info!(%mac, ?source, "VTEP MAC chosen");
     Ok((mac, source))
@@ -57,19 +56,11 @@ mod tests {
         let (m, src) = choose(None, &s).unwrap();
         assert_eq!(src, MacSource::Generated);
         assert_eq!(s.load_mac().unwrap(), Some(m), "a generated MAC is saved");
-        assert_eq!(
-            choose(None, &s).unwrap(),
-            (m, MacSource::StateDir),
-            "and reused"
-        );
+        assert_eq!(choose(None, &s).unwrap(), (m, MacSource::StateDir), "and reused");
 
         s.save_mac(b).unwrap();
         assert_eq!(choose(Some(a), &s).unwrap(), (a, MacSource::Annotation));
-        assert_eq!(
-            s.load_mac().unwrap(),
-            Some(a),
-            "the MAC in use is always saved"
-        );
+        assert_eq!(s.load_mac().unwrap(), Some(a), "the MAC in use is always saved");
         fs::remove_dir_all(&s.0).unwrap();
     }
 }

@@ -175,8 +175,8 @@ mod tests {
     fn checksum_known_vector() {
         // RFC 1071 example header from Wikipedia's IPv4 checksum article
         let hdr: [u8; 20] = [
-            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0, 0, 0xc0, 0xa8, 0x00,
-            0x01, 0xc0, 0xa8, 0x00, 0xc7,
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0, 0, 0xc0, 0xa8, 0x00, 0x01, 0xc0, 0xa8, 0x00,
+            0xc7,
         ];
         assert_eq!(ipv4_checksum(&hdr), 0xb861);
     }
@@ -206,8 +206,7 @@ mod tests {
         for i in 0..4096u32 {
             let port = source_port(i.wrapping_mul(0x9e37_79b9));
             assert!((SRC_PORT_MIN..SRC_PORT_MAX).contains(&port));
-            seen[((port - SRC_PORT_MIN) as usize * 16) / (SRC_PORT_MAX - SRC_PORT_MIN) as usize] =
-                true;
+            seen[((port - SRC_PORT_MIN) as usize * 16) / (SRC_PORT_MAX - SRC_PORT_MIN) as usize] = true;
         }
         assert!(seen.iter().all(|s| *s), "ports cluster: {seen:?}");
     }

@@ -14,10 +14,7 @@ use aya_ebpf::{
 use edgevx_common::{
     counters::Counter,
     maps::FLAG_FAST_DELIVERY,
-    vxlan::{
-        ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, INNER_IP_OFF, IPPROTO_UDP, UDP_HLEN, VXLAN_HLEN,
-        parse_vni,
-    },
+    vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, INNER_IP_OFF, IPPROTO_UDP, UDP_HLEN, VXLAN_HLEN, parse_vni},
 };
 
 use crate::{
@@ -81,9 +78,7 @@ pub fn run(ctx: &TcContext) -> i32 {
         stats::add(Counter::PassNotOurs, 1);
         return NEXT;
     }
-    let inner_len = ctx
-        .len()
-        .wrapping_sub((udp_off + UDP_HLEN + VXLAN_HLEN) as u32);
+    let inner_len = ctx.len().wrapping_sub((udp_off + UDP_HLEN + VXLAN_HLEN) as u32);
     peer.rx_packets += 1;
     peer.rx_bytes += inner_len as u64;
 
@@ -104,11 +99,7 @@ fn deliver_to_pod(ctx: &TcContext, inner_len: u32) -> Option<i32> {
     let dst = ctx.load::<[u8; 4]>(INNER_IP_OFF + 16).ok()?;
     let pod = *EDGEVX_LOCAL_PODS.get_ptr(dst).map(|p| unsafe { &*p })?;
     if ctx
-        .adjust_room(
-            -(ENCAP_OVERHEAD as i32),
-            bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
-            BPF_F_ADJ_ROOM_FIXED_GSO as u64,
-        )
+        .adjust_room(-(ENCAP_OVERHEAD as i32), bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO as u64)
         .is_err()
     {
         stats::add(Counter::DropAdjustRoom, 1);

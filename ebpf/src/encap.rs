@@ -52,10 +52,7 @@ pub fn run(ctx: &TcContext) -> i32 {
             return TC_ACT_SHOT;
         }
     }
-    let (Ok(tos), Ok(dst)) = (
-        ctx.load::<u8>(INNER_TOS_OFF),
-        ctx.load::<[u8; 4]>(INNER_DST_OFF),
-    ) else {
+    let (Ok(tos), Ok(dst)) = (ctx.load::<u8>(INNER_TOS_OFF), ctx.load::<[u8; 4]>(INNER_DST_OFF)) else {
         stats::add(Counter::DropNotIpv4, 1);
         return TC_ACT_SHOT;
     };
@@ -81,13 +78,7 @@ pub fn run(ctx: &TcContext) -> i32 {
         ecn: tos,
     };
     let grown = inner_ip_len + ENCAP_OVERHEAD as u32 <= u16::MAX as u32
-        && ctx
-            .adjust_room(
-                ENCAP_OVERHEAD as i32,
-                bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
-                ENCAP_FLAGS,
-            )
-            .is_ok();
+        && ctx.adjust_room(ENCAP_OVERHEAD as i32, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, ENCAP_FLAGS).is_ok();
     let header = encap_header(&params, inner_ip_len as u16);
     if !grown || ctx.store(0, &header, 0).is_err() {
         stats::add(Counter::DropAdjustRoom, 1);

@@ -17,8 +17,7 @@ pub static EDGEVX_CONFIG: Array<DataplaneConfig> = Array::pinned(1, 0);
 pub static EDGEVX_PEER_SUBNETS: LpmTrie<[u8; 4], Peer> = LpmTrie::pinned(MAX_PEERS, 0);
 
 #[map]
-pub static EDGEVX_PEER_STATS: PerCpuHashMap<[u8; 4], PeerStats> =
-    PerCpuHashMap::pinned(MAX_PEERS, 0);
+pub static EDGEVX_PEER_STATS: PerCpuHashMap<[u8; 4], PeerStats> = PerCpuHashMap::pinned(MAX_PEERS, 0);
 
 #[map]
 pub static EDGEVX_LOCAL_PODS: HashMap<[u8; 4], LocalPod> = HashMap::pinned(MAX_LOCAL_PODS, 0);

@@ -19,30 +19,38 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Starts the agent for `host` and waits until its dataplane is up.
+    /// Starts the agent for `host` with a nodes file and waits until its dataplane is up.
     pub fn start(host: &Host, nodes_file: &Path, extra: &[&str]) -> Result<Self> {
+        let nodes = nodes_file.to_str().context("path")?;
+        let mut args = vec!["--nodes-file", nodes];
+        args.extend_from_slice(extra);
+        Self::start_with(host, &args)
+    }
+
+    /// Starts the agent with `args` after the common ones; waits for "dataplane up".
+    pub fn start_with(host: &Host, args: &[&str]) -> Result<Self> {
+        let mut agent = Self::spawn(host, args)?;
+        agent.wait_log("dataplane up", Duration::from_secs(20))?;
+        Ok(agent)
+    }
+
+    /// Starts the agent without waiting for anything.
+    pub fn spawn(host: &Host, args: &[&str]) -> Result<Self> {
         let log = host.dir.join(format!("{}.log", crate::unique("agent")));
         let mut cmd = host.ns.cmd(edgevx_bin().to_str().context("bin path")?);
         cmd.args(["run", "--node-name", &host.name(), "--iface", "eth0"])
-            .arg("--nodes-file")
-            .arg(nodes_file)
             .arg("--state-dir")
             .arg(host.state_dir())
             .arg("--bpffs")
             .arg(host.bpffs_dir())
             .arg("--subnet-file")
             .arg(host.subnet_file())
-            .args(extra)
+            .args(args)
             .env("EDGEVX_LOG", "info")
             .stdout(Stdio::null())
             .stderr(File::create(&log)?);
         let child = cmd.spawn().context("cannot start edgevx")?;
-        let mut agent = Agent {
-            child: Some(child),
-            log,
-            state_dir: host.state_dir(),
-            bpffs: host.bpffs_dir(),
-        };
+        let mut agent = Agent { child: Some(child), log, state_dir: host.state_dir(), bpffs: host.bpffs_dir() };
         agent.wait_log("dataplane up", Duration::from_secs(20))?;
         Ok(agent)
     }
@@ -59,20 +67,10 @@ impl Agent {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!(
-                    "agent log has no {needle:?} after {timeout:?}:\n{}",
-                    self.log_text()
-                );
+                bail!("agent log has no {needle:?} after {timeout:?}:\n{}", self.log_text());
             }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                bail!(
-                    "agent exited ({status}) before logging {needle:?}:\n{}",
-                    self.log_text()
-                );
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                bail!("agent exited ({status}) before logging {needle:?}:\n{}", self.log_text());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -119,21 +117,13 @@ pub fn status(state_dir: &Path, bpffs: &Path) -> Result<Value> {
         .arg(bpffs)
         .output()?;
     if !out.status.success() {
-        bail!(
-            "edgevx status failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        bail!("edgevx status failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// Polls `check` on the agent's status until it holds (or `timeout`).
-pub fn wait_status(
-    agent: &Agent,
-    timeout: Duration,
-    what: &str,
-    check: impl Fn(&Value) -> bool,
-) -> Result<Value> {
+pub fn wait_status(agent: &Agent, timeout: Duration, what: &str, check: impl Fn(&Value) -> bool) -> Result<Value> {
     let deadline = Instant::now() + timeout;
     loop {
         let s = agent.status()?;
@@ -141,10 +131,7 @@ pub fn wait_status(
             return Ok(s);
         }
         if Instant::now() > deadline {
-            bail!(
-                "status never showed {what} within {timeout:?}: {s:#}\nlog:\n{}",
-                agent.log_text()
-            );
+            bail!("status never showed {what} within {timeout:?}: {s:#}\nlog:\n{}", agent.log_text());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -156,11 +143,6 @@ pub fn peers(status: &Value) -> Vec<(String, String)> {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|p| {
-            (
-                p["node"].as_str().unwrap_or("").to_string(),
-                p["vtep_mac"].as_str().unwrap_or("").to_string(),
-            )
-        })
+        .map(|p| (p["node"].as_str().unwrap_or("").to_string(), p["vtep_mac"].as_str().unwrap_or("").to_string()))
         .collect()
 }

@@ -4,6 +4,8 @@
 //! exactly as flanneld sets it up. Everything made here is removed on drop,
 //! also when a test fails.
 pub mod agent;
+pub mod etcd;
+pub mod kubeapi;
 pub mod netns;
 pub mod nodes;
 pub mod topo;
@@ -15,15 +17,9 @@ use anyhow::{Context, Result, bail};
 
 /// Runs a command, failing with its stderr if it fails.
 pub fn sh(args: &[&str]) -> Result<String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .with_context(|| format!("cannot run {args:?}"))?;
+    let out = Command::new(args[0]).args(&args[1..]).output().with_context(|| format!("cannot run {args:?}"))?;
     if !out.status.success() {
-        bail!(
-            "{args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        bail!("{args:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -32,19 +28,12 @@ pub fn sh(args: &[&str]) -> Result<String> {
 pub fn edgevx_bin() -> PathBuf {
     std::env::var_os("EDGEVX_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/edgevx")
-        })
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/edgevx"))
 }
 
 /// A short name unique to this process and call, for namespaces and dirs.
 pub fn unique(tag: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "evx{}{}{}",
-        std::process::id() % 100000,
-        tag,
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("evx{}{}{}", std::process::id() % 100000, tag, N.fetch_add(1, Ordering::Relaxed))
 }

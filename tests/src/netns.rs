@@ -13,9 +13,7 @@ impl Netns {
     pub fn new(name: &str) -> Result<Self> {
         let _ = Command::new("ip").args(["netns", "del", name]).output();
         sh(&["ip", "netns", "add", name])?;
-        let ns = Netns {
-            name: name.to_string(),
-        };
+        let ns = Netns { name: name.to_string() };
         ns.ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
     }
@@ -49,30 +47,21 @@ impl Netns {
     }
 
     pub fn output(&self, args: &[&str]) -> Result<Output> {
-        self.cmd(args[0])
-            .args(&args[1..])
-            .output()
-            .with_context(|| format!("cannot run {args:?} in {}", self.name))
+        self.cmd(args[0]).args(&args[1..]).output().with_context(|| format!("cannot run {args:?} in {}", self.name))
     }
 
     pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
-        self.run(&["sysctl", "-qw", &format!("{key}={value}")])
-            .map(|_| ())
+        self.run(&["sysctl", "-qw", &format!("{key}={value}")]).map(|_| ())
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "pids", &self.name])
-            .output()
-            .map(|o| {
-                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
-                    let _ = Command::new("kill").args(["-9", pid]).output();
-                }
-            });
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
+        let _ = Command::new("ip").args(["netns", "pids", &self.name]).output().map(|o| {
+            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).output();
+            }
+        });
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }

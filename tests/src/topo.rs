@@ -37,9 +37,7 @@ impl Bpffs {
     pub fn mount(path: &Path) -> Result<Self> {
         fs::create_dir_all(path)?;
         sh(&["mount", "-t", "bpf", "bpf", path.to_str().context("path")?])?;
-        Ok(Bpffs {
-            path: path.to_path_buf(),
-        })
+        Ok(Bpffs { path: path.to_path_buf() })
     }
 }
 
@@ -105,67 +103,41 @@ impl Host {
             "8472",
             "nolearning",
         ])?;
-        self.ns.ip(&[
-            "addr",
-            "add",
-            &format!("10.244.{}.0/32", self.i),
-            "dev",
-            "flannel.1",
-        ])?;
+        self.ns.ip(&["addr", "add", &format!("10.244.{}.0/32", self.i), "dev", "flannel.1"])?;
         self.ns.ip(&["link", "set", "flannel.1", "up"])?;
         Ok(())
     }
 
     /// What flanneld installs for a remote lease, in its order: arp, fdb, route.
     pub fn kernel_add_peer(&self, peer: u8, mac: &str) -> Result<()> {
-        let gw = format!("10.244.{peer}.0");
-        self.ns.ip(&[
-            "neigh",
-            "replace",
-            &gw,
-            "lladdr",
-            mac,
-            "dev",
-            "flannel.1",
-            "nud",
-            "permanent",
-        ])?;
-        self.ns.run(&[
-            "bridge",
-            "fdb",
-            "replace",
-            mac,
-            "dev",
-            "flannel.1",
-            "dst",
-            &underlay_ip(peer).to_string(),
-            "self",
-            "permanent",
-        ])?;
-        self.ns.ip(&[
-            "route",
-            "replace",
-            &subnet(peer),
-            "via",
-            &gw,
-            "dev",
-            "flannel.1",
-            "onlink",
-        ])?;
+        self.kernel_add_lease(peer, peer, mac)
+    }
+
+    /// The same for subnet 10.244.<subnet_of>.0/24 living on node `node`.
+    pub fn kernel_add_lease(&self, subnet_of: u8, node: u8, mac: &str) -> Result<()> {
+        let gw = format!("10.244.{subnet_of}.0");
+        self.ns.ip(&["neigh", "replace", &gw, "lladdr", mac, "dev", "flannel.1", "nud", "permanent"])?;
+        let dst = underlay_ip(node).to_string();
+        self.ns.run(&["bridge", "fdb", "replace", mac, "dev", "flannel.1", "dst", &dst, "self", "permanent"])?;
+        self.ns.ip(&["route", "replace", &subnet(subnet_of), "via", &gw, "dev", "flannel.1", "onlink"])?;
+        Ok(())
+    }
+
+    /// Renumbers this node's bridge and pod into 10.244.<j>.0/24 (after an
+    /// allocation handed the node another subnet than its index).
+    pub fn renumber_pod(&self, j: u8) -> Result<()> {
+        let i = self.i;
+        self.ns.ip(&["addr", "del", &format!("10.244.{i}.1/24"), "dev", "cni0"])?;
+        self.ns.ip(&["addr", "add", &format!("10.244.{j}.1/24"), "dev", "cni0"])?;
+        self.pod.ip(&["addr", "flush", "dev", "eth0"])?;
+        self.pod.ip(&["addr", "add", &format!("{}/24", pod_ip(j)), "dev", "eth0"])?;
+        self.pod.ip(&["route", "replace", "default", "via", &format!("10.244.{j}.1")])?;
         Ok(())
     }
 
     /// Plain routing, no overlay: the pod subnet via the peer's underlay IP.
     pub fn plain_route(&self, peer: u8) -> Result<()> {
-        self.ns
-            .ip(&[
-                "route",
-                "replace",
-                &subnet(peer),
-                "via",
-                &underlay_ip(peer).to_string(),
-            ])
-            .map(|_| ())
+        self.ns.ip(&["route", "replace", &subnet(peer), "via", &underlay_ip(peer).to_string()]).map(|_| ())
     }
 }
 
@@ -186,12 +158,7 @@ impl Cluster {
         let switch = Netns::new(&format!("{tag}sw"))?;
         switch.ip(&["link", "add", "br0", "type", "bridge"])?;
         switch.ip(&["link", "set", "br0", "up"])?;
-        let mut c = Cluster {
-            tag,
-            dir,
-            switch,
-            hosts: Vec::new(),
-        };
+        let mut c = Cluster { tag, dir, switch, hosts: Vec::new() };
         for i in 1..=n {
             let h = c.make_host(i)?;
             c.hosts.push(h);
@@ -227,23 +194,10 @@ impl Cluster {
             "netns",
             &self.switch.name,
         ])?;
-        self.switch
-            .ip(&["link", "set", &port, "master", "br0", "up"])?;
+        self.switch.ip(&["link", "set", &port, "master", "br0", "up"])?;
         // a NIC keeps its MAC across reboots; so does this one
-        ns.ip(&[
-            "link",
-            "set",
-            "eth0",
-            "address",
-            &format!("02:00:c6:12:00:{i:02x}"),
-        ])?;
-        ns.ip(&[
-            "addr",
-            "add",
-            &format!("{}/24", underlay_ip(i)),
-            "dev",
-            "eth0",
-        ])?;
+        ns.ip(&["link", "set", "eth0", "address", &format!("02:00:c6:12:00:{i:02x}")])?;
+        ns.ip(&["addr", "add", &format!("{}/24", underlay_ip(i)), "dev", "eth0"])?;
         ns.ip(&["link", "set", "eth0", "up"])?;
         ns.sysctl("net.ipv4.ip_forward", "1")?;
         ns.ip(&["link", "add", "cni0", "mtu", POD_MTU, "type", "bridge"])?;
@@ -251,20 +205,14 @@ impl Cluster {
         ns.ip(&["link", "set", "cni0", "up"])?;
         let veth = format!("veth{i}");
         sh(&[
-            "ip", "link", "add", "eth0", "netns", &pod.name, "mtu", POD_MTU, "type", "veth",
-            "peer", "name", &veth, "netns", &ns.name, "mtu", POD_MTU,
+            "ip", "link", "add", "eth0", "netns", &pod.name, "mtu", POD_MTU, "type", "veth", "peer", "name", &veth,
+            "netns", &ns.name, "mtu", POD_MTU,
         ])?;
         ns.ip(&["link", "set", &veth, "master", "cni0", "up"])?;
         pod.ip(&["addr", "add", &format!("{}/24", pod_ip(i)), "dev", "eth0"])?;
         pod.ip(&["link", "set", "eth0", "up"])?;
         pod.ip(&["route", "add", "default", "via", &format!("10.244.{i}.1")])?;
-        Ok(Host {
-            i,
-            ns,
-            pod,
-            dir,
-            bpffs: None,
-        })
+        Ok(Host { i, ns, pod, dir, bpffs: None })
     }
 
     /// A reboot of node `i`: every bit of kernel state goes (namespaces,

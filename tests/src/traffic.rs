@@ -13,27 +13,11 @@ use crate::netns::Netns;
 
 /// Ping counts: (transmitted, received).
 pub fn ping(from: &Netns, to: Ipv4Addr, count: u32, interval: &str) -> Result<(u32, u32)> {
-    let out = from.output(&[
-        "ping",
-        "-n",
-        "-q",
-        "-c",
-        &count.to_string(),
-        "-i",
-        interval,
-        "-W",
-        "1",
-        &to.to_string(),
-    ])?;
+    let out =
+        from.output(&["ping", "-n", "-q", "-c", &count.to_string(), "-i", interval, "-W", "1", &to.to_string()])?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.contains("transmitted"))
-        .with_context(|| format!("no ping summary: {text}"))?;
-    let nums: Vec<u32> = line
-        .split(',')
-        .filter_map(|p| p.split_whitespace().next()?.parse().ok())
-        .collect();
+    let line = text.lines().find(|l| l.contains("transmitted")).with_context(|| format!("no ping summary: {text}"))?;
+    let nums: Vec<u32> = line.split(',').filter_map(|p| p.split_whitespace().next()?.parse().ok()).collect();
     ensure!(nums.len() >= 2, "cannot read ping summary {line:?}");
     Ok((nums[0], nums[1]))
 }
@@ -45,10 +29,7 @@ pub fn wait_reachable(from: &Netns, to: Ipv4Addr, tries: u32) -> Result<()> {
             return Ok(());
         }
     }
-    bail!(
-        "{to} is not reachable from {} after {tries} tries",
-        from.name
-    )
+    bail!("{to} is not reachable from {} after {tries} tries", from.name)
 }
 
 pub struct Peer {
@@ -73,17 +54,9 @@ impl Peer {
     }
 
     /// Starts a receiver and waits for its "ready".
-    fn listen(
-        &self,
-        ns: &Netns,
-        args: &[&str],
-    ) -> Result<(Reaped, BufReader<std::process::ChildStdout>)> {
-        let mut child = ns
-            .cmd(self.bin())
-            .args(args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("cannot start receiver")?;
+    fn listen(&self, ns: &Netns, args: &[&str]) -> Result<(Reaped, BufReader<std::process::ChildStdout>)> {
+        let mut child =
+            ns.cmd(self.bin()).args(args).stdout(Stdio::piped()).spawn().context("cannot start receiver")?;
         let mut out = BufReader::new(child.stdout.take().context("no stdout")?);
         let child = Reaped(child);
         let mut line = String::new();
@@ -94,46 +67,19 @@ impl Peer {
 
     /// Sends `bytes` over TCP from `from` to `to_ip` (in `to`); both ends'
     /// SHA-256 must match.
-    pub fn tcp_transfer(
-        &self,
-        from: &Netns,
-        to: &Netns,
-        to_ip: Ipv4Addr,
-        bytes: u64,
-    ) -> Result<String> {
+    pub fn tcp_transfer(&self, from: &Netns, to: &Netns, to_ip: Ipv4Addr, bytes: u64) -> Result<String> {
         let (mut rx, mut out) = self.listen(to, &["tcp-recv", "5201"])?;
-        let sent = from.run(&[
-            self.bin(),
-            "tcp-send",
-            &to_ip.to_string(),
-            "5201",
-            &bytes.to_string(),
-        ])?;
+        let sent = from.run(&[self.bin(), "tcp-send", &to_ip.to_string(), "5201", &bytes.to_string()])?;
         let mut got = String::new();
         out.read_line(&mut got)?;
         let _ = rx.0.wait();
-        ensure!(
-            sent.trim() == got.trim(),
-            "TCP digest mismatch: sent {} received {}",
-            sent.trim(),
-            got.trim()
-        );
-        ensure!(
-            got.starts_with(&format!("{bytes} ")),
-            "received {got:?}, want {bytes} bytes"
-        );
+        ensure!(sent.trim() == got.trim(), "TCP digest mismatch: sent {} received {}", sent.trim(), got.trim());
+        ensure!(got.starts_with(&format!("{bytes} ")), "received {got:?}, want {bytes} bytes");
         Ok(got.trim().to_string())
     }
 
     /// Sends `count` datagrams of `size` bytes; returns how many arrived intact.
-    pub fn udp_datagrams(
-        &self,
-        from: &Netns,
-        to: &Netns,
-        to_ip: Ipv4Addr,
-        count: u32,
-        size: u32,
-    ) -> Result<u32> {
+    pub fn udp_datagrams(&self, from: &Netns, to: &Netns, to_ip: Ipv4Addr, count: u32, size: u32) -> Result<u32> {
         let (c, s) = (count.to_string(), size.to_string());
         let (mut rx, mut out) = self.listen(to, &["udp-recv", "5202", &c, &s, "2000"])?;
         from.run(&[self.bin(), "udp-send", &to_ip.to_string(), "5202", &c, &s])?;
@@ -141,9 +87,7 @@ impl Peer {
         out.read_line(&mut got)?;
         let _ = rx.0.wait();
         let mut it = got.split_whitespace().map(|n| n.parse::<u32>());
-        let (Some(Ok(good)), Some(Ok(bad))) = (it.next(), it.next()) else {
-            bail!("udp receiver said {got:?}")
-        };
+        let (Some(Ok(good)), Some(Ok(bad))) = (it.next(), it.next()) else { bail!("udp receiver said {got:?}") };
         ensure!(bad == 0, "{bad} datagrams arrived corrupted");
         Ok(good)
     }

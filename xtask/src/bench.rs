@@ -54,11 +54,7 @@ fn bring_up(setup: Setup) -> Result<(Cluster, Vec<Agent>)> {
                     flannel_node(2, Some("02:22:00:00:00:02")),
                 ]),
             )?;
-            let extra: &[&str] = if matches!(setup, Setup::EdgevxHostRouting) {
-                &["--host-routing"]
-            } else {
-                &[]
-            };
+            let extra: &[&str] = if matches!(setup, Setup::EdgevxHostRouting) { &["--host-routing"] } else { &[] };
             for i in [1, 2] {
                 c.host_mut(i).mount_bpffs()?;
                 agents.push(Agent::start(c.host(i), &nodes, extra)?);
@@ -82,12 +78,7 @@ fn bring_up(setup: Setup) -> Result<(Cluster, Vec<Agent>)> {
 }
 
 fn iperf(client: &Netns, server: &Netns, args: &[&str]) -> Result<Value> {
-    let mut srv = server
-        .cmd("iperf3")
-        .args(["-s", "-1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let mut srv = server.cmd("iperf3").args(["-s", "-1"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
     sleep(Duration::from_millis(300));
     let mut all = vec!["iperf3", "-J", "-c"];
     let target = pod_ip(2).to_string();
@@ -103,45 +94,20 @@ fn measure(c: &Cluster, seconds: u32) -> Result<Result3> {
     let (p1, p2) = (&c.host(1).pod, &c.host(2).pod);
     let t = seconds.to_string();
     let tcp = iperf(p1, p2, &["-t", &t])?;
-    let tcp_gbps = tcp["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .context("tcp result")?
-        / 1e9;
+    let tcp_gbps = tcp["end"]["sum_received"]["bits_per_second"].as_f64().context("tcp result")? / 1e9;
     let udp = iperf(p1, p2, &["-u", "-b", "0", "-l", "64", "-t", &t])?;
     let sum = &udp["end"]["sum"];
-    let received =
-        sum["packets"].as_f64().unwrap_or(0.0) - sum["lost_packets"].as_f64().unwrap_or(0.0);
-    let udp_kpps = received
-        / sum["seconds"]
-            .as_f64()
-            .filter(|s| *s > 0.0)
-            .unwrap_or(seconds as f64)
-        / 1e3;
-    let ping = p1.run(&[
-        "ping",
-        "-n",
-        "-q",
-        "-c",
-        "500",
-        "-i",
-        "0.002",
-        &pod_ip(2).to_string(),
-    ])?;
-    let line = ping
-        .lines()
-        .find(|l| l.contains("min/avg/max"))
-        .context("ping summary")?;
+    let received = sum["packets"].as_f64().unwrap_or(0.0) - sum["lost_packets"].as_f64().unwrap_or(0.0);
+    let udp_kpps = received / sum["seconds"].as_f64().filter(|s| *s > 0.0).unwrap_or(seconds as f64) / 1e3;
+    let ping = p1.run(&["ping", "-n", "-q", "-c", "500", "-i", "0.002", &pod_ip(2).to_string()])?;
+    let line = ping.lines().find(|l| l.contains("min/avg/max")).context("ping summary")?;
     let avg_ms: f64 = line
         .split('=')
         .nth(1)
         .and_then(|v| v.trim().split('/').nth(1))
         .and_then(|v| v.parse().ok())
         .context("ping avg")?;
-    Ok(Result3 {
-        tcp_gbps,
-        udp_kpps,
-        rtt_us: avg_ms * 1000.0,
-    })
+    Ok(Result3 { tcp_gbps, udp_kpps, rtt_us: avg_ms * 1000.0 })
 }
 
 pub fn run(seconds: u32) -> Result<()> {
@@ -151,12 +117,7 @@ pub fn run(seconds: u32) -> Result<()> {
     let root = exec::workspace_root();
     // SAFETY: single-threaded here; the harness reads it.
     unsafe { std::env::set_var("EDGEVX_BIN", root.join("target/release/edgevx")) };
-    let setups = [
-        Setup::EdgevxFast,
-        Setup::EdgevxHostRouting,
-        Setup::KernelVxlan,
-        Setup::PlainRouting,
-    ];
+    let setups = [Setup::EdgevxFast, Setup::EdgevxHostRouting, Setup::KernelVxlan, Setup::PlainRouting];
     let mut results = Vec::new();
     for s in setups {
         eprintln!("bench: {} ...", s.name());

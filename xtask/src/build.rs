@@ -10,27 +10,12 @@ pub fn ebpf(tools: &Tools) -> Result<()> {
     let root = exec::workspace_root();
     exec::run(
         Command::new("rustup")
-            .args([
-                "run",
-                crate::toolchain::EBPF_TOOLCHAIN,
-                "cargo",
-                "build",
-                "--release",
-            ])
-            .args([
-                "--package",
-                "edgevx-ebpf",
-                "--bins",
-                "--target",
-                "bpfel-unknown-none",
-            ])
+            .args(["run", crate::toolchain::EBPF_TOOLCHAIN, "cargo", "build", "--release"])
+            .args(["--package", "edgevx-ebpf", "--bins", "--target", "bpfel-unknown-none"])
             .args(["-Z", "build-std=core"])
             .current_dir(&root)
             .env("PATH", tools.path_env())
-            .env(
-                "CARGO_ENCODED_RUSTFLAGS",
-                "--cfg=bpf_target_arch=\"x86_64\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf",
-            )
+            .env("CARGO_ENCODED_RUSTFLAGS", "--cfg=bpf_target_arch=\"x86_64\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf")
             .env_remove("RUSTC")
             .env_remove("RUSTC_WORKSPACE_WRAPPER"),
     )
@@ -45,10 +30,7 @@ pub fn agent(tools: &Tools) -> Result<()> {
             .current_dir(&root)
             .env("PATH", tools.path_env()),
     )?;
-    eprintln!(
-        "xtask: built {}",
-        root.join("target/release/edgevx").display()
-    );
+    eprintln!("xtask: built {}", root.join("target/release/edgevx").display());
     Ok(())
 }
 
@@ -56,15 +38,7 @@ pub fn agent(tools: &Tools) -> Result<()> {
 pub fn testpeer() -> Result<()> {
     exec::run(
         Command::new("cargo")
-            .args([
-                "build",
-                "--release",
-                "--locked",
-                "--package",
-                "edgevx-tests",
-                "--bin",
-                "edgevx-testpeer",
-            ])
+            .args(["build", "--release", "--locked", "--package", "edgevx-tests", "--bin", "edgevx-testpeer"])
             .current_dir(exec::workspace_root()),
     )
 }

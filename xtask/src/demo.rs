@@ -33,40 +33,18 @@ pub fn run() -> Result<()> {
     let mut c = Cluster::new(2)?;
     c.host_mut(1).mount_bpffs()?;
     let nodes = c.dir.join("nodes.json");
-    write(
-        &nodes,
-        &node_list(vec![
-            flannel_node(1, None),
-            flannel_node(2, Some(KERNEL_MAC)),
-        ]),
-    )?;
-    eprintln!(
-        "nodes file {} (a NodeList with flannel's annotations)",
-        nodes.display()
-    );
+    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
+    eprintln!("nodes file {} (a NodeList with flannel's annotations)", nodes.display());
 
     step("node1: edgevx run (TC encap on flannel.1, decap on eth0; no fdb, no arp)");
     let agent = Agent::start(c.host(1), &nodes, &[])?;
-    let mac = agent.status()?["vtep_mac"]
-        .as_str()
-        .context("no MAC")?
-        .to_string();
-    eprintln!(
-        "node1 VTEP MAC {mac} (saved in {})",
-        c.host(1).state_dir().display()
-    );
+    let mac = agent.status()?["vtep_mac"].as_str().context("no MAC")?.to_string();
+    eprintln!("node1 VTEP MAC {mac} (saved in {})", c.host(1).state_dir().display());
 
-    step(
-        "node2: unmodified flannel-style kernel VXLAN (flannel.1 + arp + fdb + route, as flanneld sets them)",
-    );
+    step("node2: unmodified flannel-style kernel VXLAN (flannel.1 + arp + fdb + route, as flanneld sets them)");
     c.host(2).kernel_vtep(KERNEL_MAC)?;
     c.host(2).kernel_add_peer(1, &mac)?;
-    eprint!(
-        "{}",
-        c.host(2)
-            .ns
-            .run(&["bridge", "fdb", "show", "dev", "flannel.1"])?
-    );
+    eprint!("{}", c.host(2).ns.run(&["bridge", "fdb", "show", "dev", "flannel.1"])?);
 
     step("pod traffic");
     wait_reachable(&c.host(1).pod, pod_ip(2), 10)?;

@@ -42,12 +42,8 @@ enum Job {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.job {
-        Job::BuildEbpf => packages::ensure_build()
-            .and_then(|_| toolchain::ensure())
-            .and_then(|t| build::ebpf(&t)),
-        Job::Build => packages::ensure_build()
-            .and_then(|_| toolchain::ensure())
-            .and_then(|t| build::agent(&t)),
+        Job::BuildEbpf => packages::ensure_build().and_then(|_| toolchain::ensure()).and_then(|t| build::ebpf(&t)),
+        Job::Build => packages::ensure_build().and_then(|_| toolchain::ensure()).and_then(|t| build::agent(&t)),
         Job::Test { filter } => test::run(filter.as_deref()),
         Job::Demo => demo::run(),
         Job::Bench { seconds } => bench::run(seconds),

@@ -21,10 +21,7 @@ const NEEDED: &[(&str, &str)] = &[
 ];
 
 fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {cmd}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
+    Command::new("sh").args(["-c", &format!("command -v {cmd}")]).output().is_ok_and(|o| o.status.success())
 }
 
 /// Everything the tests, demo and bench need.
@@ -38,11 +35,7 @@ pub fn ensure_build() -> Result<()> {
 }
 
 fn install(needed: &[(&str, &str)]) -> Result<()> {
-    let mut missing: Vec<&str> = needed
-        .iter()
-        .filter(|(c, _)| !have(c))
-        .map(|(_, p)| *p)
-        .collect();
+    let mut missing: Vec<&str> = needed.iter().filter(|(c, _)| !have(c)).map(|(_, p)| *p).collect();
     missing.sort_unstable();
     missing.dedup();
     if missing.is_empty() {
@@ -60,7 +53,10 @@ fn install(needed: &[(&str, &str)]) -> Result<()> {
     .with_context(|| format!("missing: {} (apt-get install failed)", missing.join(" ")))?;
     // the etcd-server package may start a system etcd; the tests run their own
     let _ = Command::new("sh")
-        .args(["-c", "command -v systemctl >/dev/null && systemctl stop etcd 2>/dev/null; pkill -x etcd 2>/dev/null; true"])
+        .args([
+            "-c",
+            "command -v systemctl >/dev/null && systemctl stop etcd 2>/dev/null; pkill -x etcd 2>/dev/null; true",
+        ])
         .status();
     Ok(())
 }

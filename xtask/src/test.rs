@@ -12,17 +12,9 @@ pub fn run(filter: Option<&str>) -> Result<()> {
     build::agent(&tools)?;
     let root = exec::workspace_root();
     let mut unit = Command::new("cargo");
-    unit.args([
-        "test",
-        "--release",
-        "--locked",
-        "-p",
-        "edgevx-common",
-        "-p",
-        "edgevx",
-    ])
-    .current_dir(&root)
-    .env("PATH", tools.path_env());
+    unit.args(["test", "--release", "--locked", "-p", "edgevx-common", "-p", "edgevx"])
+        .current_dir(&root)
+        .env("PATH", tools.path_env());
     if let Some(f) = filter {
         unit.arg("--").arg(f);
     }
@@ -36,10 +28,7 @@ pub fn run(filter: Option<&str>) -> Result<()> {
         .current_dir(&root)
         .env("PATH", tools.path_env())
         .env("EDGEVX_BIN", root.join("target/release/edgevx"))
-        .env(
-            "EDGEVX_EBPF_OBJECT",
-            root.join("target/bpfel-unknown-none/release/edgevx"),
-        )
+        .env("EDGEVX_EBPF_OBJECT", root.join("target/bpfel-unknown-none/release/edgevx"))
         .arg("--")
         .arg("--test-threads=1");
     if let Some(f) = filter {

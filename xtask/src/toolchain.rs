@@ -42,39 +42,22 @@ pub fn ensure() -> Result<Tools> {
 }
 
 fn ensure_rust_src() -> Result<()> {
-    let installed = exec::output(Command::new("rustup").args([
-        "component",
-        "list",
-        "--installed",
-        "--toolchain",
-        EBPF_TOOLCHAIN,
-    ]))
-    .with_context(|| {
-        format!(
-            "missing: the Rust toolchain `{EBPF_TOOLCHAIN}` (rustup toolchain install {EBPF_TOOLCHAIN})"
-        )
-    })?;
+    let installed =
+        exec::output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", EBPF_TOOLCHAIN]))
+            .with_context(|| {
+                format!("missing: the Rust toolchain `{EBPF_TOOLCHAIN}` (rustup toolchain install {EBPF_TOOLCHAIN})")
+            })?;
     if installed.lines().any(|l| l.starts_with("rust-src")) {
         return Ok(());
     }
     eprintln!("xtask: installing rust-src for {EBPF_TOOLCHAIN}");
-    exec::run(Command::new("rustup").args([
-        "component",
-        "add",
-        "rust-src",
-        "--toolchain",
-        EBPF_TOOLCHAIN,
-    ]))
-    .context("missing: rust-src, and `rustup component add rust-src` could not install it")
+    exec::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", EBPF_TOOLCHAIN]))
+        .context("missing: rust-src, and `rustup component add rust-src` could not install it")
 }
 
 /// The toolchain's own libLLVM shared library and its major version.
 fn toolchain_llvm() -> Result<(PathBuf, String)> {
-    let sysroot = exec::output(
-        Command::new("rustc")
-            .arg(format!("+{EBPF_TOOLCHAIN}"))
-            .args(["--print", "sysroot"]),
-    )?;
+    let sysroot = exec::output(Command::new("rustc").arg(format!("+{EBPF_TOOLCHAIN}")).args(["--print", "sysroot"]))?;
     let lib = Path::new(sysroot.trim()).join("lib");
     let entries = fs::read_dir(&lib).with_context(|| format!("cannot list {}", lib.display()))?;
     for entry in entries.flatten() {
@@ -107,30 +90,18 @@ fn cache_root() -> Result<PathBuf> {
 
 fn ensure_bpf_linker() -> Result<PathBuf> {
     let (llvm_lib, major) = toolchain_llvm()?;
-    let soname = llvm_lib
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let soname = llvm_lib.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     // keyed by the exact library, so a toolchain update builds a new linker
     let root = cache_root()?.join(format!("bpf-linker-{BPF_LINKER_VERSION}-{soname}"));
     let bin_dir = root.join("bin");
     let bin = bin_dir.join("bpf-linker");
-    if bin.exists()
-        && Command::new(&bin)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    {
+    if bin.exists() && Command::new(&bin).arg("--version").output().is_ok_and(|o| o.status.success()) {
         return Ok(bin_dir);
     }
-    eprintln!(
-        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)",
-        llvm_lib.display()
-    );
+    eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)", llvm_lib.display());
     let prefix = root.join("llvm");
     let prefix_lib = prefix.join("lib");
-    fs::create_dir_all(&prefix_lib)
-        .with_context(|| format!("cannot create {}", prefix_lib.display()))?;
+    fs::create_dir_all(&prefix_lib).with_context(|| format!("cannot create {}", prefix_lib.display()))?;
     for link in ["libLLVM.so".to_string(), soname] {
         let at = prefix_lib.join(link);
         let _ = fs::remove_file(&at);
@@ -138,26 +109,12 @@ fn ensure_bpf_linker() -> Result<PathBuf> {
     }
     exec::run(
         Command::new("cargo")
-            .args([
-                "install",
-                "bpf-linker",
-                "--locked",
-                "--version",
-                BPF_LINKER_VERSION,
-            ])
-            .args([
-                "--no-default-features",
-                "--features",
-                &format!("llvm-{major}"),
-            ])
+            .args(["install", "bpf-linker", "--locked", "--version", BPF_LINKER_VERSION])
+            .args(["--no-default-features", "--features", &format!("llvm-{major}")])
             .arg("--root")
             .arg(&root)
             .env("LLVM_PREFIX", &prefix),
     )
-    .with_context(|| {
-        format!(
-            "missing: bpf-linker, and building it against LLVM {major} failed (needs crates.io)"
-        )
-    })?;
+    .with_context(|| format!("missing: bpf-linker, and building it against LLVM {major} failed (needs crates.io)"))?;
     Ok(bin_dir)
 }

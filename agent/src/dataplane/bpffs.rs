@@ -19,9 +19,7 @@ pub struct PinDir {
 
 impl PinDir {
     pub fn new(bpffs: &Path) -> Self {
-        PinDir {
-            root: bpffs.join(format!("v{SCHEMA_VERSION}")),
-        }
+        PinDir { root: bpffs.join(format!("v{SCHEMA_VERSION}")) }
     }
     pub fn maps(&self) -> PathBuf {
         self.root.join("maps")
@@ -36,11 +34,7 @@ impl PinDir {
         self.maps().join(name)
     }
     pub fn create(&self) -> Result<()> {
-        for d in [
-            self.maps(),
-            self.root.join("links"),
-            self.root.join("progs"),
-        ] {
+        for d in [self.maps(), self.root.join("links"), self.root.join("progs")] {
             fs::create_dir_all(&d).with_context(|| format!("cannot create {}", d.display()))?;
         }
         Ok(())
@@ -69,25 +63,12 @@ pub fn ensure_mounted(path: &Path) -> Result<()> {
         p = dir.parent();
     }
     fs::create_dir_all(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let target =
-        CString::new(path.as_os_str().as_encoded_bytes()).context("bpffs path has a NUL byte")?;
+    let target = CString::new(path.as_os_str().as_encoded_bytes()).context("bpffs path has a NUL byte")?;
     let fstype = c"bpf";
     // SAFETY: plain mount(2) with valid C strings.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
+    let rc = unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
-        bail!(
-            "cannot mount bpffs at {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
+        bail!("cannot mount bpffs at {}: {}", path.display(), std::io::Error::last_os_error());
     }
     Ok(())
 }

@@ -56,32 +56,16 @@ pub async fn link_by_name(handle: &Handle, name: &str) -> Result<Option<LinkMess
 }
 
 pub async fn underlay(handle: &Handle, name: &str) -> Result<Underlay> {
-    let link = link_by_name(handle, name)
-        .await?
-        .with_context(|| format!("interface {name} does not exist"))?;
+    let link = link_by_name(handle, name).await?.with_context(|| format!("interface {name} does not exist"))?;
     let index = link.header.index;
     let mtu = link
         .attributes
         .iter()
-        .find_map(|a| {
-            if let LinkAttribute::Mtu(m) = a {
-                Some(*m)
-            } else {
-                None
-            }
-        })
+        .find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None })
         .unwrap_or(1500);
-    let mut addrs = handle
-        .address()
-        .get()
-        .set_link_index_filter(index)
-        .execute();
+    let mut addrs = handle.address().get().set_link_index_filter(index).execute();
     let mut ipv4 = None;
-    while let Some(msg) = addrs
-        .try_next()
-        .await
-        .with_context(|| format!("cannot list addresses of {name}"))?
-    {
+    while let Some(msg) = addrs.try_next().await.with_context(|| format!("cannot list addresses of {name}"))? {
         for a in &msg.attributes {
             if let AddressAttribute::Address(IpAddr::V4(ip)) = a {
                 ipv4.get_or_insert(*ip);
@@ -118,9 +102,7 @@ fn compatible(link: &LinkMessage, spec: &VtepSpec) -> bool {
         && has(&InfoVxlan::Link(spec.underlay_index))
         && has(&InfoVxlan::Local(spec.local))
         && has(&InfoVxlan::Port(spec.port))
-        && !info
-            .iter()
-            .any(|i| matches!(i, InfoVxlan::CollectMetadata(true)))
+        && !info.iter().any(|i| matches!(i, InfoVxlan::CollectMetadata(true)))
 }
 
 /// Creates or adopts the VTEP device; returns its ifindex.
@@ -130,28 +112,14 @@ pub async fn ensure_vtep(handle: &Handle, spec: &VtepSpec) -> Result<u32> {
     if let Some(link) = link_by_name(handle, &spec.name).await? {
         if compatible(&link, spec) {
             let index = link.header.index;
-            let msg = LinkUnspec::new_with_index(index)
-                .address(spec.mac.0.to_vec())
-                .mtu(spec.mtu)
-                .arp(false)
-                .up()
-                .build();
-            handle
-                .link()
-                .set(msg)
-                .execute()
-                .await
-                .with_context(|| format!("cannot configure {}", spec.name))?;
+            let msg =
+                LinkUnspec::new_with_index(index).address(spec.mac.0.to_vec()).mtu(spec.mtu).arp(false).up().build();
+            handle.link().set(msg).execute().await.with_context(|| format!("cannot configure {}", spec.name))?;
             verify_mac(handle, spec).await?;
             return Ok(index);
         }
         tracing::warn!(device = %spec.name, "existing device does not match the configuration; recreating it");
-        handle
-            .link()
-            .del(link.header.index)
-            .execute()
-            .await
-            .with_context(|| format!("cannot delete {}", spec.name))?;
+        handle.link().del(link.header.index).execute().await.with_context(|| format!("cannot delete {}", spec.name))?;
     }
     let msg = LinkVxlan::new(&spec.name, spec.vni)
         .dev(spec.underlay_index)
@@ -163,69 +131,35 @@ pub async fn ensure_vtep(handle: &Handle, spec: &VtepSpec) -> Result<u32> {
         .arp(false)
         .up()
         .build();
-    handle
-        .link()
-        .add(msg)
-        .execute()
-        .await
-        .with_context(|| format!("cannot create {}", spec.name))?;
+    handle.link().add(msg).execute().await.with_context(|| format!("cannot create {}", spec.name))?;
     verify_mac(handle, spec).await?;
-    let link = link_by_name(handle, &spec.name)
-        .await?
-        .with_context(|| format!("{} vanished after creation", spec.name))?;
+    let link =
+        link_by_name(handle, &spec.name).await?.with_context(|| format!("{} vanished after creation", spec.name))?;
     Ok(link.header.index)
 }
 
 /// udev or systemd may rewrite a new device's MAC (flannel#1795): check.
 async fn verify_mac(handle: &Handle, spec: &VtepSpec) -> Result<()> {
-    let link = link_by_name(handle, &spec.name)
-        .await?
-        .with_context(|| format!("{} does not exist", spec.name))?;
-    let actual = link.attributes.iter().find_map(|a| {
-        if let LinkAttribute::Address(m) = a {
-            Some(m.clone())
-        } else {
-            None
-        }
-    });
+    let link = link_by_name(handle, &spec.name).await?.with_context(|| format!("{} does not exist", spec.name))?;
+    let actual =
+        link.attributes.iter().find_map(|a| if let LinkAttribute::Address(m) = a { Some(m.clone()) } else { None });
     if actual.as_deref() != Some(&spec.mac.0[..]) {
-        bail!(
-            "{} has MAC {:02x?}, not {}: something rewrote it (udev MACAddressPolicy?)",
-            spec.name,
-            actual,
-            spec.mac
-        );
+        bail!("{} has MAC {:02x?}, not {}: something rewrote it (udev MACAddressPolicy?)", spec.name, actual, spec.mac);
     }
     Ok(())
 }
 
 /// `<subnet network>/32` on the device, and no other address inside `network`.
-pub async fn ensure_address(
-    handle: &Handle,
-    index: u32,
-    subnet: Ipv4Net,
-    network: Ipv4Net,
-) -> Result<()> {
+pub async fn ensure_address(handle: &Handle, index: u32, subnet: Ipv4Net, network: Ipv4Net) -> Result<()> {
     let want = subnet.network();
     let mut have_it = false;
-    let mut addrs = handle
-        .address()
-        .get()
-        .set_link_index_filter(index)
-        .execute();
+    let mut addrs = handle.address().get().set_link_index_filter(index).execute();
     let mut stale = Vec::new();
-    while let Some(msg) = addrs
-        .try_next()
-        .await
-        .context("cannot list VTEP addresses")?
-    {
-        let ip = msg.attributes.iter().find_map(|a| {
-            if let AddressAttribute::Address(IpAddr::V4(ip)) = a {
-                Some(*ip)
-            } else {
-                None
-            }
-        });
+    while let Some(msg) = addrs.try_next().await.context("cannot list VTEP addresses")? {
+        let ip = msg
+            .attributes
+            .iter()
+            .find_map(|a| if let AddressAttribute::Address(IpAddr::V4(ip)) = a { Some(*ip) } else { None });
         match ip {
             Some(ip) if ip == want && msg.header.prefix_len == 32 => have_it = true,
             Some(ip) if network.contains(&ip) => stale.push(msg),
@@ -233,12 +167,7 @@ pub async fn ensure_address(
         }
     }
     for msg in stale {
-        handle
-            .address()
-            .del(msg)
-            .execute()
-            .await
-            .context("cannot remove a stale VTEP address")?;
+        handle.address().del(msg).execute().await.context("cannot remove a stale VTEP address")?;
     }
     if !have_it {
         handle
@@ -274,12 +203,7 @@ pub async fn route_replace(handle: &Handle, index: u32, subnet: Ipv4Net) -> Resu
 
 /// `ip route del SUBNET dev flannel.<VNI>`; a route already gone is fine.
 pub async fn route_del(handle: &Handle, index: u32, subnet: Ipv4Net) -> Result<()> {
-    match handle
-        .route()
-        .del(route_message(index, subnet))
-        .execute()
-        .await
-    {
+    match handle.route().del(route_message(index, subnet)).execute().await {
         Ok(()) => Ok(()),
         Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
         Err(e) => Err(e).with_context(|| format!("cannot delete route {subnet}")),
@@ -295,20 +219,11 @@ pub async fn routes_via(handle: &Handle, index: u32) -> Result<Vec<Ipv4Net>> {
         if r.header.address_family != AddressFamily::Inet || r.header.table != 254 {
             continue;
         }
-        let oif = r.attributes.iter().find_map(|a| {
-            if let RouteAttribute::Oif(i) = a {
-                Some(*i)
-            } else {
-                None
-            }
-        });
-        let dst = r.attributes.iter().find_map(|a| {
-            if let RouteAttribute::Destination(RouteAddress::Inet(ip)) = a {
-                Some(*ip)
-            } else {
-                None
-            }
-        });
+        let oif = r.attributes.iter().find_map(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None });
+        let dst = r
+            .attributes
+            .iter()
+            .find_map(|a| if let RouteAttribute::Destination(RouteAddress::Inet(ip)) = a { Some(*ip) } else { None });
         if let (Some(i), Some(dst)) = (oif, dst) {
             if i == index {
                 if let Ok(net) = Ipv4Net::new(dst, r.header.destination_prefix_length) {
@@ -324,12 +239,7 @@ pub async fn routes_via(handle: &Handle, index: u32) -> Result<Vec<Ipv4Net>> {
 pub async fn delete_link(handle: &Handle, name: &str) -> Result<bool> {
     match link_by_name(handle, name).await? {
         Some(link) => {
-            handle
-                .link()
-                .del(link.header.index)
-                .execute()
-                .await
-                .with_context(|| format!("cannot delete {name}"))?;
+            handle.link().del(link.header.index).execute().await.with_context(|| format!("cannot delete {name}"))?;
             Ok(true)
         }
         None => Ok(false),

@@ -37,11 +37,7 @@ async fn links(handle: &Handle) -> Result<HashMap<u32, LinkFacts>> {
     let mut out = HashMap::new();
     let mut stream = handle.link().get().execute();
     while let Some(link) = stream.try_next().await.context("cannot list links")? {
-        let mut facts = LinkFacts {
-            kind: None,
-            mac: None,
-            controller: None,
-        };
+        let mut facts = LinkFacts { kind: None, mac: None, controller: None };
         for a in &link.attributes {
             match a {
                 LinkAttribute::Address(m) => facts.mac = mac6(m),
@@ -62,21 +58,10 @@ async fn links(handle: &Handle) -> Result<HashMap<u32, LinkFacts>> {
 }
 
 /// (bridge ifindex, MAC) -> the port the bridge learned it on.
-async fn bridge_fdb(
-    handle: &Handle,
-    links: &HashMap<u32, LinkFacts>,
-) -> Result<HashMap<(u32, [u8; 6]), u32>> {
+async fn bridge_fdb(handle: &Handle, links: &HashMap<u32, LinkFacts>) -> Result<HashMap<(u32, [u8; 6]), u32>> {
     let mut out = HashMap::new();
-    let mut stream = handle
-        .neighbours()
-        .get()
-        .set_address_family(AddressFamily::Bridge)
-        .execute();
-    while let Some(n) = stream
-        .try_next()
-        .await
-        .context("cannot list the bridge fdb")?
-    {
+    let mut stream = handle.neighbours().get().set_address_family(AddressFamily::Bridge).execute();
+    while let Some(n) = stream.try_next().await.context("cannot list the bridge fdb")? {
         let port = n.header.ifindex;
         let Some(bridge) = links.get(&port).and_then(|l| l.controller) else {
             continue;
@@ -97,16 +82,9 @@ pub async fn discover(handle: &Handle, subnet: Ipv4Net) -> Result<BTreeMap<[u8; 
     let links = links(handle).await?;
     let fdb = bridge_fdb(handle, &links).await?;
     let mut out = BTreeMap::new();
-    let mut stream = handle
-        .neighbours()
-        .get()
-        .set_address_family(AddressFamily::Inet)
-        .execute();
+    let mut stream = handle.neighbours().get().set_address_family(AddressFamily::Inet).execute();
     while let Some(n) = stream.try_next().await.context("cannot list neighbours")? {
-        if matches!(
-            n.header.state,
-            NeighbourState::Incomplete | NeighbourState::Failed | NeighbourState::None
-        ) {
+        if matches!(n.header.state, NeighbourState::Incomplete | NeighbourState::Failed | NeighbourState::None) {
             continue;
         }
         let mut ip: Option<Ipv4Addr> = None;
@@ -134,23 +112,12 @@ pub async fn discover(handle: &Handle, subnet: Ipv4Net) -> Result<BTreeMap<[u8; 
             Some(InfoKind::Bridge) => fdb.get(&(dev, pod_mac)).copied(),
             _ => None,
         };
-        let Some(port) = port.filter(|p| {
-            matches!(
-                links.get(p).and_then(|l| l.kind.clone()),
-                Some(InfoKind::Veth)
-            )
-        }) else {
+        let Some(port) = port.filter(|p| matches!(links.get(p).and_then(|l| l.kind.clone()), Some(InfoKind::Veth)))
+        else {
             continue;
         };
         let Some(host_mac) = facts.mac else { continue };
-        out.insert(
-            ip.octets(),
-            LocalPod {
-                host_ifindex: port,
-                pod_mac,
-                host_mac,
-            },
-        );
+        out.insert(ip.octets(), LocalPod { host_ifindex: port, pod_mac, host_mac });
     }
     Ok(out)
 }

@@ -4,8 +4,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use anyhow::{Context, Result};
 use aya::maps::{
-    Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues,
-    lpm_trie::Key,
+    Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues, lpm_trie::Key,
 };
 use edgevx_common::{
     counters::{self, Counter},
@@ -28,10 +27,8 @@ pub struct Maps {
 
 fn open(pins: &PinDir, name: &str) -> Result<Map> {
     let path = pins.map(name);
-    let data = MapData::from_pin(&path)
-        .with_context(|| format!("cannot open pinned map {}", path.display()))?;
-    Map::from_map_data(data)
-        .with_context(|| format!("pinned map {} has an unexpected type", path.display()))
+    let data = MapData::from_pin(&path).with_context(|| format!("cannot open pinned map {}", path.display()))?;
+    Map::from_map_data(data).with_context(|| format!("pinned map {} has an unexpected type", path.display()))
 }
 
 fn typed<T: TryFrom<Map, Error = MapError>>(pins: &PinDir, name: &str) -> Result<T> {
@@ -68,35 +65,24 @@ impl Maps {
     }
 
     pub fn set_config(&mut self, cfg: &DataplaneConfig) -> Result<()> {
-        self.config
-            .set(0, cfg, 0)
-            .context("cannot write the dataplane config map")
+        self.config.set(0, cfg, 0).context("cannot write the dataplane config map")
     }
 
     /// Programs `new`; removes what `old` had that `new` does not reuse.
     pub fn put_peer(&mut self, old: Option<&Peer>, new: &Peer) -> Result<()> {
         let ip = new.public_ip.octets();
         if self.stats.get(&ip, 0).is_err() {
-            let zeros = PerCpuValues::try_from(vec![
-                PeerStats::default();
-                aya::util::nr_cpus().map_err(|(_, e)| e)?
-            ])
-            .context("cannot size per-CPU counters")?;
+            let zeros = PerCpuValues::try_from(vec![PeerStats::default(); aya::util::nr_cpus().map_err(|(_, e)| e)?])
+                .context("cannot size per-CPU counters")?;
             match self.stats.insert(ip, zeros, NOEXIST) {
                 Ok(()) => {}
-                Err(MapError::SyscallError(e))
-                    if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
                 Err(e) => {
-                    return Err(e)
-                        .with_context(|| format!("cannot add counters for {}", new.public_ip));
+                    return Err(e).with_context(|| format!("cannot add counters for {}", new.public_ip));
                 }
             }
         }
-        let entry = PeerEntry {
-            public_ip: ip,
-            vtep_mac: new.vtep_mac.0,
-            _pad: [0; 2],
-        };
+        let entry = PeerEntry { public_ip: ip, vtep_mac: new.vtep_mac.0, _pad: [0; 2] };
         self.subnets
             .insert(&lpm_key(new.subnet), entry, 0)
             .with_context(|| format!("cannot add peer subnet {}", new.subnet))?;
@@ -119,9 +105,7 @@ impl Maps {
     fn remove_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
         match self.subnets.remove(&lpm_key(subnet)) {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(())
-            }
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
             Err(e) => Err(e).with_context(|| format!("cannot remove peer subnet {subnet}")),
         }
     }
@@ -129,9 +113,7 @@ impl Maps {
     fn remove_stats(&mut self, ip: Ipv4Addr) -> Result<()> {
         match self.stats.remove(&ip.octets()) {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(())
-            }
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
             Err(e) => Err(e).with_context(|| format!("cannot remove counters for {ip}")),
         }
     }
@@ -165,10 +147,7 @@ impl Maps {
     pub fn global_stats(&self) -> Result<BTreeMap<&'static str, u64>> {
         let mut out = BTreeMap::new();
         for c in Counter::ALL {
-            let v = self
-                .global
-                .get(&(c as u32), 0)
-                .with_context(|| format!("cannot read counter {}", c.name()))?;
+            let v = self.global.get(&(c as u32), 0).with_context(|| format!("cannot read counter {}", c.name()))?;
             out.insert(c.name(), v.iter().sum());
         }
         debug_assert_eq!(out.len(), counters::COUNT as usize);

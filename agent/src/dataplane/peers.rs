@@ -35,11 +35,7 @@ impl PeerTable for Programmed<'_> {
 
 /// Removes routes through the VTEP that no programmed peer accounts for
 /// (e.g. a node deleted while the agent was down: flannel#2554).
-pub async fn collect_stale_routes(
-    handle: &Handle,
-    vtep_index: u32,
-    keep: &[Ipv4Net],
-) -> Result<Vec<Ipv4Net>> {
+pub async fn collect_stale_routes(handle: &Handle, vtep_index: u32, keep: &[Ipv4Net]) -> Result<Vec<Ipv4Net>> {
     let mut removed = Vec::new();
     for net in device::routes_via(handle, vtep_index).await? {
         if net.prefix_len() < 32 && !keep.contains(&net) {

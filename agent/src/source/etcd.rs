@@ -13,8 +13,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
-    PutOptions, TlsOptions, Txn, TxnOp, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity, PutOptions, TlsOptions,
+    Txn, TxnOp, WatchOptions,
 };
 use ipnet::Ipv4Net;
 use tokio::sync::mpsc;
@@ -49,21 +49,17 @@ pub struct Identity4 {
 }
 
 async fn connect(s: &EtcdSettings) -> Result<Client> {
-    let mut opts = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(Duration::from_secs(5));
+    let mut opts =
+        ConnectOptions::new().with_connect_timeout(Duration::from_secs(2)).with_timeout(Duration::from_secs(5));
     if s.cafile.is_some() || s.certfile.is_some() {
         let mut tls = TlsOptions::new();
         if let Some(ca) = &s.cafile {
-            let pem = std::fs::read(ca)
-                .with_context(|| format!("cannot read --etcd-cafile {}", ca.display()))?;
+            let pem = std::fs::read(ca).with_context(|| format!("cannot read --etcd-cafile {}", ca.display()))?;
             tls = tls.ca_certificate(Certificate::from_pem(pem));
         }
         if let (Some(c), Some(k)) = (&s.certfile, &s.keyfile) {
-            let cert = std::fs::read(c)
-                .with_context(|| format!("cannot read --etcd-certfile {}", c.display()))?;
-            let key = std::fs::read(k)
-                .with_context(|| format!("cannot read --etcd-keyfile {}", k.display()))?;
+            let cert = std::fs::read(c).with_context(|| format!("cannot read --etcd-certfile {}", c.display()))?;
+            let key = std::fs::read(k).with_context(|| format!("cannot read --etcd-keyfile {}", k.display()))?;
             tls = tls.identity(Identity::from_pem(cert, key));
         }
         opts = opts.with_tls(tls);
@@ -89,10 +85,7 @@ struct Session {
 }
 
 fn now_seed() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 impl Session {
@@ -100,14 +93,8 @@ impl Session {
         format!("{}/subnets/", self.settings.prefix)
     }
 
-    async fn list(
-        client: &mut Client,
-        prefix: &str,
-    ) -> Result<(BTreeMap<String, (String, i64)>, i64)> {
-        let resp = client
-            .get(prefix, Some(GetOptions::new().with_prefix()))
-            .await
-            .context("cannot list leases")?;
+    async fn list(client: &mut Client, prefix: &str) -> Result<(BTreeMap<String, (String, i64)>, i64)> {
+        let resp = client.get(prefix, Some(GetOptions::new().with_prefix())).await.context("cannot list leases")?;
         let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
         let mut out = BTreeMap::new();
         for kv in resp.kvs() {
@@ -125,18 +112,13 @@ impl Session {
     async fn open(settings: &EtcdSettings, me: &Identity4) -> Result<Session> {
         let mut client = connect(settings).await?;
         let config_key = format!("{}/config", settings.prefix);
-        let resp = client
-            .get(config_key.as_str(), None)
-            .await
-            .with_context(|| format!("cannot read {config_key}"))?;
+        let resp = client.get(config_key.as_str(), None).await.with_context(|| format!("cannot read {config_key}"))?;
         let text = resp
             .kvs()
             .first()
             .and_then(|kv| kv.value_str().ok())
             .map(str::to_string)
-            .with_context(|| {
-                format!("{config_key} does not exist (create it with the etcd v3 API)")
-            })?;
+            .with_context(|| format!("{config_key} does not exist (create it with the etcd v3 API)"))?;
         let conf = NetConf::parse(&text, &config_key).map_err(anyhow::Error::msg)?;
         let range = leases::subnet_range(&text, &conf).map_err(anyhow::Error::msg)?;
         let prefix = format!("{}/subnets/", settings.prefix);
@@ -157,10 +139,7 @@ impl Session {
             own_key: String::new(),
             own_value: String::new(),
             lease_id: 0,
-            leases: all
-                .iter()
-                .map(|(k, (v, _))| (k.clone(), v.clone()))
-                .collect(),
+            leases: all.iter().map(|(k, (v, _))| (k.clone(), v.clone())).collect(),
             revision,
         };
         match mine {
@@ -174,13 +153,7 @@ impl Session {
         leases::lease_value(me.public_ip, self.conf.vni, mac)
     }
 
-    async fn reuse(
-        &mut self,
-        subnet: Ipv4Net,
-        lease: i64,
-        mac: VtepMac,
-        me: &Identity4,
-    ) -> Result<()> {
+    async fn reuse(&mut self, subnet: Ipv4Net, lease: i64, mac: VtepMac, me: &Identity4) -> Result<()> {
         self.own = subnet;
         self.own_key = format!("{}{}", self.subnets_prefix(), leases::subnet_key(subnet));
         self.own_value = self.value(me, mac);
@@ -200,70 +173,32 @@ impl Session {
 
     async fn grant_and_put(&mut self) -> Result<()> {
         let ttl = self.settings.lease_ttl.as_secs().max(1) as i64;
-        let id = self
-            .client
-            .lease_grant(ttl, None)
-            .await
-            .context("cannot grant an etcd lease")?
-            .id();
+        let id = self.client.lease_grant(ttl, None).await.context("cannot grant an etcd lease")?.id();
         self.client
-            .put(
-                self.own_key.as_str(),
-                self.own_value.as_str(),
-                Some(PutOptions::new().with_lease(id)),
-            )
+            .put(self.own_key.as_str(), self.own_value.as_str(), Some(PutOptions::new().with_lease(id)))
             .await
             .context("cannot write our lease")?;
         self.lease_id = id;
         Ok(())
     }
 
-    async fn acquire(
-        &mut self,
-        mac: VtepMac,
-        me: &Identity4,
-        all: &BTreeMap<String, (String, i64)>,
-    ) -> Result<()> {
-        let previous = std::fs::read_to_string(&me.subnet_file)
-            .ok()
-            .and_then(|t| leases::previous_subnet(&t));
-        let mut taken: Vec<Ipv4Net> = all
-            .keys()
-            .filter_map(|k| leases::parse_subnet_key(k))
-            .collect();
+    async fn acquire(&mut self, mac: VtepMac, me: &Identity4, all: &BTreeMap<String, (String, i64)>) -> Result<()> {
+        let previous = std::fs::read_to_string(&me.subnet_file).ok().and_then(|t| leases::previous_subnet(&t));
+        let mut taken: Vec<Ipv4Net> = all.keys().filter_map(|k| leases::parse_subnet_key(k)).collect();
         let value = self.value(me, mac);
         for attempt in 0..10u64 {
-            let Some(subnet) = leases::allocate(self.range, &taken, previous, now_seed() ^ attempt)
-            else {
-                bail!(
-                    "no free subnet left in {} between {} and {}",
-                    self.conf.network,
-                    self.range.min,
-                    self.range.max
-                );
+            let Some(subnet) = leases::allocate(self.range, &taken, previous, now_seed() ^ attempt) else {
+                bail!("no free subnet left in {} between {} and {}", self.conf.network, self.range.min, self.range.max);
             };
             let key = format!("{}{}", self.subnets_prefix(), leases::subnet_key(subnet));
             let ttl = self.settings.lease_ttl.as_secs().max(1) as i64;
-            let id = self
-                .client
-                .lease_grant(ttl, None)
-                .await
-                .context("cannot grant an etcd lease")?
-                .id();
-            let txn = Txn::new()
-                .when([Compare::version(key.as_str(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
-                    key.as_str(),
-                    value.as_str(),
-                    Some(PutOptions::new().with_lease(id)),
-                )]);
-            if self
-                .client
-                .txn(txn)
-                .await
-                .context("cannot create our lease")?
-                .succeeded()
-            {
+            let id = self.client.lease_grant(ttl, None).await.context("cannot grant an etcd lease")?.id();
+            let txn = Txn::new().when([Compare::version(key.as_str(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
+                key.as_str(),
+                value.as_str(),
+                Some(PutOptions::new().with_lease(id)),
+            )]);
+            if self.client.txn(txn).await.context("cannot create our lease")?.succeeded() {
                 info!(subnet = %subnet, "acquired a new lease");
                 self.own = subnet;
                 self.own_key = key;
@@ -279,19 +214,12 @@ impl Session {
     }
 
     fn desired(&self) -> Desired {
-        let (peers, rejected, ignored) =
-            leases::peers(&self.leases, self.conf.network, Some(self.own));
-        let mac = leases::parse_lease(&leases::subnet_key(self.own), &self.own_value)
-            .ok()
-            .and_then(|l| l.vtep_mac);
+        let (peers, rejected, ignored) = leases::peers(&self.leases, self.conf.network, Some(self.own));
+        let mac = leases::parse_lease(&leases::subnet_key(self.own), &self.own_value).ok().and_then(|l| l.vtep_mac);
         Desired {
             conf: self.conf.clone(),
             view: ClusterView {
-                own: Some(OwnNode {
-                    subnet: self.own,
-                    published_mac: mac,
-                    node_public_ip: None,
-                }),
+                own: Some(OwnNode { subnet: self.own, published_mac: mac, node_public_ip: None }),
                 own_problem: None,
                 peers,
                 rejected,
@@ -305,11 +233,7 @@ impl Session {
         if self.lease_id == 0 {
             return Ok(());
         }
-        let resp = self
-            .client
-            .get(self.own_key.as_str(), None)
-            .await
-            .context("cannot read our lease")?;
+        let resp = self.client.get(self.own_key.as_str(), None).await.context("cannot read our lease")?;
         if resp.kvs().is_empty() {
             warn!(key = %self.own_key, "our lease was revoked or expired; writing it again");
         }
@@ -323,22 +247,12 @@ impl Session {
     /// Watches leases until an error; sends a view after every change.
     async fn follow(&mut self, tx: &mpsc::Sender<Desired>) -> Result<()> {
         let prefix = self.subnets_prefix();
-        let renew_every = self
-            .settings
-            .lease_ttl
-            .saturating_sub(self.settings.renew_margin)
-            .max(Duration::from_secs(1));
-        let mut renew =
-            tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
+        let renew_every =
+            self.settings.lease_ttl.saturating_sub(self.settings.renew_margin).max(Duration::from_secs(1));
+        let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
         loop {
-            let opts = WatchOptions::new()
-                .with_prefix()
-                .with_start_revision(self.revision + 1);
-            let mut stream = self
-                .client
-                .watch(prefix.as_str(), Some(opts))
-                .await
-                .context("cannot watch leases")?;
+            let opts = WatchOptions::new().with_prefix().with_start_revision(self.revision + 1);
+            let mut stream = self.client.watch(prefix.as_str(), Some(opts)).await.context("cannot watch leases")?;
             loop {
                 tokio::select! {
                     _ = renew.tick() => self.renew().await?,
@@ -388,11 +302,7 @@ impl Session {
 
 /// Runs the etcd source until the receiver is gone, reconnecting with
 /// backoff. Nothing is sent while etcd cannot be read, so peers stay.
-pub fn run(
-    settings: EtcdSettings,
-    me: Identity4,
-    tx: mpsc::Sender<Desired>,
-) -> tokio::task::JoinHandle<()> {
+pub fn run(settings: EtcdSettings, me: Identity4, tx: mpsc::Sender<Desired>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(500);
         loop {

@@ -29,9 +29,7 @@ fn annotations(node: &Value) -> Result<BTreeMap<String, String>, String> {
         None | Some(Value::Null) => {}
         Some(Value::Object(map)) => {
             for (k, v) in map {
-                let v = v
-                    .as_str()
-                    .ok_or_else(|| format!("annotation {k} is not a string"))?;
+                let v = v.as_str().ok_or_else(|| format!("annotation {k} is not a string"))?;
                 out.insert(k.clone(), v.to_string());
             }
         }
@@ -68,20 +66,18 @@ fn pod_cidr(node: &Value) -> Result<Ipv4Net, String> {
 }
 
 fn vtep_mac(backend_data: &str) -> Result<VtepMac, String> {
-    let v: Value = serde_json::from_str(backend_data)
-        .map_err(|e| format!("backend-data is not JSON ({e}): {backend_data:?}"))?;
+    let v: Value =
+        serde_json::from_str(backend_data).map_err(|e| format!("backend-data is not JSON ({e}): {backend_data:?}"))?;
     let mac = v
         .get("VtepMAC")
         .ok_or_else(|| format!("backend-data has no VtepMAC: {backend_data}"))?
         .as_str()
         .ok_or_else(|| format!("backend-data VtepMAC is not a string: {backend_data}"))?;
-    mac.parse()
-        .map_err(|e| format!("backend-data has a bad VtepMAC: {e}"))
+    mac.parse().map_err(|e| format!("backend-data has a bad VtepMAC: {e}"))
 }
 
 fn parse_ip(what: &str, text: &str) -> Result<Ipv4Addr, String> {
-    text.parse()
-        .map_err(|_| format!("bad {what} {text:?} (want an IPv4 address)"))
+    text.parse().map_err(|_| format!("bad {what} {text:?} (want an IPv4 address)"))
 }
 
 impl Rules<'_> {
@@ -89,22 +85,15 @@ impl Rules<'_> {
         let ann = annotations(node)?;
         let n = self.names;
         if ann.get(&n.subnet_manager).map(String::as_str) != Some("true") {
-            return Ok(Verdict::Ignored(format!(
-                "{} is not \"true\"",
-                n.subnet_manager
-            )));
+            return Ok(Verdict::Ignored(format!("{} is not \"true\"", n.subnet_manager)));
         }
         match ann.get(&n.backend_type).map(String::as_str) {
             Some("vxlan") => {}
             other => {
-                return Ok(Verdict::Ignored(format!(
-                    "backend type {other:?} is not \"vxlan\""
-                )));
+                return Ok(Verdict::Ignored(format!("backend type {other:?} is not \"vxlan\"")));
             }
         }
-        let data = ann
-            .get(&n.backend_data)
-            .ok_or_else(|| format!("no {} annotation", n.backend_data))?;
+        let data = ann.get(&n.backend_data).ok_or_else(|| format!("no {} annotation", n.backend_data))?;
         let vtep_mac = vtep_mac(data)?;
         // public-ip-overwrite is what the node's own agent publishes as public-ip
         let public_ip = match (ann.get(&n.public_ip_overwrite), ann.get(&n.public_ip)) {
@@ -117,40 +106,23 @@ impl Rules<'_> {
         }
         let subnet = pod_cidr(node)?;
         if !self.network.contains(&subnet) {
-            return Err(format!(
-                "pod CIDR {subnet} is outside the network {}",
-                self.network
-            ));
+            return Err(format!("pod CIDR {subnet} is outside the network {}", self.network));
         }
-        Ok(Verdict::Peer(Peer {
-            node: name.to_string(),
-            subnet,
-            public_ip,
-            vtep_mac,
-        }))
+        Ok(Verdict::Peer(Peer { node: name.to_string(), subnet, public_ip, vtep_mac }))
     }
 
     fn own(&self, node: &Value) -> Result<OwnNode, String> {
         let ann = annotations(node)?;
         let subnet = pod_cidr(node)?;
         if !self.network.contains(&subnet) {
-            return Err(format!(
-                "pod CIDR {subnet} is outside the network {}",
-                self.network
-            ));
+            return Err(format!("pod CIDR {subnet} is outside the network {}", self.network));
         }
-        let published_mac = ann
-            .get(&self.names.backend_data)
-            .and_then(|d| vtep_mac(d).ok());
+        let published_mac = ann.get(&self.names.backend_data).and_then(|d| vtep_mac(d).ok());
         let node_public_ip = match ann.get(&self.names.node_public_ip) {
             Some(ip) => Some(parse_ip("node-public-ip", ip)?),
             None => None,
         };
-        Ok(OwnNode {
-            subnet,
-            published_mac,
-            node_public_ip,
-        })
+        Ok(OwnNode { subnet, published_mac, node_public_ip })
     }
 
     /// Reads every node; one bad node never spoils the others.
@@ -161,10 +133,7 @@ impl Rules<'_> {
         };
         for (i, node) in nodes.iter().enumerate() {
             let Some(name) = node.pointer("/metadata/name").and_then(Value::as_str) else {
-                view.rejected.push(Rejection {
-                    node: format!("#{i}"),
-                    reason: "no metadata.name".into(),
-                });
+                view.rejected.push(Rejection { node: format!("#{i}"), reason: "no metadata.name".into() });
                 continue;
             };
             if name == self.own_name {
@@ -179,14 +148,8 @@ impl Rules<'_> {
             }
             match self.peer(name, node) {
                 Ok(Verdict::Peer(p)) => view.peers.push(p),
-                Ok(Verdict::Ignored(reason)) => view.ignored.push(Rejection {
-                    node: name.into(),
-                    reason,
-                }),
-                Err(reason) => view.rejected.push(Rejection {
-                    node: name.into(),
-                    reason,
-                }),
+                Ok(Verdict::Ignored(reason)) => view.ignored.push(Rejection { node: name.into(), reason }),
+                Err(reason) => view.rejected.push(Rejection { node: name.into(), reason }),
             }
         }
         view
@@ -214,22 +177,15 @@ mod tests {
 
     fn view(nodes: &[Value]) -> ClusterView {
         let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
-        Rules {
-            names: &names,
-            own_name: "me",
-            network: "10.244.0.0/16".parse().unwrap(),
-        }
-        .view(nodes)
+        Rules { names: &names, own_name: "me", network: "10.244.0.0/16".parse().unwrap() }.view(nodes)
     }
 
     const GOOD: &str = r#"{"VNI":1,"VtepMAC":"9e:c9:07:f9:b3:8b"}"#;
 
     #[test]
     fn reads_a_flannel_peer_and_own_node() {
-        let v = view(&[
-            node("me", "10.244.1.0/24", "198.18.0.1", GOOD),
-            node("b", "10.244.2.0/24", "198.18.0.2", GOOD),
-        ]);
+        let v =
+            view(&[node("me", "10.244.1.0/24", "198.18.0.1", GOOD), node("b", "10.244.2.0/24", "198.18.0.2", GOOD)]);
         let own = v.own.unwrap();
         assert_eq!(own.subnet.to_string(), "10.244.1.0/24");
         assert_eq!(own.published_mac.unwrap().to_string(), "9e:c9:07:f9:b3:8b");
@@ -240,28 +196,21 @@ mod tests {
 
     #[test]
     fn old_backend_data_without_vni_is_accepted() {
-        let v = view(&[node(
-            "b",
-            "10.244.2.0/24",
-            "198.18.0.2",
-            r#"{"VtepMAC":"9e:c9:07:f9:b3:8b"}"#,
-        )]);
+        let v = view(&[node("b", "10.244.2.0/24", "198.18.0.2", r#"{"VtepMAC":"9e:c9:07:f9:b3:8b"}"#)]);
         assert_eq!(v.peers.len(), 1);
     }
 
     #[test]
     fn overwrite_wins_over_public_ip() {
         let mut n = node("b", "10.244.2.0/24", "198.18.0.2", GOOD);
-        n["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ip-overwrite"] =
-            json!("198.18.5.5");
+        n["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ip-overwrite"] = json!("198.18.5.5");
         assert_eq!(view(&[n]).peers[0].public_ip, Ipv4Addr::new(198, 18, 5, 5));
     }
 
     #[test]
     fn non_flannel_and_non_vxlan_nodes_are_ignored_not_rejected() {
         let mut a = node("a", "10.244.2.0/24", "198.18.0.2", GOOD);
-        a["metadata"]["annotations"]["flannel.alpha.coreos.com/kube-subnet-manager"] =
-            json!("false");
+        a["metadata"]["annotations"]["flannel.alpha.coreos.com/kube-subnet-manager"] = json!("false");
         let mut b = node("b", "10.244.3.0/24", "198.18.0.3", GOOD);
         b["metadata"]["annotations"]["flannel.alpha.coreos.com/backend-type"] = json!("host-gw");
         let v = view(&[a, b]);
@@ -274,47 +223,20 @@ mod tests {
         let mut no_cidr = node("nocidr", "10.244.9.0/24", "198.18.0.9", GOOD);
         no_cidr["spec"] = json!({});
         let cases = vec![
-            (
-                node(
-                    "badmac",
-                    "10.244.2.0/24",
-                    "198.18.0.2",
-                    r#"{"VtepMAC":"zz:00:00:00:00:01"}"#,
-                ),
-                "VtepMAC",
-            ),
-            (
-                node("badip", "10.244.3.0/24", "198.18.0.300", GOOD),
-                "public-ip",
-            ),
-            (
-                node("garbage", "10.244.4.0/24", "198.18.0.4", "{not json"),
-                "not JSON",
-            ),
+            (node("badmac", "10.244.2.0/24", "198.18.0.2", r#"{"VtepMAC":"zz:00:00:00:00:01"}"#), "VtepMAC"),
+            (node("badip", "10.244.3.0/24", "198.18.0.300", GOOD), "public-ip"),
+            (node("garbage", "10.244.4.0/24", "198.18.0.4", "{not json"), "not JSON"),
             (no_cidr, "pod cidr not assigned"),
-            (
-                node("outside", "10.99.0.0/24", "198.18.0.5", GOOD),
-                "outside the network",
-            ),
-            (
-                node("badcidr", "10.244.6.0/33", "198.18.0.6", GOOD),
-                "bad pod CIDR",
-            ),
+            (node("outside", "10.99.0.0/24", "198.18.0.5", GOOD), "outside the network"),
+            (node("badcidr", "10.244.6.0/33", "198.18.0.6", GOOD), "bad pod CIDR"),
         ];
-        let nodes: Vec<Value> = cases
-            .iter()
-            .map(|(n, _)| n.clone())
-            .chain([node("ok", "10.244.7.0/24", "198.18.0.7", GOOD)])
-            .collect();
+        let nodes: Vec<Value> =
+            cases.iter().map(|(n, _)| n.clone()).chain([node("ok", "10.244.7.0/24", "198.18.0.7", GOOD)]).collect();
         let v = view(&nodes);
         assert_eq!(v.peers.len(), 1, "the good node survives");
         for (n, reason) in &cases {
             let name = n["metadata"]["name"].as_str().unwrap();
-            let r = v
-                .rejected
-                .iter()
-                .find(|r| r.node == name)
-                .unwrap_or_else(|| panic!("{name} not rejected"));
+            let r = v.rejected.iter().find(|r| r.node == name).unwrap_or_else(|| panic!("{name} not rejected"));
             assert!(r.reason.contains(reason), "{name}: {}", r.reason);
         }
     }

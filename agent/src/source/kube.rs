@@ -27,8 +27,7 @@ use crate::annotations::AnnotationNames;
 pub async fn client(kubeconfig: Option<&Path>, user_agent: &str) -> Result<Client> {
     let mut config = match kubeconfig {
         Some(p) => {
-            let kc = Kubeconfig::read_from(p)
-                .with_context(|| format!("cannot read kubeconfig {}", p.display()))?;
+            let kc = Kubeconfig::read_from(p).with_context(|| format!("cannot read kubeconfig {}", p.display()))?;
             Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                 .await
                 .with_context(|| format!("kubeconfig {} is unusable", p.display()))?
@@ -49,16 +48,10 @@ fn node_json(node: &Node) -> Option<(String, Value)> {
 /// Lists and watches Nodes; sends a complete view after the initial list
 /// and after every change. Errors are retried by the watcher with backoff;
 /// nothing is sent while the API is unreachable.
-pub fn watch_nodes(
-    client: Client,
-    reader: NodeReader,
-    tx: mpsc::Sender<Desired>,
-) -> tokio::task::JoinHandle<()> {
+pub fn watch_nodes(client: Client, reader: NodeReader, tx: mpsc::Sender<Desired>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<Node> = Api::all(client);
-        let mut stream = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
+        let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
         let mut nodes: BTreeMap<String, Value> = BTreeMap::new();
         let mut listing: BTreeMap<String, Value> = BTreeMap::new();
         let mut synced = false;
@@ -119,30 +112,16 @@ pub fn wanted_annotations(
     BTreeMap::from([
         (names.subnet_manager.clone(), "true".to_string()),
         (names.backend_type.clone(), "vxlan".to_string()),
-        (
-            names.backend_data.clone(),
-            format!("{{\"VNI\":{},\"VtepMAC\":\"{}\"}}", local.vni, local.mac),
-        ),
+        (names.backend_data.clone(), format!("{{\"VNI\":{},\"VtepMAC\":\"{}\"}}", local.vni, local.mac)),
         (names.public_ip.clone(), public_ip),
     ])
 }
 
-async fn publish_once(
-    api: &Api<Node>,
-    node: &str,
-    names: &AnnotationNames,
-    local: &LocalVtep,
-) -> Result<()> {
-    let current = api
-        .get(node)
-        .await
-        .with_context(|| format!("cannot get node {node}"))?;
+async fn publish_once(api: &Api<Node>, node: &str, names: &AnnotationNames, local: &LocalVtep) -> Result<()> {
+    let current = api.get(node).await.with_context(|| format!("cannot get node {node}"))?;
     let have = current.metadata.annotations.clone().unwrap_or_default();
     let want = wanted_annotations(names, local, &have);
-    let missing: BTreeMap<&String, &String> = want
-        .iter()
-        .filter(|(k, v)| have.get(*k) != Some(*v))
-        .collect();
+    let missing: BTreeMap<&String, &String> = want.iter().filter(|(k, v)| have.get(*k) != Some(*v)).collect();
     if !missing.is_empty() {
         let patch = json!({"metadata": {"annotations": missing}});
         api.patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
@@ -229,20 +208,12 @@ mod tests {
             subnet: "10.244.1.0/24".parse().unwrap(),
         };
         let want = wanted_annotations(&names, &local, &BTreeMap::new());
-        assert_eq!(
-            want["flannel.alpha.coreos.com/backend-data"],
-            r#"{"VNI":1,"VtepMAC":"02:aa:00:00:00:01"}"#
-        );
+        assert_eq!(want["flannel.alpha.coreos.com/backend-data"], r#"{"VNI":1,"VtepMAC":"02:aa:00:00:00:01"}"#);
         assert_eq!(want["flannel.alpha.coreos.com/public-ip"], "198.18.0.1");
         assert_eq!(want["flannel.alpha.coreos.com/kube-subnet-manager"], "true");
         assert_eq!(want["flannel.alpha.coreos.com/backend-type"], "vxlan");
-        let current = BTreeMap::from([(
-            "flannel.alpha.coreos.com/public-ip-overwrite".to_string(),
-            "203.0.113.9".to_string(),
-        )]);
-        assert_eq!(
-            wanted_annotations(&names, &local, &current)["flannel.alpha.coreos.com/public-ip"],
-            "203.0.113.9"
-        );
+        let current =
+            BTreeMap::from([("flannel.alpha.coreos.com/public-ip-overwrite".to_string(), "203.0.113.9".to_string())]);
+        assert_eq!(wanted_annotations(&names, &local, &current)["flannel.alpha.coreos.com/public-ip"], "203.0.113.9");
     }
 }

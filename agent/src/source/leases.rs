@@ -46,30 +46,17 @@ pub struct Lease {
 }
 
 pub fn parse_lease(key: &str, value: &str) -> Result<Lease, String> {
-    let subnet =
-        parse_subnet_key(key).ok_or_else(|| format!("key {key:?} is not <a.b.c.d>-<len>"))?;
+    let subnet = parse_subnet_key(key).ok_or_else(|| format!("key {key:?} is not <a.b.c.d>-<len>"))?;
     let v: Value = serde_json::from_str(value).map_err(|e| format!("lease is not JSON ({e})"))?;
-    let ip = v
-        .get("PublicIP")
-        .and_then(Value::as_str)
-        .ok_or("lease has no PublicIP")?;
+    let ip = v.get("PublicIP").and_then(Value::as_str).ok_or("lease has no PublicIP")?;
     let public_ip: Ipv4Addr = ip.parse().map_err(|_| format!("bad PublicIP {ip:?}"))?;
-    let backend_type = v
-        .get("BackendType")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let backend_type = v.get("BackendType").and_then(Value::as_str).unwrap_or("").to_string();
     let vtep_mac = match v.pointer("/BackendData/VtepMAC") {
         None | Some(Value::Null) => None,
         Some(Value::String(m)) => Some(m.parse().map_err(|e| format!("bad VtepMAC: {e}"))?),
         Some(other) => return Err(format!("VtepMAC is not a string: {other}")),
     };
-    Ok(Lease {
-        subnet,
-        public_ip,
-        backend_type,
-        vtep_mac,
-    })
+    Ok(Lease { subnet, public_ip, backend_type, vtep_mac })
 }
 
 /// Turns leases into peers with flannel's rules; `own` is skipped.
@@ -80,35 +67,20 @@ pub fn peers(
 ) -> (Vec<Peer>, Vec<Rejection>, Vec<Rejection>) {
     let (mut peers, mut rejected, mut ignored) = (Vec::new(), Vec::new(), Vec::new());
     for (key, value) in leases {
-        let reject = |reason: String| Rejection {
-            node: key.clone(),
-            reason,
-        };
+        let reject = |reason: String| Rejection { node: key.clone(), reason };
         match parse_lease(key, value) {
             Err(reason) => rejected.push(reject(reason)),
             Ok(l) if Some(l.subnet) == own => {}
-            Ok(l) if l.backend_type != "vxlan" => ignored.push(reject(format!(
-                "backend type {:?} is not \"vxlan\"",
-                l.backend_type
-            ))),
-            Ok(l) if !network.contains(&l.subnet) => rejected.push(reject(format!(
-                "subnet {} is outside the network {network}",
-                l.subnet
-            ))),
-            Ok(Lease { vtep_mac: None, .. }) => {
-                rejected.push(reject("lease has no BackendData.VtepMAC".into()))
+            Ok(l) if l.backend_type != "vxlan" => {
+                ignored.push(reject(format!("backend type {:?} is not \"vxlan\"", l.backend_type)))
             }
-            Ok(Lease {
-                subnet,
-                public_ip,
-                vtep_mac: Some(mac),
-                ..
-            }) => peers.push(Peer {
-                node: key.clone(),
-                subnet,
-                public_ip,
-                vtep_mac: mac,
-            }),
+            Ok(l) if !network.contains(&l.subnet) => {
+                rejected.push(reject(format!("subnet {} is outside the network {network}", l.subnet)))
+            }
+            Ok(Lease { vtep_mac: None, .. }) => rejected.push(reject("lease has no BackendData.VtepMAC".into())),
+            Ok(Lease { subnet, public_ip, vtep_mac: Some(mac), .. }) => {
+                peers.push(Peer { node: key.clone(), subnet, public_ip, vtep_mac: mac })
+            }
         }
     }
     (peers, rejected, ignored)
@@ -123,8 +95,7 @@ pub struct SubnetRange {
 }
 
 pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange, String> {
-    let v: Value =
-        serde_json::from_str(config).map_err(|e| format!("network config is not JSON ({e})"))?;
+    let v: Value = serde_json::from_str(config).map_err(|e| format!("network config is not JSON ({e})"))?;
     let net = conf.network;
     let len = match v.get("SubnetLen").and_then(Value::as_u64) {
         Some(l) => l as u8,
@@ -132,9 +103,7 @@ pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange, String>
         None => net.prefix_len() + 2,
     };
     if len < net.prefix_len() || len > 30 {
-        return Err(format!(
-            "SubnetLen {len} does not fit Network {net} (max 30)"
-        ));
+        return Err(format!("SubnetLen {len} does not fit Network {net} (max 30)"));
     }
     let size = 1u32 << (32 - len);
     let first = u32::from(net.network());
@@ -143,9 +112,7 @@ pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange, String>
         match v.get(key).and_then(Value::as_str) {
             None => Ok(Ipv4Addr::from(default)),
             Some(s) => {
-                let a: Ipv4Addr = s
-                    .parse()
-                    .map_err(|_| format!("{key} {s:?} is not an IPv4 address"))?;
+                let a: Ipv4Addr = s.parse().map_err(|_| format!("{key} {s:?} is not an IPv4 address"))?;
                 if u32::from(a) % size != 0 || !net.contains(&a) {
                     return Err(format!("{key} {a} is not a /{len} inside {net}"));
                 }
@@ -161,20 +128,9 @@ pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange, String>
 /// Picks a free subnet: `previous` if it is free and in range, else the
 /// first free of a random rotation of the range (flannel picks at random
 /// among free subnets, so nodes starting together rarely collide).
-pub fn allocate(
-    range: SubnetRange,
-    taken: &[Ipv4Net],
-    previous: Option<Ipv4Net>,
-    seed: u64,
-) -> Option<Ipv4Net> {
-    let free = |n: &Ipv4Net| {
-        !taken
-            .iter()
-            .any(|t| t.contains(&n.network()) || n.contains(&t.network()))
-    };
-    let in_range = |n: &Ipv4Net| {
-        n.prefix_len() == range.len && n.network() >= range.min && n.network() <= range.max
-    };
+pub fn allocate(range: SubnetRange, taken: &[Ipv4Net], previous: Option<Ipv4Net>, seed: u64) -> Option<Ipv4Net> {
+    let free = |n: &Ipv4Net| !taken.iter().any(|t| t.contains(&n.network()) || n.contains(&t.network()));
+    let in_range = |n: &Ipv4Net| n.prefix_len() == range.len && n.network() >= range.min && n.network() <= range.max;
     if let Some(p) = previous.filter(|p| in_range(p) && free(p)) {
         return Some(p);
     }
@@ -189,9 +145,7 @@ pub fn allocate(
 
 /// FLANNEL_SUBNET from a subnet.env (`10.244.5.1/24` -> `10.244.5.0/24`).
 pub fn previous_subnet(subnet_env: &str) -> Option<Ipv4Net> {
-    let line = subnet_env
-        .lines()
-        .find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))?;
+    let line = subnet_env.lines().find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))?;
     line.trim().parse::<Ipv4Net>().ok().map(|n| n.trunc())
 }
 
@@ -200,10 +154,7 @@ mod tests {
     use super::*;
 
     fn conf(net: &str) -> NetConf {
-        NetConf {
-            network: net.parse().unwrap(),
-            ..NetConf::default()
-        }
+        NetConf { network: net.parse().unwrap(), ..NetConf::default() }
     }
 
     #[test]
@@ -218,11 +169,7 @@ mod tests {
 
     #[test]
     fn lease_value_matches_flannel_documentation() {
-        let v = lease_value(
-            "192.168.64.3".parse().unwrap(),
-            1,
-            "c6:d2:32:6f:8f:44".parse().unwrap(),
-        );
+        let v = lease_value("192.168.64.3".parse().unwrap(), 1, "c6:d2:32:6f:8f:44".parse().unwrap());
         let want: Value = serde_json::from_str(r#"{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}"#).unwrap();
         assert_eq!(serde_json::from_str::<Value>(&v).unwrap(), want);
         let l = parse_lease("10.244.3.0-24", &v).unwrap();
@@ -231,26 +178,16 @@ mod tests {
 
     #[test]
     fn leases_become_peers_with_reasons_for_the_rest() {
-        let good = lease_value(
-            "198.18.0.2".parse().unwrap(),
-            1,
-            "02:00:00:00:00:02".parse().unwrap(),
-        );
+        let good = lease_value("198.18.0.2".parse().unwrap(), 1, "02:00:00:00:00:02".parse().unwrap());
         let leases = BTreeMap::from([
             ("10.244.2.0-24".to_string(), good.clone()),
             ("10.244.1.0-24".to_string(), good.clone()),
             ("10.99.0.0-24".to_string(), good.clone()),
-            (
-                "10.244.4.0-24".to_string(),
-                r#"{"PublicIP":"198.18.0.4","BackendType":"udp"}"#.to_string(),
-            ),
+            ("10.244.4.0-24".to_string(), r#"{"PublicIP":"198.18.0.4","BackendType":"udp"}"#.to_string()),
             ("10.244.5.0-24".to_string(), "{".to_string()),
         ]);
-        let (p, rejected, ignored) = peers(
-            &leases,
-            "10.244.0.0/16".parse().unwrap(),
-            Some("10.244.1.0/24".parse().unwrap()),
-        );
+        let (p, rejected, ignored) =
+            peers(&leases, "10.244.0.0/16".parse().unwrap(), Some("10.244.1.0/24".parse().unwrap()));
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].node, "10.244.2.0-24");
         assert_eq!(rejected.len(), 2);
@@ -260,14 +197,7 @@ mod tests {
     #[test]
     fn subnet_range_defaults_follow_flannel() {
         let r = subnet_range(r#"{"Network":"10.244.0.0/16"}"#, &conf("10.244.0.0/16")).unwrap();
-        assert_eq!(
-            (r.len, r.min, r.max),
-            (
-                24,
-                "10.244.1.0".parse().unwrap(),
-                "10.244.255.0".parse().unwrap()
-            )
-        );
+        assert_eq!((r.len, r.min, r.max), (24, "10.244.1.0".parse().unwrap(), "10.244.255.0".parse().unwrap()));
         let r = subnet_range(r#"{"Network":"10.1.0.0/24"}"#, &conf("10.1.0.0/24")).unwrap();
         assert_eq!(r.len, 26);
         assert!(subnet_range(r#"{"SubnetMin":"10.244.1.7"}"#, &conf("10.244.0.0/16")).is_err());
@@ -283,10 +213,8 @@ mod tests {
             allocate(r, &taken, Some("10.244.1.0/24".parse().unwrap()), 0),
             Some("10.244.2.0/24".parse().unwrap())
         );
-        let full: Vec<Ipv4Net> = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
+        let full: Vec<Ipv4Net> =
+            ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"].iter().map(|s| s.parse().unwrap()).collect();
         assert_eq!(allocate(r, &full, None, 7), None);
         assert_eq!(
             previous_subnet("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.5.1/24\n"),

@@ -42,14 +42,7 @@ pub struct NodeReader {
 
 impl NodeReader {
     pub fn desired(&self, nodes: &[Value]) -> Desired {
-        let rules = flannel_rules::Rules {
-            names: &self.names,
-            own_name: &self.own_name,
-            network: self.conf.network,
-        };
-        Desired {
-            conf: self.conf.clone(),
-            view: rules.view(nodes),
-        }
+        let rules = flannel_rules::Rules { names: &self.names, own_name: &self.own_name, network: self.conf.network };
+        Desired { conf: self.conf.clone(), view: rules.view(nodes) }
     }
 }

@@ -28,24 +28,13 @@ pub enum NodesFileError {
 pub fn parse(text: &str, path: &str) -> Result<Vec<Value>, NodesFileError> {
     let trimmed = text.trim_start();
     let doc: Value = if trimmed.starts_with('{') {
-        serde_json::from_str(text).map_err(|e| NodesFileError::Syntax {
-            path: path.into(),
-            reason: e.to_string(),
-        })?
+        serde_json::from_str(text).map_err(|e| NodesFileError::Syntax { path: path.into(), reason: e.to_string() })?
     } else {
-        serde_yaml_ng::from_str(text).map_err(|e| NodesFileError::Syntax {
-            path: path.into(),
-            reason: e.to_string(),
-        })?
+        serde_yaml_ng::from_str(text)
+            .map_err(|e| NodesFileError::Syntax { path: path.into(), reason: e.to_string() })?
     };
-    let shape = |reason: &str| NodesFileError::Shape {
-        path: path.into(),
-        reason: reason.into(),
-    };
-    let kind = doc
-        .get("kind")
-        .and_then(Value::as_str)
-        .ok_or_else(|| shape("no \"kind\" (want NodeList)"))?;
+    let shape = |reason: &str| NodesFileError::Shape { path: path.into(), reason: reason.into() };
+    let kind = doc.get("kind").and_then(Value::as_str).ok_or_else(|| shape("no \"kind\" (want NodeList)"))?;
     if kind != "NodeList" && kind != "List" {
         return Err(shape(&format!("kind is {kind:?}, want NodeList")));
     }
@@ -65,19 +54,11 @@ struct Stamp {
 
 fn stamp(path: &Path) -> Option<Stamp> {
     let m = std::fs::metadata(path).ok()?;
-    Some(Stamp {
-        ino: m.ino(),
-        len: m.len(),
-        mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-    })
+    Some(Stamp { ino: m.ino(), len: m.len(), mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128 })
 }
 
 /// Sends the desired view now and after every change that parses.
-pub fn watch(
-    path: PathBuf,
-    reader: NodeReader,
-    tx: mpsc::Sender<Desired>,
-) -> tokio::task::JoinHandle<()> {
+pub fn watch(path: PathBuf, reader: NodeReader, tx: mpsc::Sender<Desired>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut last: Option<Stamp> = None;
         let mut last_text: Option<String> = None;
@@ -97,10 +78,7 @@ pub fn watch(
                         }
                         Err(e) => error!("{e}; keeping the last good node list"),
                     },
-                    Err(e) => error!(
-                        "cannot read nodes file {}: {e}; keeping the last good node list",
-                        path.display()
-                    ),
+                    Err(e) => error!("cannot read nodes file {}: {e}; keeping the last good node list", path.display()),
                 }
             }
             tokio::time::sleep(POLL).await;
@@ -129,10 +107,7 @@ mod tests {
             ("kind: NodeList\nitems: 3\n", "not a list"),
         ] {
             let e = parse(text, "/etc/nodes.yaml").unwrap_err().to_string();
-            assert!(
-                e.contains(want) && e.contains("/etc/nodes.yaml"),
-                "{text}: {e}"
-            );
+            assert!(e.contains(want) && e.contains("/etc/nodes.yaml"), "{text}: {e}");
         }
     }
 }

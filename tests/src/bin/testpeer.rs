@@ -41,14 +41,8 @@ fn datagram(seq: u32, size: usize) -> Vec<u8> {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    let arg = |i: usize| {
-        args.get(i)
-            .cloned()
-            .ok_or_else(|| format!("missing argument {i}"))
-    };
-    let num = |i: usize| -> Result<u64, String> {
-        arg(i)?.parse().map_err(|e| format!("argument {i}: {e}"))
-    };
+    let arg = |i: usize| args.get(i).cloned().ok_or_else(|| format!("missing argument {i}"));
+    let num = |i: usize| -> Result<u64, String> { arg(i)?.parse().map_err(|e| format!("argument {i}: {e}")) };
     match arg(0)?.as_str() {
         "tcp-recv" => {
             let l = TcpListener::bind(("0.0.0.0", num(1)? as u16)).map_err(|e| e.to_string())?;
@@ -75,8 +69,7 @@ fn run(args: &[String]) -> Result<(), String> {
                     Err(_) => std::thread::sleep(Duration::from_millis(50)),
                 }
             };
-            let (mut h, mut p, mut buf, mut left) =
-                (Sha256::new(), Pattern(42), vec![0u8; 1 << 16], total);
+            let (mut h, mut p, mut buf, mut left) = (Sha256::new(), Pattern(42), vec![0u8; 1 << 16], total);
             while left > 0 {
                 let n = left.min(buf.len() as u64) as usize;
                 p.fill(&mut buf[..n]);
@@ -84,27 +77,21 @@ fn run(args: &[String]) -> Result<(), String> {
                 h.update(&buf[..n]);
                 left -= n as u64;
             }
-            s.shutdown(std::net::Shutdown::Write)
-                .map_err(|e| e.to_string())?;
+            s.shutdown(std::net::Shutdown::Write).map_err(|e| e.to_string())?;
             let _ = s.read(&mut buf);
             println!("{total} {}", hex(&h.finalize()));
         }
         "udp-recv" => {
             let (port, count, size, ms) = (num(1)? as u16, num(2)?, num(3)? as usize, num(4)?);
             let s = UdpSocket::bind(("0.0.0.0", port)).map_err(|e| e.to_string())?;
-            s.set_read_timeout(Some(Duration::from_millis(ms)))
-                .map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_millis(ms))).map_err(|e| e.to_string())?;
             ready();
             let (mut good, mut bad, mut buf) = (0u64, 0u64, vec![0u8; 65536]);
             while good + bad < count {
                 match s.recv(&mut buf) {
                     Ok(n) if n == size && n >= 4 => {
                         let seq = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
-                        if buf[..n] == datagram(seq, size)[..] {
-                            good += 1
-                        } else {
-                            bad += 1
-                        }
+                        if buf[..n] == datagram(seq, size)[..] { good += 1 } else { bad += 1 }
                     }
                     Ok(_) => bad += 1,
                     Err(_) => break,
@@ -116,8 +103,7 @@ fn run(args: &[String]) -> Result<(), String> {
             let (ip, port, count, size) = (arg(1)?, num(2)? as u16, num(3)?, num(4)? as usize);
             let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
             for seq in 0..count {
-                s.send_to(&datagram(seq as u32, size), (ip.as_str(), port))
-                    .map_err(|e| e.to_string())?;
+                s.send_to(&datagram(seq as u32, size), (ip.as_str(), port)).map_err(|e| e.to_string())?;
                 if seq % 16 == 15 {
                     std::thread::sleep(Duration::from_millis(1));
                 }

@@ -15,10 +15,7 @@ fn edgevx_to_edgevx_carries_icmp_tcp_udp() -> Result<()> {
     // both nodes publish fixed MACs through backend-data (precedence 1)
     let (m1, m2) = ("02:11:00:00:00:01", "02:22:00:00:00:02");
     let nodes = c.dir.join("nodes.yaml");
-    write(
-        &nodes,
-        &node_list(vec![flannel_node(1, Some(m1)), flannel_node(2, Some(m2))]),
-    )?;
+    write(&nodes, &node_list(vec![flannel_node(1, Some(m1)), flannel_node(2, Some(m2))]))?;
     c.host_mut(1).mount_bpffs()?;
     c.host_mut(2).mount_bpffs()?;
     let a1 = Agent::start(c.host(1), &nodes, &[])?;
@@ -39,22 +36,12 @@ fn edgevx_to_edgevx_carries_icmp_tcp_udp() -> Result<()> {
         let s = a.status()?;
         assert!(s["counters"]["tx_packets"].as_u64() > Some(1000), "{s:#}");
         // no fdb and no permanent neighbour entries on our VTEP
-        let ns = if std::ptr::eq(a, &a1) {
-            &c.host(1).ns
-        } else {
-            &c.host(2).ns
-        };
+        let ns = if std::ptr::eq(a, &a1) { &c.host(1).ns } else { &c.host(2).ns };
         assert_eq!(
-            ns.run(&["bridge", "fdb", "show", "dev", "flannel.1"])?
-                .lines()
-                .filter(|l| l.contains("dst"))
-                .count(),
+            ns.run(&["bridge", "fdb", "show", "dev", "flannel.1"])?.lines().filter(|l| l.contains("dst")).count(),
             0
         );
-        assert!(
-            !ns.ip(&["neigh", "show", "dev", "flannel.1"])?
-                .contains("PERMANENT")
-        );
+        assert!(!ns.ip(&["neigh", "show", "dev", "flannel.1"])?.contains("PERMANENT"));
     }
     Ok(())
 }

@@ -17,18 +17,9 @@ fn edgevx_and_kernel(extra: &[&str]) -> Result<(Cluster, Agent)> {
     let mut c = Cluster::new(2)?;
     c.host_mut(1).mount_bpffs()?;
     let nodes = c.dir.join("nodes.json");
-    write(
-        &nodes,
-        &node_list(vec![
-            flannel_node(1, None),
-            flannel_node(2, Some(KERNEL_MAC)),
-        ]),
-    )?;
+    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
     let agent = Agent::start(c.host(1), &nodes, extra)?;
-    let mac = agent.status()?["vtep_mac"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let mac = agent.status()?["vtep_mac"].as_str().unwrap_or_default().to_string();
     c.host(2).kernel_vtep(KERNEL_MAC)?;
     c.host(2).kernel_add_peer(1, &mac)?;
     wait_reachable(&c.host(1).pod, pod_ip(2), 20)?;
@@ -38,15 +29,7 @@ fn edgevx_and_kernel(extra: &[&str]) -> Result<(Cluster, Agent)> {
 /// An nftables FORWARD rule on a node, as a policy-enforcing cluster has.
 fn forward_drop(ns: &edgevx_tests::netns::Netns, rule: &str) -> Result<()> {
     ns.run(&["nft", "add", "table", "inet", "evx"])?;
-    ns.run(&[
-        "nft",
-        "add",
-        "chain",
-        "inet",
-        "evx",
-        "edgevxtest",
-        "{ type filter hook forward priority 0; }",
-    ])?;
+    ns.run(&["nft", "add", "chain", "inet", "evx", "edgevxtest", "{ type filter hook forward priority 0; }"])?;
     let mut args = vec!["nft", "add", "rule", "inet", "evx", "edgevxtest"];
     args.extend(rule.split_whitespace());
     ns.run(&args).map(|_| ())
@@ -54,29 +37,13 @@ fn forward_drop(ns: &edgevx_tests::netns::Netns, rule: &str) -> Result<()> {
 
 fn exchange_all_traffic(c: &Cluster) -> Result<()> {
     let (p1, p2) = (&c.host(1).pod, &c.host(2).pod);
-    assert_eq!(
-        ping(p1, pod_ip(2), 10, "0.05")?,
-        (10, 10),
-        "ICMP edgevx -> kernel"
-    );
-    assert_eq!(
-        ping(p2, pod_ip(1), 10, "0.05")?,
-        (10, 10),
-        "ICMP kernel -> edgevx"
-    );
+    assert_eq!(ping(p1, pod_ip(2), 10, "0.05")?, (10, 10), "ICMP edgevx -> kernel");
+    assert_eq!(ping(p2, pod_ip(1), 10, "0.05")?, (10, 10), "ICMP kernel -> edgevx");
     let peer = testpeer();
     peer.tcp_transfer(p1, p2, pod_ip(2), 64 * MIB)?;
     peer.tcp_transfer(p2, p1, pod_ip(1), 64 * MIB)?;
-    assert_eq!(
-        peer.udp_datagrams(p1, p2, pod_ip(2), 300, 1400)?,
-        300,
-        "UDP edgevx -> kernel"
-    );
-    assert_eq!(
-        peer.udp_datagrams(p2, p1, pod_ip(1), 300, 1400)?,
-        300,
-        "UDP kernel -> edgevx"
-    );
+    assert_eq!(peer.udp_datagrams(p1, p2, pod_ip(2), 300, 1400)?, 300, "UDP edgevx -> kernel");
+    assert_eq!(peer.udp_datagrams(p2, p1, pod_ip(1), 300, 1400)?, 300, "UDP kernel -> edgevx");
     Ok(())
 }
 
@@ -87,14 +54,8 @@ fn fast_delivery_interoperates_with_kernel_flannel_both_ways() -> Result<()> {
     let s = agent.status()?;
     assert_eq!(s["delivery"], "fast");
     let peer = &s["peers"][0];
-    assert!(
-        peer["tx_packets"].as_u64() > Some(1000) && peer["rx_packets"].as_u64() > Some(1000),
-        "{s:#}"
-    );
-    assert!(
-        s["counters"]["rx_fast_packets"].as_u64() > Some(1000),
-        "fast delivery was not used: {s:#}"
-    );
+    assert!(peer["tx_packets"].as_u64() > Some(1000) && peer["rx_packets"].as_u64() > Some(1000), "{s:#}");
+    assert!(s["counters"]["rx_fast_packets"].as_u64() > Some(1000), "fast delivery was not used: {s:#}");
     assert_eq!(s["counters"]["drop_unknown_peer"], 0);
     Ok(())
 }
@@ -106,22 +67,12 @@ fn host_routing_mode_interoperates_and_keeps_forward_rules() -> Result<()> {
     let s = agent.status()?;
     assert_eq!(s["delivery"], "host-routing");
     assert_eq!(s["counters"]["rx_fast_packets"], 0, "{s:#}");
-    assert!(
-        s["counters"]["rx_host_packets"].as_u64() > Some(1000),
-        "{s:#}"
-    );
+    assert!(s["counters"]["rx_host_packets"].as_u64() > Some(1000), "{s:#}");
 
     // a FORWARD rule on the edgevx node now decides, as it would with flannel
     let n1 = &c.host(1).ns;
-    forward_drop(
-        n1,
-        "ip saddr 10.244.2.2 ip daddr 10.244.1.2 icmp type echo-request drop",
-    )?;
-    assert_eq!(
-        ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?.1,
-        0,
-        "FORWARD drop rule was bypassed"
-    );
+    forward_drop(n1, "ip saddr 10.244.2.2 ip daddr 10.244.1.2 icmp type echo-request drop")?;
+    assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?.1, 0, "FORWARD drop rule was bypassed");
     n1.run(&["nft", "delete table inet evx"])?;
     assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?.1, 5);
     drop(agent);
@@ -132,17 +83,8 @@ fn host_routing_mode_interoperates_and_keeps_forward_rules() -> Result<()> {
 fn fast_delivery_skips_forward_rules_as_documented() -> Result<()> {
     let (c, agent) = edgevx_and_kernel(&[])?;
     // the pod is learned once the host has talked to it
-    wait_status(&agent, Duration::from_secs(5), "a learned local pod", |s| {
-        s["local_pods"].as_u64() >= Some(1)
-    })?;
-    forward_drop(
-        &c.host(1).ns,
-        "ip daddr 10.244.1.2 icmp type echo-request drop",
-    )?;
-    assert_eq!(
-        ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?.1,
-        5,
-        "fast delivery should not traverse FORWARD"
-    );
+    wait_status(&agent, Duration::from_secs(5), "a learned local pod", |s| s["local_pods"].as_u64() >= Some(1))?;
+    forward_drop(&c.host(1).ns, "ip daddr 10.244.1.2 icmp type echo-request drop")?;
+    assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?.1, 5, "fast delivery should not traverse FORWARD");
     Ok(())
 }

@@ -3,8 +3,10 @@
 //! them on drop, also when it fails.
 mod cli;
 mod edgevx_pair;
+mod etcd;
 mod interop;
 mod nodes_file;
+mod offline;
 mod prog_test_run;
 mod restart;
 

@@ -22,70 +22,38 @@ fn peers_follow_file_edits() -> Result<()> {
     let nodes = c.dir.join("nodes.json");
     write(&nodes, &node_list(vec![flannel_node(1, None)]))?;
     let agent = Agent::start(c.host(1), &nodes, &[])?;
-    let mac = agent.status()?["vtep_mac"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let mac = agent.status()?["vtep_mac"].as_str().unwrap_or_default().to_string();
     for i in [2, 3] {
         c.host(i).kernel_vtep(KERNEL_MAC)?;
         c.host(i).kernel_add_peer(1, &mac)?;
     }
-    assert_eq!(
-        ping(&c.host(1).pod, pod_ip(2), 1, "0.2")?.1,
-        0,
-        "no peer yet, no route"
-    );
+    assert_eq!(ping(&c.host(1).pod, pod_ip(2), 1, "0.2")?.1, 0, "no peer yet, no route");
 
     // add node2
     let t = Instant::now();
-    write(
-        &nodes,
-        &node_list(vec![
-            flannel_node(1, None),
-            flannel_node(2, Some(KERNEL_MAC)),
-        ]),
-    )?;
-    wait_status(&agent, EDIT_DEADLINE, "node2 added", |s| {
-        peers(s).len() == 1
-    })?;
+    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
+    wait_status(&agent, EDIT_DEADLINE, "node2 added", |s| peers(s).len() == 1)?;
     assert!(t.elapsed() <= EDIT_DEADLINE);
     wait_reachable(&c.host(1).pod, pod_ip(2), 5)?;
 
     // add node3, then change node2's MAC (its flannel.1 is recreated with a new one)
     let new_mac = "02:00:00:00:02:99";
-    c.host(2)
-        .ns
-        .ip(&["link", "set", "flannel.1", "address", new_mac])?;
+    c.host(2).ns.ip(&["link", "set", "flannel.1", "address", new_mac])?;
     // a MAC change flushes the device's neighbours; flanneld re-adds its peers
     c.host(2).kernel_add_peer(1, &mac)?;
     write(
         &nodes,
-        &node_list(vec![
-            flannel_node(1, None),
-            flannel_node(2, Some(new_mac)),
-            flannel_node(3, Some(KERNEL_MAC)),
-        ]),
+        &node_list(vec![flannel_node(1, None), flannel_node(2, Some(new_mac)), flannel_node(3, Some(KERNEL_MAC))]),
     )?;
-    wait_status(
-        &agent,
-        EDIT_DEADLINE,
-        "node2 changed and node3 added",
-        |s| {
-            let p = peers(s);
-            p.len() == 2 && p.contains(&("node2".into(), new_mac.into()))
-        },
-    )?;
+    wait_status(&agent, EDIT_DEADLINE, "node2 changed and node3 added", |s| {
+        let p = peers(s);
+        p.len() == 2 && p.contains(&("node2".into(), new_mac.into()))
+    })?;
     wait_reachable(&c.host(1).pod, pod_ip(2), 5)?;
     wait_reachable(&c.host(1).pod, pod_ip(3), 5)?;
 
     // remove node2: its route goes, node3 is undisturbed
-    write(
-        &nodes,
-        &node_list(vec![
-            flannel_node(1, None),
-            flannel_node(3, Some(KERNEL_MAC)),
-        ]),
-    )?;
+    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(3, Some(KERNEL_MAC))]))?;
     wait_status(&agent, EDIT_DEADLINE, "node2 removed", |s| {
         peers(s) == vec![("node3".to_string(), KERNEL_MAC.to_string())]
     })?;
@@ -101,8 +69,7 @@ fn malformed_nodes_are_skipped_and_broken_files_keep_the_last_good_state() -> Re
     c.host_mut(1).mount_bpffs()?;
     let nodes = c.dir.join("nodes.yaml");
     let mut bad_mac = flannel_node(3, None);
-    bad_mac["metadata"]["annotations"]["flannel.alpha.coreos.com/backend-data"] =
-        json!("{\"VtepMAC\":\"not-a-mac\"}");
+    bad_mac["metadata"]["annotations"]["flannel.alpha.coreos.com/backend-data"] = json!("{\"VtepMAC\":\"not-a-mac\"}");
     let mut garbage = flannel_node(4, None);
     garbage["metadata"]["annotations"]["flannel.alpha.coreos.com/backend-data"] = json!("{{{");
     let mut bad_ip = flannel_node(5, Some("02:00:00:00:05:01"));
@@ -116,18 +83,9 @@ fn malformed_nodes_are_skipped_and_broken_files_keep_the_last_good_state() -> Re
     let mut overlap_peer = flannel_node(9, Some("02:00:00:00:09:01"));
     overlap_peer["spec"] = json!({"podCIDR": "10.244.2.128/25"});
     overlap_peer["metadata"]["name"] = json!("a-newcomer"); // sorts first, still loses
-    write(
-        &nodes,
-        &node_list(vec![
-            flannel_node(1, None),
-            flannel_node(2, Some(KERNEL_MAC)),
-        ]),
-    )?;
+    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
     let mut agent = Agent::start(c.host(1), &nodes, &[])?;
-    let mac = agent.status()?["vtep_mac"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let mac = agent.status()?["vtep_mac"].as_str().unwrap_or_default().to_string();
     c.host(2).kernel_vtep(KERNEL_MAC)?;
     c.host(2).kernel_add_peer(1, &mac)?;
     wait_reachable(&c.host(1).pod, pod_ip(2), 10)?;
@@ -157,24 +115,11 @@ fn malformed_nodes_are_skipped_and_broken_files_keep_the_last_good_state() -> Re
     ] {
         agent.wait_log(&format!("node={node}"), Duration::from_secs(3))?;
         let log = agent.log_text();
-        let line = log
-            .lines()
-            .find(|l| l.contains(&format!("node={node}")))
-            .unwrap_or_default();
-        assert!(
-            line.contains(why),
-            "log for {node} should say {why:?}: {line}"
-        );
+        let line = log.lines().find(|l| l.contains(&format!("node={node}"))).unwrap_or_default();
+        assert!(line.contains(why), "log for {node} should say {why:?}: {line}");
     }
-    assert_eq!(
-        peers(&agent.status()?),
-        vec![("node2".to_string(), KERNEL_MAC.to_string())]
-    );
-    assert_eq!(
-        ping(&c.host(1).pod, pod_ip(2), 5, "0.05")?,
-        (5, 5),
-        "the good peer keeps working"
-    );
+    assert_eq!(peers(&agent.status()?), vec![("node2".to_string(), KERNEL_MAC.to_string())]);
+    assert_eq!(ping(&c.host(1).pod, pod_ip(2), 5, "0.05")?, (5, 5), "the good peer keeps working");
 
     // a truncated file and invalid YAML: last good state stays, agent stays up
     let good = std::fs::read_to_string(&nodes)?;
@@ -182,10 +127,7 @@ fn malformed_nodes_are_skipped_and_broken_files_keep_the_last_good_state() -> Re
     agent.wait_log("keeping the last good node list", Duration::from_secs(3))?;
     std::fs::write(&nodes, "kind: NodeList\nitems: [\n  - {")?;
     std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(
-        peers(&agent.status()?),
-        vec![("node2".to_string(), KERNEL_MAC.to_string())]
-    );
+    assert_eq!(peers(&agent.status()?), vec![("node2".to_string(), KERNEL_MAC.to_string())]);
     assert_eq!(ping(&c.host(1).pod, pod_ip(2), 5, "0.05")?, (5, 5));
     assert_eq!(agent.status()?["agent_running"], true);
     Ok(())

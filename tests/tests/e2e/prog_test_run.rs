@@ -32,32 +32,22 @@ struct Loaded {
 }
 
 fn object() -> PathBuf {
-    std::env::var_os("EDGEVX_EBPF_OBJECT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../target/bpfel-unknown-none/release/edgevx")
-        })
+    std::env::var_os("EDGEVX_EBPF_OBJECT").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bpfel-unknown-none/release/edgevx")
+    })
 }
 
 fn load(flags: u32) -> Result<Loaded> {
     let dir = std::env::temp_dir().join(unique("bpf"));
     let bpffs = Bpffs::mount(&dir)?;
-    let bytes = std::fs::read(object()).with_context(|| {
-        format!(
-            "cannot read {} (cargo xtask build-ebpf)",
-            object().display()
-        )
-    })?;
-    let mut ebpf = EbpfLoader::new()
-        .default_map_pin_directory(&dir)
-        .load(&bytes)?;
+    let bytes = std::fs::read(object())
+        .with_context(|| format!("cannot read {} (cargo xtask build-ebpf)", object().display()))?;
+    let mut ebpf = EbpfLoader::new().default_map_pin_directory(&dir).load(&bytes)?;
     for p in ["edgevx_encap", "edgevx_decap"] {
         let prog: &mut SchedClassifier = ebpf.program_mut(p).context("program")?.try_into()?;
         prog.load()?;
     }
-    let mut config: Array<_, DataplaneConfig> =
-        Array::try_from(ebpf.map_mut(names::CONFIG).context("config")?)?;
+    let mut config: Array<_, DataplaneConfig> = Array::try_from(ebpf.map_mut(names::CONFIG).context("config")?)?;
     config.set(
         0,
         DataplaneConfig {
@@ -73,79 +63,45 @@ fn load(flags: u32) -> Result<Loaded> {
     )?;
     let mut subnets: LpmTrie<_, [u8; 4], Peer> =
         LpmTrie::try_from(ebpf.map_mut(names::PEER_SUBNETS).context("subnets")?)?;
-    subnets.insert(
-        &Key::new(24, [10, 244, 2, 0]),
-        Peer {
-            public_ip: PEER_IP,
-            vtep_mac: PEER_MAC,
-            _pad: [0; 2],
-        },
-        0,
-    )?;
+    subnets.insert(&Key::new(24, [10, 244, 2, 0]), Peer { public_ip: PEER_IP, vtep_mac: PEER_MAC, _pad: [0; 2] }, 0)?;
     let ncpu = aya::util::nr_cpus().map_err(|(_, e)| e)?;
     let mut stats: PerCpuHashMap<_, [u8; 4], PeerStats> =
         PerCpuHashMap::try_from(ebpf.map_mut(names::PEER_STATS).context("stats")?)?;
-    stats.insert(
-        PEER_IP,
-        PerCpuValues::try_from(vec![PeerStats::default(); ncpu])?,
-        0,
-    )?;
-    let mut pods: HashMap<_, [u8; 4], LocalPod> =
-        HashMap::try_from(ebpf.map_mut(names::LOCAL_PODS).context("pods")?)?;
-    pods.insert(
-        [10, 244, 1, 2],
-        LocalPod {
-            host_ifindex: 7,
-            pod_mac: POD_MAC,
-            host_mac: HOST_MAC,
-        },
-        0,
-    )?;
-    Ok(Loaded {
-        ebpf,
-        _bpffs: bpffs,
-    })
+    stats.insert(PEER_IP, PerCpuValues::try_from(vec![PeerStats::default(); ncpu])?, 0)?;
+    let mut pods: HashMap<_, [u8; 4], LocalPod> = HashMap::try_from(ebpf.map_mut(names::LOCAL_PODS).context("pods")?)?;
+    pods.insert([10, 244, 1, 2], LocalPod { host_ifindex: 7, pod_mac: POD_MAC, host_mac: HOST_MAC }, 0)?;
+    Ok(Loaded { ebpf, _bpffs: bpffs })
 }
 
 impl Loaded {
     fn run(&self, prog: &str, input: &[u8]) -> Result<(u32, Vec<u8>)> {
         let p: &SchedClassifier = self.ebpf.program(prog).context("program")?.try_into()?;
         let mut out = vec![0u8; input.len() + 256];
-        let opts = TestRunOptions {
-            data_in: Some(input),
-            data_out: Some(&mut out),
-            ..Default::default()
-        };
+        let opts = TestRunOptions { data_in: Some(input), data_out: Some(&mut out), ..Default::default() };
         let r = p.test_run(opts)?;
         out.truncate(r.data_size_out as usize);
         Ok((r.return_value, out))
     }
 
     fn counter(&self, c: Counter) -> Result<u64> {
-        let a: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(self.ebpf.map(names::GLOBAL_STATS).context("global")?)?;
+        let a: PerCpuArray<_, u64> = PerCpuArray::try_from(self.ebpf.map(names::GLOBAL_STATS).context("global")?)?;
         Ok(a.get(&(c as u32), 0)?.iter().sum())
     }
 
     fn peer(&self) -> Result<PeerStats> {
         let m: PerCpuHashMap<_, [u8; 4], PeerStats> =
             PerCpuHashMap::try_from(self.ebpf.map(names::PEER_STATS).context("stats")?)?;
-        Ok(m.get(&PEER_IP, 0)?
-            .iter()
-            .fold(PeerStats::default(), |mut a, s| {
-                a.tx_packets += s.tx_packets;
-                a.rx_packets += s.rx_packets;
-                a
-            }))
+        Ok(m.get(&PEER_IP, 0)?.iter().fold(PeerStats::default(), |mut a, s| {
+            a.tx_packets += s.tx_packets;
+            a.rx_packets += s.rx_packets;
+            a
+        }))
     }
 }
 
 /// Independent RFC 1071 checksum (not the one under test).
 fn checksum(b: &[u8]) -> [u8; 2] {
-    let mut s: u64 = b
-        .chunks(2)
-        .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u64)
-        .sum();
+    let mut s: u64 = b.chunks(2).map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u64).sum();
     while s > 0xffff {
         s = (s & 0xffff) + (s >> 16);
     }
@@ -192,12 +148,7 @@ fn vxlan_frame(src: [u8; 4], vni: u32, inner_dst_mac: [u8; 6], inner: &[u8]) -> 
     udp.extend([0x08, 0, 0, 0]);
     udp.extend((vni << 8).to_be_bytes());
     udp.extend(inner_frame);
-    eth(
-        [0x02, 0xee, 0, 0, 0, 1],
-        [0x02, 0xee, 0, 0, 0, 2],
-        0x0800,
-        &ipv4(src, OUR_IP, 17, &udp, 0),
-    )
+    eth([0x02, 0xee, 0, 0, 0, 1], [0x02, 0xee, 0, 0, 0, 2], 0x0800, &ipv4(src, OUR_IP, 17, &udp, 0))
 }
 
 #[test]
@@ -232,12 +183,7 @@ fn encap_builds_flannel_compatible_outer_headers() -> Result<()> {
     assert_eq!(l.run("edgevx_encap", &input)?.1[34..36], out[34..36]);
     let mut ports = std::collections::BTreeSet::new();
     for last in 2..40u8 {
-        let o = l
-            .run(
-                "edgevx_encap",
-                &eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 2, last])),
-            )?
-            .1;
+        let o = l.run("edgevx_encap", &eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 2, last])))?.1;
         ports.insert([o[34], o[35]]);
     }
     assert!(ports.len() > 20, "source ports do not spread: {ports:?}");
@@ -249,10 +195,7 @@ fn encap_builds_flannel_compatible_outer_headers() -> Result<()> {
 #[test]
 fn encap_drops_and_counts_what_it_cannot_route() -> Result<()> {
     let l = load(FLAG_FAST_DELIVERY)?;
-    let (rc, _) = l.run(
-        "edgevx_encap",
-        &eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 9, 9])),
-    )?;
+    let (rc, _) = l.run("edgevx_encap", &eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 9, 9])))?;
     assert_eq!(rc, TC_ACT_SHOT);
     assert_eq!(l.counter(Counter::DropNoRoute)?, 1);
     let arp = eth([0xff; 6], OUR_MAC, 0x0806, &[0u8; 28]);
@@ -264,13 +207,7 @@ fn encap_drops_and_counts_what_it_cannot_route() -> Result<()> {
 #[test]
 fn decap_delivers_to_a_known_local_pod_byte_exact() -> Result<()> {
     let l = load(FLAG_FAST_DELIVERY)?;
-    let inner = ipv4(
-        [10, 244, 2, 2],
-        [10, 244, 1, 2],
-        1,
-        &[0, 0, 0, 0, 0, 1, 0, 1],
-        0,
-    );
+    let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0, 0, 0, 0, 0, 1, 0, 1], 0);
     let (rc, out) = l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &inner))?;
     assert_eq!(rc, TC_ACT_REDIRECT);
     assert_eq!(out, eth(POD_MAC, HOST_MAC, 0x0800, &inner));
@@ -292,23 +229,14 @@ fn decap_leaves_other_traffic_untouched() -> Result<()> {
     let mut to_other_host = vxlan_frame(PEER_IP, 1, OUR_MAC, &inner);
     to_other_host[30..34].copy_from_slice(&[198, 18, 0, 7]);
     let cases = [
-        (
-            "ssh over TCP",
-            eth([2; 6], [4; 6], 0x0800, &ipv4(PEER_IP, OUR_IP, 6, &tcp, 0)),
-        ),
-        (
-            "DNS over UDP",
-            eth([2; 6], [4; 6], 0x0800, &ipv4(PEER_IP, OUR_IP, 17, &dns, 0)),
-        ),
+        ("ssh over TCP", eth([2; 6], [4; 6], 0x0800, &ipv4(PEER_IP, OUR_IP, 6, &tcp, 0))),
+        ("DNS over UDP", eth([2; 6], [4; 6], 0x0800, &ipv4(PEER_IP, OUR_IP, 17, &dns, 0))),
         ("ARP", eth([0xff; 6], [4; 6], 0x0806, &[0u8; 28])),
         ("IPv6", eth([2; 6], [4; 6], 0x86dd, &[0x60u8; 60])),
         ("VXLAN to another port", to_port_4789),
         ("VXLAN to another address", to_other_host),
         ("wrong VNI", vxlan_frame(PEER_IP, 2, OUR_MAC, &inner)),
-        (
-            "wrong inner MAC",
-            vxlan_frame(PEER_IP, 1, [0x02, 0x99, 0, 0, 0, 9], &inner),
-        ),
+        ("wrong inner MAC", vxlan_frame(PEER_IP, 1, [0x02, 0x99, 0, 0, 0, 9], &inner)),
         ("no I flag", {
             let mut f = vxlan_frame(PEER_IP, 1, OUR_MAC, &inner);
             f[42] = 0;
@@ -316,12 +244,7 @@ fn decap_leaves_other_traffic_untouched() -> Result<()> {
         }),
         (
             "known peer, host-bound inner",
-            vxlan_frame(
-                PEER_IP,
-                1,
-                OUR_MAC,
-                &ipv4([10, 244, 2, 2], [10, 244, 1, 0], 1, &[0; 8], 0),
-            ),
+            vxlan_frame(PEER_IP, 1, OUR_MAC, &ipv4([10, 244, 2, 2], [10, 244, 1, 0], 1, &[0; 8], 0)),
         ),
     ];
     for (what, frame) in cases {
@@ -329,16 +252,8 @@ fn decap_leaves_other_traffic_untouched() -> Result<()> {
         assert_eq!(rc, NEXT, "{what}: verdict");
         assert_eq!(out, frame, "{what}: the frame was modified");
     }
-    assert_eq!(
-        l.counter(Counter::PassNotOurs)?,
-        3,
-        "wrong VNI, wrong inner MAC, no I flag"
-    );
-    assert_eq!(
-        l.counter(Counter::RxHostPackets)?,
-        1,
-        "the host-bound frame goes to the kernel path"
-    );
+    assert_eq!(l.counter(Counter::PassNotOurs)?, 3, "wrong VNI, wrong inner MAC, no I flag");
+    assert_eq!(l.counter(Counter::RxHostPackets)?, 1, "the host-bound frame goes to the kernel path");
     assert_eq!(l.counter(Counter::DropUnknownPeer)?, 0);
     Ok(())
 }
@@ -347,14 +262,7 @@ fn decap_leaves_other_traffic_untouched() -> Result<()> {
 fn decap_drops_vxlan_from_unknown_sources() -> Result<()> {
     let l = load(FLAG_FAST_DELIVERY)?;
     let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
-    assert_eq!(
-        l.run(
-            "edgevx_decap",
-            &vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner)
-        )?
-        .0,
-        TC_ACT_SHOT
-    );
+    assert_eq!(l.run("edgevx_decap", &vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner))?.0, TC_ACT_SHOT);
     assert_eq!(l.counter(Counter::DropUnknownPeer)?, 1);
     assert_eq!(l.counter(Counter::RxFastPackets)?, 0);
     Ok(())
@@ -375,27 +283,17 @@ fn with_ip_options(frame: &[u8]) -> Vec<u8> {
 fn ip_options_and_fragments_do_not_bypass_the_source_check() -> Result<()> {
     let l = load(FLAG_FAST_DELIVERY)?;
     let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
-    assert_eq!(
-        l.run(
-            "edgevx_decap",
-            &with_ip_options(&vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner))
-        )?
-        .0,
-        TC_ACT_SHOT
-    );
+    assert_eq!(l.run("edgevx_decap", &with_ip_options(&vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner)))?.0, TC_ACT_SHOT);
     let mut first_fragment = vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner);
     first_fragment[20] = 0x20; // MF, offset 0
     assert_eq!(l.run("edgevx_decap", &first_fragment)?.0, TC_ACT_SHOT);
     assert_eq!(l.counter(Counter::DropUnknownPeer)?, 2);
     // from a peer: accepted, but left to the kernel (options, or reassembly needed)
-    for frame in [
-        with_ip_options(&vxlan_frame(PEER_IP, 1, OUR_MAC, &inner)),
-        {
-            let mut f = vxlan_frame(PEER_IP, 1, OUR_MAC, &inner);
-            f[20] = 0x20;
-            f
-        },
-    ] {
+    for frame in [with_ip_options(&vxlan_frame(PEER_IP, 1, OUR_MAC, &inner)), {
+        let mut f = vxlan_frame(PEER_IP, 1, OUR_MAC, &inner);
+        f[20] = 0x20;
+        f
+    }] {
         let (rc, out) = l.run("edgevx_decap", &frame)?;
         assert_eq!((rc, out), (NEXT, frame));
     }
@@ -412,11 +310,7 @@ fn host_routing_mode_never_redirects() -> Result<()> {
     assert_eq!((rc, out), (NEXT, frame));
     assert_eq!(l.counter(Counter::RxHostPackets)?, 1);
     assert_eq!(
-        l.run(
-            "edgevx_decap",
-            &vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner)
-        )?
-        .0,
+        l.run("edgevx_decap", &vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner))?.0,
         TC_ACT_SHOT,
         "filtering still applies"
     );

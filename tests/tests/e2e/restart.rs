@@ -17,18 +17,9 @@ fn setup() -> Result<(Cluster, std::path::PathBuf, Agent, String)> {
     c.host_mut(1).mount_bpffs()?;
     let nodes = c.dir.join("nodes.json");
     // our own node publishes no MAC: it comes from the state dir
-    write(
-        &nodes,
-        &node_list(vec![
-            flannel_node(1, None),
-            flannel_node(2, Some(KERNEL_MAC)),
-        ]),
-    )?;
+    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
     let agent = Agent::start(c.host(1), &nodes, &[])?;
-    let mac = agent.status()?["vtep_mac"]
-        .as_str()
-        .context("no vtep_mac")?
-        .to_string();
+    let mac = agent.status()?["vtep_mac"].as_str().context("no vtep_mac")?.to_string();
     c.host(2).kernel_vtep(KERNEL_MAC)?;
     c.host(2).kernel_add_peer(1, &mac)?;
     wait_reachable(&c.host(2).pod, pod_ip(1), 10)?;
@@ -38,48 +29,23 @@ fn setup() -> Result<(Cluster, std::path::PathBuf, Agent, String)> {
 #[test]
 fn mac_is_kept_across_restart_and_reboot_with_the_kernel_peer_untouched() -> Result<()> {
     let (mut c, nodes, mut agent, mac) = setup()?;
-    let kernel_state = c
-        .host(2)
-        .ns
-        .run(&["bridge", "fdb", "show", "dev", "flannel.1"])?;
+    let kernel_state = c.host(2).ns.run(&["bridge", "fdb", "show", "dev", "flannel.1"])?;
 
     agent.stop()?;
     let agent = Agent::start(c.host(1), &nodes, &[])?;
-    assert_eq!(
-        agent.status()?["vtep_mac"],
-        mac.as_str(),
-        "restart changed the MAC"
-    );
+    assert_eq!(agent.status()?["vtep_mac"], mac.as_str(), "restart changed the MAC");
     assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?, (5, 5));
     drop(agent);
 
     // reboot: namespaces, links and bpffs pins all gone; the state dir stays
     c.reboot(1)?;
-    assert!(
-        c.host(1).ns.ip(&["link", "show", "flannel.1"]).is_err(),
-        "reboot left the device behind"
-    );
+    assert!(c.host(1).ns.ip(&["link", "show", "flannel.1"]).is_err(), "reboot left the device behind");
     c.host_mut(1).mount_bpffs()?;
     let agent = Agent::start(c.host(1), &nodes, &[])?;
-    assert_eq!(
-        agent.status()?["vtep_mac"],
-        mac.as_str(),
-        "reboot changed the MAC"
-    );
-    assert!(
-        c.host(1)
-            .ns
-            .ip(&["link", "show", "flannel.1"])?
-            .contains(&mac),
-        "flannel.1 lost the MAC"
-    );
+    assert_eq!(agent.status()?["vtep_mac"], mac.as_str(), "reboot changed the MAC");
+    assert!(c.host(1).ns.ip(&["link", "show", "flannel.1"])?.contains(&mac), "flannel.1 lost the MAC");
     // node2 was never told anything, and it still reaches us
-    assert_eq!(
-        c.host(2)
-            .ns
-            .run(&["bridge", "fdb", "show", "dev", "flannel.1"])?,
-        kernel_state
-    );
+    assert_eq!(c.host(2).ns.run(&["bridge", "fdb", "show", "dev", "flannel.1"])?, kernel_state);
     wait_reachable(&c.host(2).pod, pod_ip(1), 10)?;
     assert_eq!(ping(&c.host(2).pod, pod_ip(1), 10, "0.05")?, (10, 10));
     assert_eq!(ping(&c.host(1).pod, pod_ip(2), 10, "0.05")?, (10, 10));
@@ -96,17 +62,7 @@ fn no_ping_is_lost_across_kill_9_and_restart() -> Result<()> {
             c.host(from)
                 .pod
                 .cmd("ping")
-                .args([
-                    "-n",
-                    "-q",
-                    "-c",
-                    "400",
-                    "-i",
-                    "0.01",
-                    "-W",
-                    "1",
-                    &pod_ip(to).to_string(),
-                ])
+                .args(["-n", "-q", "-c", "400", "-i", "0.01", "-W", "1", &pod_ip(to).to_string()])
                 .stdout(Stdio::piped())
                 .spawn()
         })
@@ -126,10 +82,7 @@ fn no_ping_is_lost_across_kill_9_and_restart() -> Result<()> {
     for p in pingers {
         let out = p.wait_with_output()?;
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            text.contains("400 packets transmitted, 400 received"),
-            "pings lost: {text}"
-        );
+        assert!(text.contains("400 packets transmitted, 400 received"), "pings lost: {text}");
     }
     Ok(())
 }

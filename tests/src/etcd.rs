@@ -1,0 +1,108 @@
+//! A real etcd (Debian's etcd-server) for the tests, listening on the
+//! underlay inside the switch namespace (198.18.0.254:2379), so every node
+//! namespace reaches it and a node can be cut off from it with a firewall rule.
+use std::{
+    path::PathBuf,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{netns::Netns, topo::Cluster};
+
+pub const ADDR: &str = "198.18.0.254";
+pub const ENDPOINT: &str = "http://198.18.0.254:2379";
+pub const PREFIX: &str = "/coreos.com/network";
+
+pub struct Etcd {
+    ns: String,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Etcd {
+    pub fn start(c: &Cluster) -> Result<Self> {
+        if !c.switch.ip(&["addr", "show", "dev", "br0"])?.contains(ADDR) {
+            c.switch.ip(&["addr", "add", &format!("{ADDR}/24"), "dev", "br0"])?;
+        }
+        let mut e = Etcd { ns: c.switch.name.clone(), dir: c.dir.join("etcd"), child: None };
+        e.resume()?;
+        Ok(e)
+    }
+
+    fn netns(&self) -> Netns {
+        // a non-owning handle: Netns deletes on drop, so forget it after use
+        Netns { name: self.ns.clone() }
+    }
+
+    /// Starts (again) on the same data dir and waits until it answers.
+    pub fn resume(&mut self) -> Result<()> {
+        let ns = self.netns();
+        let log = std::fs::File::create(self.dir.with_extension("log"))?;
+        let child = ns
+            .cmd("etcd")
+            .args(["--name", "test", "--data-dir"])
+            .arg(&self.dir)
+            .args(["--listen-client-urls", ENDPOINT, "--advertise-client-urls", ENDPOINT])
+            .args([
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:2380",
+            ])
+            .args(["--initial-cluster", "test=http://127.0.0.1:2380"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn();
+        std::mem::forget(ns);
+        self.child = Some(child.context("cannot start etcd (is etcd-server installed?)")?);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if self.ctl(&["endpoint", "health"]).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!(
+            "etcd did not become healthy: {}",
+            std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
+        )
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `etcdctl ARGS` against this server (v3 API).
+    pub fn ctl(&self, args: &[&str]) -> Result<String> {
+        let ns = self.netns();
+        let out = ns.cmd("etcdctl").env("ETCDCTL_API", "3").arg(format!("--endpoints={ENDPOINT}")).args(args).output();
+        std::mem::forget(ns);
+        let out = out?;
+        if !out.status.success() {
+            bail!("etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn put(&self, key: &str, value: &str) -> Result<()> {
+        self.ctl(&["put", key, value]).map(|_| ())
+    }
+
+    /// Keys under `prefix` with their values.
+    pub fn get_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        let out = self.ctl(&["get", "--prefix", prefix])?;
+        let lines: Vec<&str> = out.lines().collect();
+        Ok(lines.chunks(2).filter(|c| c.len() == 2).map(|c| (c[0].to_string(), c[1].to_string())).collect())
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,149 @@
+//! The etcd source against a real etcd: flannel's layout, allocation,
+//! renewal, reservations for external VTEPs, and an etcd restart.
+use std::{process::Stdio, time::Duration};
+
+use anyhow::{Context, Result};
+use edgevx_tests::{
+    agent::{Agent, peers, wait_status},
+    etcd::{ENDPOINT, Etcd, PREFIX},
+    topo::{Cluster, Host, pod_ip},
+    traffic::{ping, wait_reachable},
+};
+use serde_json::Value;
+
+use crate::{KERNEL_MAC, MIB, testpeer};
+
+pub const CONFIG: &str = r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#;
+
+pub fn etcd_args(extra: &[&'static str]) -> Vec<&'static str> {
+    let mut v = vec!["--etcd-endpoints", ENDPOINT];
+    v.extend_from_slice(extra);
+    v
+}
+
+/// Leaves the node's previous subnet in subnet.env, as flanneld would have.
+pub fn previous_subnet(h: &Host) -> Result<()> {
+    let i = h.i;
+    std::fs::write(
+        h.subnet_file(),
+        format!(
+            "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.{i}.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n"
+        ),
+    )?;
+    Ok(())
+}
+
+pub fn lease(public_ip: &str, mac: &str) -> String {
+    format!(
+        r#"{{"PublicIP":"{public_ip}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{mac}"}}}}"#
+    )
+}
+
+fn lease_of(e: &Etcd, subnet_key: &str) -> Result<Option<Value>> {
+    let all = e.get_prefix(&format!("{PREFIX}/subnets/"))?;
+    Ok(all.into_iter().find(|(k, _)| k.ends_with(subnet_key)).and_then(|(_, v)| serde_json::from_str(&v).ok()))
+}
+
+#[test]
+fn etcd_agents_coordinate_renew_reuse_and_survive_an_etcd_restart() -> Result<()> {
+    let mut c = Cluster::new(2)?;
+    let mut etcd = Etcd::start(&c)?;
+    etcd.put(&format!("{PREFIX}/config"), CONFIG)?;
+    let short_ttl = ["--subnet-lease-ttl", "4", "--subnet-lease-renew-margin-secs", "2"];
+    let mut agents = Vec::new();
+    for i in [1, 2] {
+        c.host_mut(i).mount_bpffs()?;
+        previous_subnet(c.host(i))?;
+        agents.push(Agent::start_with(c.host(i), &etcd_args(&short_ttl))?);
+    }
+    // each node's lease, as flanneld would write it, with the MAC it uses
+    for (i, a) in agents.iter().enumerate() {
+        let n = i + 1;
+        let l = lease_of(&etcd, &format!("10.244.{n}.0-24"))?.with_context(|| format!("no lease for node{n}"))?;
+        assert_eq!(l["PublicIP"], format!("198.18.0.{n}"));
+        assert_eq!(l["BackendType"], "vxlan");
+        assert_eq!(l["PublicIPv6"], Value::Null);
+        assert_eq!(l["BackendData"]["VNI"], 1);
+        assert_eq!(l["BackendData"]["VtepMAC"], a.status()?["vtep_mac"]);
+    }
+    let (p1, p2) = (&c.host(1).pod, &c.host(2).pod);
+    wait_reachable(p1, pod_ip(2), 20)?;
+    assert_eq!(ping(p2, pod_ip(1), 5, "0.05")?, (5, 5));
+    testpeer().tcp_transfer(p1, p2, pod_ip(2), 16 * MIB)?;
+
+    // leases of 4 s outlive 10 s because they are renewed
+    std::thread::sleep(Duration::from_secs(10));
+    assert!(lease_of(&etcd, "10.244.1.0-24")?.is_some() && lease_of(&etcd, "10.244.2.0-24")?.is_some());
+    assert!(agents[0].log_text().contains("lease renewed"));
+
+    // etcd goes away and comes back: no ping is lost meanwhile
+    let pinger = p1
+        .cmd("ping")
+        .args(["-n", "-q", "-c", "250", "-i", "0.02", &pod_ip(2).to_string()])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    std::thread::sleep(Duration::from_millis(500));
+    etcd.stop();
+    std::thread::sleep(Duration::from_secs(2));
+    etcd.resume()?;
+    let out = pinger.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("250 packets transmitted, 250 received"), "pings lost across the etcd restart: {text}");
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(lease_of(&etcd, "10.244.1.0-24")?.is_some(), "lease not kept after the etcd restart");
+
+    // a restarted agent reuses its lease (matched by PublicIP)
+    agents[0].stop()?;
+    std::fs::remove_file(c.host(1).subnet_file())?;
+    let a = Agent::start_with(c.host(1), &etcd_args(&short_ttl))?;
+    assert!(a.log_text().contains("reusing our lease"), "{}", a.log_text());
+    assert_eq!(a.status()?["subnet"], "10.244.1.0/24");
+    Ok(())
+}
+
+#[test]
+fn etcd_allocation_races_and_reservations_for_an_external_vtep() -> Result<()> {
+    let mut c = Cluster::new(3)?;
+    let etcd = Etcd::start(&c)?;
+    // room for exactly three /24s, one of them reserved for an external VTEP on node3
+    etcd.put(
+        &format!("{PREFIX}/config"),
+        r#"{"Network":"10.244.0.0/16","SubnetMin":"10.244.1.0","SubnetMax":"10.244.3.0","Backend":{"Type":"vxlan"}}"#,
+    )?;
+    etcd.put(&format!("{PREFIX}/subnets/10.244.3.0-24"), &lease("198.18.0.3", KERNEL_MAC))?;
+
+    // two nodes with no history start at once and race for the two free subnets
+    c.host_mut(1).mount_bpffs()?;
+    c.host_mut(2).mount_bpffs()?;
+    let mut a1 = Agent::spawn(c.host(1), &etcd_args(&[]))?;
+    let mut a2 = Agent::spawn(c.host(2), &etcd_args(&[]))?;
+    a1.wait_log("dataplane up", Duration::from_secs(20))?;
+    a2.wait_log("dataplane up", Duration::from_secs(20))?;
+    let s1 = a1.status()?["subnet"].as_str().unwrap_or_default().to_string();
+    let s2 = a2.status()?["subnet"].as_str().unwrap_or_default().to_string();
+    let mut got = vec![s1.clone(), s2.clone()];
+    got.sort();
+    assert_eq!(got, vec!["10.244.1.0/24", "10.244.2.0/24"], "both free subnets, each once, reservation untouched");
+    let reserved = lease_of(&etcd, "10.244.3.0-24")?.context("reservation vanished")?;
+    assert_eq!(reserved["PublicIP"], "198.18.0.3");
+
+    // the reservation is a peer on every edgevx node, with no per-node work
+    for a in [&a1, &a2] {
+        wait_status(a, Duration::from_secs(5), "the reserved VTEP as a peer", |s| {
+            peers(s).contains(&("10.244.3.0-24".to_string(), KERNEL_MAC.to_string()))
+        })?;
+    }
+    // and traffic reaches the pod behind it (node1's pod numbered into node1's subnet)
+    let j: u8 = if s1 == "10.244.1.0/24" { 1 } else { 2 };
+    if j != 1 {
+        c.host(1).renumber_pod(j)?;
+    }
+    let ext = c.host(3);
+    ext.kernel_vtep(KERNEL_MAC)?;
+    let mac = a1.status()?["vtep_mac"].as_str().unwrap_or_default().to_string();
+    ext.kernel_add_lease(j, 1, &mac)?;
+    wait_reachable(&c.host(1).pod, pod_ip(3), 10)?;
+    assert_eq!(ping(&ext.pod, pod_ip(j), 5, "0.05")?, (5, 5));
+    testpeer().tcp_transfer(&c.host(1).pod, &ext.pod, pod_ip(3), 16 * MIB)?;
+    Ok(())
+}

@@ -5,6 +5,7 @@ mod cli;
 mod edgevx_pair;
 mod etcd;
 mod interop;
+mod kube;
 mod nodes_file;
 mod offline;
 mod prog_test_run;

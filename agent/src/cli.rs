@@ -38,9 +38,9 @@ pub struct RunArgs {
     /// This node's name in the node list.
     #[arg(long, env = "EDGEVX_NODE_NAME")]
     pub node_name: Option<String>,
-    /// Underlay interface: VXLAN leaves and arrives here.
+    /// Underlay interface: VXLAN leaves and arrives here (default: the default route's, as flannel).
     #[arg(long, env = "EDGEVX_IFACE")]
-    pub iface: String,
+    pub iface: Option<String>,
     /// Source: a Kubernetes NodeList file (JSON or YAML) naming this node and its peers.
     #[arg(long, env = "EDGEVX_NODES_FILE")]
     pub nodes_file: Option<PathBuf>,

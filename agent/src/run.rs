@@ -58,6 +58,8 @@ struct Checked {
     node: String,
     conf: NetConf,
     names: AnnotationNames,
+    /// The underlay interface's name (`--iface`, or the default route's).
+    iface: String,
     underlay: device::Underlay,
     source: Source,
 }
@@ -144,13 +146,19 @@ async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
         Some(p) => NetConf::load(p).map_err(|e| usage(format!("--net-conf: {e}")))?,
         None => NetConf::default(),
     };
-    let underlay = match device::link_by_name(handle, &args.iface).await {
-        Ok(Some(_)) => device::underlay(handle, &args.iface).await?,
-        Ok(None) => return Err(usage(format!("--iface {}: no such interface", args.iface))),
+    let iface = match &args.iface {
+        Some(i) => i.clone(),
+        None => device::default_route_iface(handle)
+            .await?
+            .ok_or_else(|| usage("no --iface and no IPv4 default route to take it from".into()))?,
+    };
+    let underlay = match device::link_by_name(handle, &iface).await {
+        Ok(Some(_)) => device::underlay(handle, &iface).await?,
+        Ok(None) => return Err(usage(format!("--iface {iface}: no such interface"))),
         Err(e) => return Err(e),
     };
     if args.public_ip.is_none() && underlay.ipv4.is_none() {
-        return Err(usage(format!("--iface {} has no IPv4 address; give --public-ip", args.iface)));
+        return Err(usage(format!("--iface {iface} has no IPv4 address; give --public-ip")));
     }
     for (flag, dir) in [("--state-dir", &args.paths.state_dir), ("--bpffs", &args.paths.bpffs)] {
         if dir.exists() && !dir.is_dir() {
@@ -158,7 +166,7 @@ async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
         }
     }
     let source = choose_source(&args).await?;
-    Ok(Checked { args, node, conf, names, underlay, source })
+    Ok(Checked { args, node, conf, names, iface, underlay, source })
 }
 
 fn log_view(view: &ClusterView) {
@@ -217,14 +225,14 @@ async fn bring_up(c: &Checked, conf: &NetConf, own: OwnNode, state: &StateDir, h
         maps.sync_local_pods(&Default::default())?;
     }
     loader::attach(&mut ebpf, &pins, loader::ENCAP, &spec.name, TcAttachType::Egress)?;
-    loader::attach(&mut ebpf, &pins, loader::DECAP, &c.args.iface, TcAttachType::Ingress)?;
+    loader::attach(&mut ebpf, &pins, loader::DECAP, &c.iface, TcAttachType::Ingress)?;
     drop(ebpf); // the pinned links keep the programs; the pinned maps keep their state
 
     subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, mtu, false)
         .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
     let record = AgentRecord {
         node: c.node.clone(),
-        iface: c.args.iface.clone(),
+        iface: c.iface.clone(),
         vtep_device: spec.name.clone(),
         vtep_mac: mac,
         vni: conf.vni,

@@ -65,56 +65,81 @@ pub fn source_port(hash: u32) -> u16 {
 }
 
 /// RFC 1071 checksum of an IPv4 header whose checksum field is zero.
+///
+/// Written out word by word: a loop over a stack array makes the verifier
+/// demand CAP_PERFMON (variable-offset stack access), and the agent should
+/// load with CAP_BPF and CAP_NET_ADMIN alone.
 #[inline(always)]
-pub fn ipv4_checksum(hdr: &[u8; IPV4_HLEN]) -> u16 {
-    let mut sum: u32 = 0;
-    let mut i = 0;
-    while i < IPV4_HLEN {
-        sum += u16::from_be_bytes([hdr[i], hdr[i + 1]]) as u32;
-        i += 2;
-    }
-    // ten 16-bit words sum below 2^20: two folds always suffice (and a
-    // fixed count keeps the eBPF verifier from walking an open loop)
+pub fn ipv4_checksum(h: &[u8; IPV4_HLEN]) -> u16 {
+    let w = |i: usize| u16::from_be_bytes([h[i], h[i + 1]]) as u32;
+    let mut sum = w(0) + w(2) + w(4) + w(6) + w(8) + w(10) + w(12) + w(14) + w(16) + w(18);
+    // ten 16-bit words sum below 2^20: two folds always suffice
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     !(sum as u16)
 }
 
-/// Builds the 64 bytes that precede an inner IPv4 packet of `inner_ip_len`
-/// bytes. The outer Ethernet addresses are left zero: the kernel fills them
-/// when the frame leaves through the underlay (`bpf_redirect_neigh`).
+/// The 50 bytes encapsulation puts after the outer Ethernet header, in the
+/// three pieces the program stores one by one (each built whole: a zero-fill
+/// loop would need CAP_PERFMON to pass the verifier).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncapHeader {
+    pub ip: [u8; IPV4_HLEN],
+    pub udp_vxlan: [u8; UDP_HLEN + VXLAN_HLEN],
+    pub inner_eth: [u8; ETH_HLEN],
+}
+
+impl EncapHeader {
+    /// The frame's first 64 bytes, given its outer Ethernet header.
+    pub fn to_bytes(&self, outer_eth: [u8; ETH_HLEN]) -> [u8; ENCAP_HEADER_LEN] {
+        let mut out = [0u8; ENCAP_HEADER_LEN];
+        out[..OUTER_IP_OFF].copy_from_slice(&outer_eth);
+        out[OUTER_IP_OFF..UDP_OFF].copy_from_slice(&self.ip);
+        out[UDP_OFF..INNER_ETH_OFF].copy_from_slice(&self.udp_vxlan);
+        out[INNER_ETH_OFF..].copy_from_slice(&self.inner_eth);
+        out
+    }
+}
+
+/// The outer IPv4 header for an inner IPv4 packet of `inner_ip_len` bytes:
+/// id 0, DF clear, TTL 64, what flannel's kernel device sends.
 #[inline(always)]
-pub fn encap_header(p: &EncapParams, inner_ip_len: u16) -> [u8; ENCAP_HEADER_LEN] {
-    let mut h = [0u8; ENCAP_HEADER_LEN];
-    h[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+pub fn outer_ip(p: &EncapParams, inner_ip_len: u16) -> [u8; IPV4_HLEN] {
+    let len = inner_ip_len.wrapping_add(ENCAP_OVERHEAD as u16).to_be_bytes();
+    let (l, r) = (p.local_ip, p.remote_ip);
+    #[rustfmt::skip]
+    let mut ip = [
+        0x45, p.ecn & 0x03, len[0], len[1],
+        0, 0, 0, 0,
+        OUTER_TTL, IPPROTO_UDP, 0, 0,
+        l[0], l[1], l[2], l[3],
+        r[0], r[1], r[2], r[3],
+    ];
+    let csum = ipv4_checksum(&ip).to_be_bytes();
+    ip[10] = csum[0];
+    ip[11] = csum[1];
+    ip
+}
 
-    let outer_len = inner_ip_len.wrapping_add(ENCAP_OVERHEAD as u16);
-    let mut ip = [0u8; IPV4_HLEN];
-    ip[0] = 0x45;
-    ip[1] = p.ecn & 0x03;
-    ip[2..4].copy_from_slice(&outer_len.to_be_bytes());
-    // id 0, DF clear, fragment offset 0: what flannel's kernel device sends
-    ip[8] = OUTER_TTL;
-    ip[9] = IPPROTO_UDP;
-    ip[12..16].copy_from_slice(&p.local_ip);
-    ip[16..20].copy_from_slice(&p.remote_ip);
-    let csum = ipv4_checksum(&ip);
-    ip[10..12].copy_from_slice(&csum.to_be_bytes());
-    h[OUTER_IP_OFF..UDP_OFF].copy_from_slice(&ip);
+/// UDP (checksum 0: optional over IPv4, as Calico and Cilium send it) and VXLAN.
+#[inline(always)]
+pub fn udp_vxlan(p: &EncapParams, inner_ip_len: u16) -> [u8; UDP_HLEN + VXLAN_HLEN] {
+    let len = inner_ip_len.wrapping_add((ENCAP_OVERHEAD - IPV4_HLEN) as u16).to_be_bytes();
+    let (sp, dp, vni) = (p.src_port.to_be_bytes(), p.dst_port.to_be_bytes(), (p.vni << 8).to_be_bytes());
+    [sp[0], sp[1], dp[0], dp[1], len[0], len[1], 0, 0, VXLAN_FLAG_VNI, 0, 0, 0, vni[0], vni[1], vni[2], vni[3]]
+}
 
-    let udp_len = outer_len.wrapping_sub(IPV4_HLEN as u16);
-    h[UDP_OFF..UDP_OFF + 2].copy_from_slice(&p.src_port.to_be_bytes());
-    h[UDP_OFF + 2..UDP_OFF + 4].copy_from_slice(&p.dst_port.to_be_bytes());
-    h[UDP_OFF + 4..UDP_OFF + 6].copy_from_slice(&udp_len.to_be_bytes());
-    // UDP checksum 0: optional over IPv4, as Calico and Cilium send it
+/// The inner Ethernet header: our VTEP MAC to the peer's.
+#[inline(always)]
+pub fn inner_eth(p: &EncapParams) -> [u8; ETH_HLEN] {
+    let (rm, lm, et) = (p.remote_mac, p.local_mac, ETH_P_IP.to_be_bytes());
+    [rm[0], rm[1], rm[2], rm[3], rm[4], rm[5], lm[0], lm[1], lm[2], lm[3], lm[4], lm[5], et[0], et[1]]
+}
 
-    h[VXLAN_OFF] = VXLAN_FLAG_VNI;
-    h[VXLAN_OFF + 4..VXLAN_OFF + 8].copy_from_slice(&(p.vni << 8).to_be_bytes());
-
-    h[INNER_ETH_OFF..INNER_ETH_OFF + 6].copy_from_slice(&p.remote_mac);
-    h[INNER_ETH_OFF + 6..INNER_ETH_OFF + 12].copy_from_slice(&p.local_mac);
-    h[INNER_ETH_OFF + 12..INNER_IP_OFF].copy_from_slice(&ETH_P_IP.to_be_bytes());
-    h
+/// All of it, in front of the outer Ethernet header the frame already has
+/// (the kernel rewrites that one on the way out: `bpf_redirect_neigh`).
+pub fn encap_header(p: &EncapParams, inner_ip_len: u16) -> EncapHeader {
+    EncapHeader { ip: outer_ip(p, inner_ip_len), udp_vxlan: udp_vxlan(p, inner_ip_len), inner_eth: inner_eth(p) }
 }
 
 /// The VNI carried in an 8-byte VXLAN header, if its I flag is set.
@@ -129,6 +154,8 @@ pub fn parse_vni(vxlan: &[u8; VXLAN_HLEN]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const ZERO_ETH: [u8; ETH_HLEN] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00];
 
     fn params() -> EncapParams {
         EncapParams {
@@ -145,7 +172,7 @@ mod tests {
 
     #[test]
     fn header_matches_flannel_wire_format() {
-        let h = encap_header(&params(), 84); // an 84-byte ICMP echo
+        let h = encap_header(&params(), 84).to_bytes(ZERO_ETH); // an 84-byte ICMP echo
         #[rustfmt::skip]
         let want: [u8; 64] = [
             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00,
@@ -185,7 +212,7 @@ mod tests {
     fn vni_round_trips_and_needs_i_flag() {
         let mut p = params();
         p.vni = 0x00ab_cdef;
-        let h = encap_header(&p, 40);
+        let h = encap_header(&p, 40).to_bytes(ZERO_ETH);
         let mut v = [0u8; 8];
         v.copy_from_slice(&h[VXLAN_OFF..INNER_ETH_OFF]);
         assert_eq!(parse_vni(&v), Some(0x00ab_cdef));
@@ -197,7 +224,7 @@ mod tests {
     fn ecn_is_copied_and_tos_is_not() {
         let mut p = params();
         p.ecn = 0xff;
-        assert_eq!(encap_header(&p, 40)[15], 0x03);
+        assert_eq!(encap_header(&p, 40).to_bytes(ZERO_ETH)[15], 0x03);
     }
 
     #[test]

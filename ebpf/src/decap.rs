@@ -62,8 +62,17 @@ pub fn run(ctx: &TcContext) -> i32 {
     if u16::from_be_bytes([tunnel[2], tunnel[3]]) != cfg.port {
         return NEXT;
     }
-    let mut vxlan = [0u8; VXLAN_HLEN];
-    vxlan.copy_from_slice(&tunnel[UDP_HLEN..UDP_HLEN + VXLAN_HLEN]);
+    let v = UDP_HLEN;
+    let vxlan = [
+        tunnel[v],
+        tunnel[v + 1],
+        tunnel[v + 2],
+        tunnel[v + 3],
+        tunnel[v + 4],
+        tunnel[v + 5],
+        tunnel[v + 6],
+        tunnel[v + 7],
+    ];
     if parse_vni(&vxlan) != Some(cfg.vni) {
         stats::add(Counter::PassNotOurs, 1);
         return NEXT;
@@ -105,10 +114,8 @@ fn deliver_to_pod(ctx: &TcContext, inner_len: u32) -> Option<i32> {
         stats::add(Counter::DropAdjustRoom, 1);
         return Some(TC_ACT_SHOT);
     }
-    let mut eth = [0u8; ETH_HLEN];
-    eth[..6].copy_from_slice(&pod.pod_mac);
-    eth[6..12].copy_from_slice(&pod.host_mac);
-    eth[12..].copy_from_slice(&ETH_P_IP.to_be_bytes());
+    let (d, s, t) = (pod.pod_mac, pod.host_mac, ETH_P_IP.to_be_bytes());
+    let eth = [d[0], d[1], d[2], d[3], d[4], d[5], s[0], s[1], s[2], s[3], s[4], s[5], t[0], t[1]];
     if ctx.store(0, &eth, 0).is_err() {
         stats::add(Counter::DropAdjustRoom, 1);
         return Some(TC_ACT_SHOT);

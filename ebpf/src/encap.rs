@@ -13,7 +13,10 @@ use aya_ebpf::{
 };
 use edgevx_common::{
     counters::Counter,
-    vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, EncapParams, encap_header, source_port},
+    vxlan::{
+        ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, EncapParams, INNER_ETH_OFF, OUTER_IP_OFF, UDP_OFF, inner_eth, outer_ip,
+        source_port, udp_vxlan,
+    },
 };
 
 use crate::{
@@ -79,8 +82,13 @@ pub fn run(ctx: &TcContext) -> i32 {
     };
     let grown = inner_ip_len + ENCAP_OVERHEAD as u32 <= u16::MAX as u32
         && ctx.adjust_room(ENCAP_OVERHEAD as i32, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, ENCAP_FLAGS).is_ok();
-    let header = encap_header(&params, inner_ip_len as u16);
-    if !grown || ctx.store(0, &header, 0).is_err() {
+    // the outer Ethernet header stays as routing left it; redirect_neigh rewrites it
+    let ip_len = inner_ip_len as u16;
+    let stored = grown
+        && ctx.store(OUTER_IP_OFF, &outer_ip(&params, ip_len), 0).is_ok()
+        && ctx.store(UDP_OFF, &udp_vxlan(&params, ip_len), 0).is_ok()
+        && ctx.store(INNER_ETH_OFF, &inner_eth(&params), 0).is_ok();
+    if !stored {
         stats::add(Counter::DropAdjustRoom, 1);
         if let Some(s) = peer_stats {
             s.tx_errors += 1;

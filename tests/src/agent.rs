@@ -36,8 +36,18 @@ impl Agent {
 
     /// Starts the agent without waiting for anything.
     pub fn spawn(host: &Host, args: &[&str]) -> Result<Self> {
+        Self::spawn_via(host, &[], args)
+    }
+
+    /// Starts the agent through `wrapper` (e.g. `setpriv ...`) inside the node.
+    pub fn spawn_via(host: &Host, wrapper: &[&str], args: &[&str]) -> Result<Self> {
         let log = host.dir.join(format!("{}.log", crate::unique("agent")));
-        let mut cmd = host.ns.cmd(edgevx_bin().to_str().context("bin path")?);
+        let bin = edgevx_bin();
+        let bin = bin.to_str().context("bin path")?;
+        let mut cmd = host.ns.cmd(wrapper.first().copied().unwrap_or(bin));
+        if !wrapper.is_empty() {
+            cmd.args(&wrapper[1..]).arg(bin);
+        }
         cmd.args(["run", "--node-name", &host.name(), "--iface", "eth0"])
             .arg("--state-dir")
             .arg(host.state_dir())
@@ -53,6 +63,10 @@ impl Agent {
         let mut agent = Agent { child: Some(child), log, state_dir: host.state_dir(), bpffs: host.bpffs_dir() };
         agent.wait_log("dataplane up", Duration::from_secs(20))?;
         Ok(agent)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 
     pub fn log_text(&self) -> String {

@@ -235,6 +235,30 @@ pub async fn routes_via(handle: &Handle, index: u32) -> Result<Vec<Ipv4Net>> {
     Ok(out)
 }
 
+/// The interface of the main table's IPv4 default route (`ip route show default`).
+pub async fn default_route_iface(handle: &Handle) -> Result<Option<String>> {
+    let filter = RouteMessageBuilder::<Ipv4Addr>::new().build();
+    let mut routes = handle.route().get(filter).execute();
+    let mut oif = None;
+    while let Some(r) = routes.try_next().await.context("cannot list routes")? {
+        if r.header.address_family == AddressFamily::Inet
+            && r.header.table == 254
+            && r.header.destination_prefix_length == 0
+        {
+            oif = r.attributes.iter().find_map(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None });
+            if oif.is_some() {
+                break;
+            }
+        }
+    }
+    let Some(index) = oif else { return Ok(None) };
+    let mut links = handle.link().get().match_index(index).execute();
+    let link = links.try_next().await.context("cannot look up the default route's interface")?;
+    Ok(link.and_then(|l| {
+        l.attributes.iter().find_map(|a| if let LinkAttribute::IfName(n) = a { Some(n.clone()) } else { None })
+    }))
+}
+
 /// `ip link del NAME`, if it exists.
 pub async fn delete_link(handle: &Handle, name: &str) -> Result<bool> {
     match link_by_name(handle, name).await? {

@@ -2,7 +2,7 @@
 //! pinned in bpffs. A restarted or upgraded agent finds the pinned links
 //! and swaps its programs in atomically (`bpf_link_update`), so traffic
 //! never runs without a program; maps are pinned by name and reused.
-use std::{fs, io, path::Path};
+use std::{fs, io, os::fd::FromRawFd, path::Path};
 
 use anyhow::{Context, Result};
 use aya::{
@@ -43,13 +43,53 @@ fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassif
         .with_context(|| format!("program {name} is not a classifier"))
 }
 
-/// Whether the pinned link's program is attached to `iface` in this netns.
-fn attached_here(link: &FdLink, iface: &str, kind: TcAttachType) -> bool {
-    let Ok(info) = link.info() else { return false };
-    match SchedClassifier::query_tcx(iface, kind) {
-        Ok((_, progs)) => progs.iter().any(|p| p.id() == info.program_id()),
-        Err(_) => false,
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_TCX_INGRESS: u32 = 46;
+const BPF_TCX_EGRESS: u32 = 47;
+
+/// (ifindex, attach type) of the TCX link pinned at `path`; ifindex 0 once
+/// its device is gone. Read with two raw bpf(2) calls because aya exposes
+/// neither, and the alternative (BPF_PROG_GET_FD_BY_ID) needs CAP_SYS_ADMIN.
+fn pinned_tcx_target(path: &Path) -> Option<(u32, u32)> {
+    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    let mut get = [0u64; 3];
+    get[0] = cpath.as_ptr() as u64; // pathname; bpf_fd, file_flags = 0
+    // SAFETY: bpf(BPF_OBJ_GET) reads the attr we own, with a valid C string.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, get.as_mut_ptr(), std::mem::size_of_val(&get)) };
+    if fd < 0 {
+        return None;
     }
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    let mut info = [0u8; 256];
+    let mut attr = [0u32; 4];
+    attr[0] = std::os::fd::AsRawFd::as_raw_fd(&fd) as u32;
+    attr[1] = info.len() as u32;
+    let ptr = info.as_mut_ptr() as u64;
+    attr[2] = ptr as u32;
+    attr[3] = (ptr >> 32) as u32;
+    // SAFETY: the kernel writes at most info_len bytes into `info`.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, attr.as_mut_ptr(), std::mem::size_of_val(&attr))
+    };
+    if rc != 0 {
+        return None;
+    }
+    // struct bpf_link_info: type, id, prog_id, then (8-aligned) tcx { ifindex, attach_type }
+    let word = |off: usize| u32::from_ne_bytes([info[off], info[off + 1], info[off + 2], info[off + 3]]);
+    Some((word(16), word(20)))
+}
+
+/// Whether the link pinned at `path` is attached to `iface` (in this netns) for `kind`.
+fn attached_here(path: &Path, iface: &str, kind: TcAttachType) -> bool {
+    let Ok(name) = std::ffi::CString::new(iface) else { return false };
+    // SAFETY: plain lookup with a valid C string.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    let want = match kind {
+        TcAttachType::Ingress => BPF_TCX_INGRESS,
+        _ => BPF_TCX_EGRESS,
+    };
+    index != 0 && pinned_tcx_target(path) == Some((index, want))
 }
 
 /// Attaches program `name` to `iface`, adopting a pinned link if there is
@@ -60,7 +100,7 @@ pub fn attach(ebpf: &mut Ebpf, pins: &PinDir, name: &str, iface: &str, kind: TcA
     let adopted = match PinnedLink::from_pin(&link_pin) {
         Ok(pinned) => {
             let fd = FdLink::from(pinned);
-            if attached_here(&fd, iface, kind) {
+            if attached_here(&link_pin, iface, kind) {
                 let link = SchedClassifierLink::try_from(fd).context("pinned link is not a TC link")?;
                 let id = prog
                     .attach_to_link(link)

@@ -8,6 +8,7 @@ mod interop;
 mod kube;
 mod nodes_file;
 mod offline;
+mod privileges;
 mod prog_test_run;
 mod restart;
 

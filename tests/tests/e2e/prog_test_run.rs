@@ -161,12 +161,13 @@ fn encap_builds_flannel_compatible_outer_headers() -> Result<()> {
 
     #[rustfmt::skip]
     let mut want: Vec<u8> = vec![
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00,          // outer eth: kernel fills MACs
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00,          // outer eth: as routed (below); redirect_neigh rewrites it
         0x45, 0x02, 0x00, 134, 0x00, 0x00, 0x00, 0x00, 64, 17, 0, 0, // IPv4, ECN copied, no DF, TTL 64
         198, 18, 0, 1, 198, 18, 0, 2,
         0, 0, 0x21, 0x18, 0x00, 114, 0x00, 0x00,                 // UDP: sport checked below, 8472
         0x08, 0, 0, 0, 0x00, 0x00, 0x01, 0x00,                   // VXLAN: I flag, VNI 1
     ];
+    want[..12].copy_from_slice(&input[..12]);
     let c = checksum(&want[14..34]);
     want[24..26].copy_from_slice(&c);
     want.extend(PEER_MAC);

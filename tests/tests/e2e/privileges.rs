@@ -1,0 +1,42 @@
+//! The DaemonSet grants CAP_BPF and CAP_NET_ADMIN and nothing else
+//! (deploy/daemonset.yaml). This runs the agent with exactly that bounding
+//! set and no new privileges, and checks that it works.
+use std::time::Duration;
+
+use anyhow::Result;
+use edgevx_tests::{
+    agent::Agent,
+    nodes::{flannel_node, node_list, write},
+    topo::{Cluster, pod_ip},
+    traffic::{ping, wait_reachable},
+};
+
+use crate::KERNEL_MAC;
+
+#[test]
+fn agent_runs_with_only_cap_bpf_and_cap_net_admin() -> Result<()> {
+    let mut c = Cluster::new(2)?;
+    c.host_mut(1).mount_bpffs()?; // the host's bpffs, as the DaemonSet's hostPath gives it
+    let nodes = c.dir.join("nodes.json");
+    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
+    let caps = "-all,+bpf,+net_admin";
+    let wrapper = ["setpriv", "--bounding-set", caps, "--inh-caps", caps, "--ambient-caps", caps, "--no-new-privs"];
+    let nodes_s = nodes.to_string_lossy().into_owned();
+    let mut agent = Agent::spawn_via(c.host(1), &wrapper, &["--nodes-file", &nodes_s])?;
+    agent.wait_log("dataplane up", Duration::from_secs(20))?;
+    let pid_caps = std::fs::read_to_string(format!("/proc/{}/status", agent.pid().unwrap_or(0)))?;
+    let eff = pid_caps.lines().find(|l| l.starts_with("CapEff:")).unwrap_or_default().to_string();
+    // CAP_NET_ADMIN is bit 12, CAP_BPF bit 39
+    assert_eq!(eff.split_whitespace().nth(1), Some("0000008000001000"), "{eff}");
+    let mac = agent.status()?["vtep_mac"].as_str().unwrap_or_default().to_string();
+    c.host(2).kernel_vtep(KERNEL_MAC)?;
+    c.host(2).kernel_add_peer(1, &mac)?;
+    wait_reachable(&c.host(1).pod, pod_ip(2), 10)?;
+    assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?, (5, 5));
+    // and it restarts (adopting its pinned links) with the same privileges
+    agent.stop()?;
+    let mut agent = Agent::spawn_via(c.host(1), &wrapper, &["--nodes-file", &nodes_s])?;
+    agent.wait_log("dataplane up", Duration::from_secs(20))?;
+    assert!(agent.log_text().contains("adopted pinned link"), "{}", agent.log_text());
+    Ok(())
+}

@@ -183,6 +183,10 @@ fn log_view(view: &ClusterView) {
 
 /// The dataplane once it is up.
 struct Node {
+    /// The loaded programs until they are attached: only after the maps
+    /// hold every peer, so taking over from flanneld (or from an older
+    /// edgevx) never sends a packet to an empty table.
+    pending: Option<(aya::Ebpf, bpffs::PinDir)>,
     handle: Handle,
     maps: Maps,
     vtep_index: u32,
@@ -196,7 +200,7 @@ async fn bring_up(c: &Checked, conf: &NetConf, own: OwnNode, state: &StateDir, h
     let mtu = c.conf.mtu.unwrap_or(c.underlay.mtu).saturating_sub(ENCAP_OVERHEAD as u32);
     bpffs::ensure_mounted(&c.args.paths.bpffs)?;
     let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
-    let mut ebpf = loader::load(&pins)?;
+    let ebpf = loader::load(&pins)?;
 
     let spec = device::VtepSpec {
         name: device::vtep_name(conf.vni),
@@ -224,9 +228,6 @@ async fn bring_up(c: &Checked, conf: &NetConf, own: OwnNode, state: &StateDir, h
     if !fast {
         maps.sync_local_pods(&Default::default())?;
     }
-    loader::attach(&mut ebpf, &pins, loader::ENCAP, &spec.name, TcAttachType::Egress)?;
-    loader::attach(&mut ebpf, &pins, loader::DECAP, &c.iface, TcAttachType::Ingress)?;
-    drop(ebpf); // the pinned links keep the programs; the pinned maps keep their state
 
     subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, mtu, false)
         .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
@@ -246,11 +247,29 @@ async fn bring_up(c: &Checked, conf: &NetConf, own: OwnNode, state: &StateDir, h
         pid: std::process::id(),
     };
     state.save_agent(&record)?;
-    info!(device = %spec.name, %mac, %public_ip, subnet = %own.subnet, mtu, fast_delivery = fast, "dataplane up");
-    Ok(Node { handle: handle.clone(), maps, vtep_index, own, record })
+    info!(device = %spec.name, %mac, %public_ip, subnet = %own.subnet, mtu, fast_delivery = fast, "VTEP ready");
+    Ok(Node { handle: handle.clone(), maps, vtep_index, own, record, pending: Some((ebpf, pins)) })
 }
 
 impl Node {
+    /// Attaches (or swaps in) the programs, then drops what flanneld left on
+    /// the VTEP: per-peer arp and fdb entries, now unused.
+    async fn attach(&mut self) -> Result<()> {
+        let Some((mut ebpf, pins)) = self.pending.take() else { return Ok(()) };
+        loader::attach(&mut ebpf, &pins, loader::ENCAP, &self.record.vtep_device, TcAttachType::Egress)?;
+        loader::attach(&mut ebpf, &pins, loader::DECAP, &self.record.iface, TcAttachType::Ingress)?;
+        drop(ebpf); // the pinned links keep the programs; the pinned maps keep their state
+        device::set_noarp(&self.handle, self.vtep_index).await?;
+        match device::flush_static_neighbours(&self.handle, self.vtep_index).await? {
+            0 => {}
+            n => info!(entries = n, "removed arp/fdb entries left on the VTEP (adopted from flanneld)"),
+        }
+        let r = &self.record;
+        info!(device = %r.vtep_device, iface = %r.iface, mac = %r.vtep_mac, public_ip = %r.public_ip, subnet = %r.subnet,
+            fast_delivery = r.fast_delivery, "dataplane up");
+        Ok(())
+    }
+
     /// Brings peers in line with `view`; on the first pass also removes what
     /// an earlier run left that nobody accounts for.
     async fn reconcile(
@@ -438,6 +457,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
             n.reconcile(&d.view, &mut reconciler, &state, first_pass).await;
             first_pass = false;
+            if let Err(e) = n.attach().await {
+                error!("cannot attach the programs, retrying: {e:#}");
+            }
             if live && !matches!(c.source, Source::File(_)) {
                 if let Err(e) = state.save_view(d) {
                     warn!("cannot cache the view: {e:#}");

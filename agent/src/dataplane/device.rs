@@ -15,6 +15,7 @@ use rtnetlink::{
         AddressFamily,
         address::AddressAttribute,
         link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
+        neighbour::NeighbourState,
         route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol},
     },
 };
@@ -112,8 +113,17 @@ pub async fn ensure_vtep(handle: &Handle, spec: &VtepSpec) -> Result<u32> {
     if let Some(link) = link_by_name(handle, &spec.name).await? {
         if compatible(&link, spec) {
             let index = link.header.index;
-            let msg =
-                LinkUnspec::new_with_index(index).address(spec.mac.0.to_vec()).mtu(spec.mtu).arp(false).up().build();
+            // Touch only what differs: setting even the same MAC flushes the
+            // device's neighbours, and NOARP (set_noarp, after the programs are
+            // attached) would too; an adopted flannel.1 still forwards with them.
+            let mut msg = LinkUnspec::new_with_index(index);
+            if link_mac(&link).as_deref() != Some(&spec.mac.0[..]) {
+                msg = msg.address(spec.mac.0.to_vec());
+            }
+            if link_mtu(&link) != Some(spec.mtu) {
+                msg = msg.mtu(spec.mtu);
+            }
+            let msg = msg.up().build();
             handle.link().set(msg).execute().await.with_context(|| format!("cannot configure {}", spec.name))?;
             verify_mac(handle, spec).await?;
             return Ok(index);
@@ -138,15 +148,50 @@ pub async fn ensure_vtep(handle: &Handle, spec: &VtepSpec) -> Result<u32> {
     Ok(link.header.index)
 }
 
+fn link_mac(link: &LinkMessage) -> Option<Vec<u8>> {
+    link.attributes.iter().find_map(|a| if let LinkAttribute::Address(m) = a { Some(m.clone()) } else { None })
+}
+
+fn link_mtu(link: &LinkMessage) -> Option<u32> {
+    link.attributes.iter().find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None })
+}
+
+/// `ip link set DEV arp off`: the kernel never resolves the on-link gateways.
+pub async fn set_noarp(handle: &Handle, index: u32) -> Result<()> {
+    let msg = LinkUnspec::new_with_index(index).arp(false).build();
+    handle.link().set(msg).execute().await.context("cannot set NOARP on the VTEP")
+}
+
 /// udev or systemd may rewrite a new device's MAC (flannel#1795): check.
 async fn verify_mac(handle: &Handle, spec: &VtepSpec) -> Result<()> {
     let link = link_by_name(handle, &spec.name).await?.with_context(|| format!("{} does not exist", spec.name))?;
-    let actual =
-        link.attributes.iter().find_map(|a| if let LinkAttribute::Address(m) = a { Some(m.clone()) } else { None });
+    let actual = link_mac(&link);
     if actual.as_deref() != Some(&spec.mac.0[..]) {
         bail!("{} has MAC {:02x?}, not {}: something rewrote it (udev MACAddressPolicy?)", spec.name, actual, spec.mac);
     }
     Ok(())
+}
+
+/// Removes the permanent arp entries and the fdb entries on the VTEP: a
+/// device adopted from flanneld carries one of each per peer, and edgevx
+/// keeps that state in its maps instead.
+/// `ip neigh flush dev flannel.1 nud permanent; bridge fdb flush dev flannel.1`
+pub async fn flush_static_neighbours(handle: &Handle, index: u32) -> Result<usize> {
+    let mut stale = Vec::new();
+    for family in [AddressFamily::Inet, AddressFamily::Bridge] {
+        let mut dump = handle.neighbours().get().set_address_family(family).execute();
+        while let Some(n) = dump.try_next().await.context("cannot list neighbours")? {
+            let permanent = n.header.state == NeighbourState::Permanent;
+            if n.header.ifindex == index && (family == AddressFamily::Bridge || permanent) {
+                stale.push(n);
+            }
+        }
+    }
+    let count = stale.len();
+    for n in stale {
+        handle.neighbours().del(n).execute().await.context("cannot delete a neighbour entry on the VTEP")?;
+    }
+    Ok(count)
 }
 
 /// `<subnet network>/32` on the device, and no other address inside `network`.

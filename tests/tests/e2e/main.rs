@@ -6,6 +6,7 @@ mod edgevx_pair;
 mod etcd;
 mod interop;
 mod kube;
+mod migration;
 mod nodes_file;
 mod offline;
 mod privileges;

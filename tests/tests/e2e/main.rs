@@ -2,6 +2,7 @@
 //! `--test-threads=1`). Each test builds its own namespaces and removes
 //! them on drop, also when it fails.
 mod cli;
+mod deploy;
 mod edgevx_pair;
 mod etcd;
 mod interop;

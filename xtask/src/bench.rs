@@ -110,7 +110,12 @@ fn measure(c: &Cluster, seconds: u32) -> Result<Result3> {
     Ok(Result3 { tcp_gbps, udp_kpps, rtt_us: avg_ms * 1000.0 })
 }
 
-pub fn run(seconds: u32) -> Result<()> {
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub fn run(seconds: u32, rounds: u32) -> Result<()> {
     packages::ensure()?;
     let tools = toolchain::ensure()?;
     build::agent(&tools)?;
@@ -118,14 +123,25 @@ pub fn run(seconds: u32) -> Result<()> {
     // SAFETY: single-threaded here; the harness reads it.
     unsafe { std::env::set_var("EDGEVX_BIN", root.join("target/release/edgevx")) };
     let setups = [Setup::EdgevxFast, Setup::EdgevxHostRouting, Setup::KernelVxlan, Setup::PlainRouting];
-    let mut results = Vec::new();
-    for s in setups {
-        eprintln!("bench: {} ...", s.name());
-        let (c, agents) = bring_up(s)?;
-        results.push(measure(&c, seconds)?);
-        drop(agents);
-        drop(c);
+    // rounds interleave the setups, so drift on the machine hits all of them alike
+    let mut samples: Vec<Vec<Result3>> = setups.iter().map(|_| Vec::new()).collect();
+    for round in 1..=rounds.max(1) {
+        for (i, s) in setups.iter().enumerate() {
+            eprintln!("bench: round {round}: {} ...", s.name());
+            let (c, agents) = bring_up(*s)?;
+            samples[i].push(measure(&c, seconds)?);
+            drop(agents);
+            drop(c);
+        }
     }
+    let results: Vec<Result3> = samples
+        .iter()
+        .map(|v| Result3 {
+            tcp_gbps: median(v.iter().map(|r| r.tcp_gbps).collect()),
+            udp_kpps: median(v.iter().map(|r| r.udp_kpps).collect()),
+            rtt_us: median(v.iter().map(|r| r.rtt_us).collect()),
+        })
+        .collect();
     let kernel = &results[2];
     let plain = &results[3];
     if kernel.tcp_gbps <= 0.0 || plain.tcp_gbps <= 0.0 {

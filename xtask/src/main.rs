@@ -36,6 +36,9 @@ enum Job {
         /// Seconds per iperf3 measurement.
         #[arg(long, default_value_t = 5)]
         seconds: u32,
+        /// Rounds over all setups; each figure is the median.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
     },
 }
 
@@ -46,7 +49,7 @@ fn main() -> ExitCode {
         Job::Build => packages::ensure_build().and_then(|_| toolchain::ensure()).and_then(|t| build::agent(&t)),
         Job::Test { filter } => test::run(filter.as_deref()),
         Job::Demo => demo::run(),
-        Job::Bench { seconds } => bench::run(seconds),
+        Job::Bench { seconds, rounds } => bench::run(seconds, rounds),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -40,7 +40,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
             }
         }
     }
-    let mut files = vec![AGENT_FILE, PEERS_FILE];
+    let mut files = vec![AGENT_FILE, PEERS_FILE, crate::cache::VIEW_FILE];
     if args.purge_mac {
         files.push(MAC_FILE);
     }

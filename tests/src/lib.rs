@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod kubeapi;
 pub mod netns;
 pub mod nodes;
+pub mod scenario;
 pub mod topo;
 pub mod traffic;
 

@@ -5,15 +5,12 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 use edgevx_tests::{
-    agent::Agent,
-    nodes::{flannel_node, node_list, write},
-    topo::{Cluster, pod_ip},
-    traffic::{Peer, ping, wait_reachable},
+    scenario::{EdgevxAndFlannel, edgevx_and_flannel},
+    topo::pod_ip,
+    traffic::{Peer, ping},
 };
 
 use crate::{build, exec, packages, toolchain};
-
-const KERNEL_MAC: &str = "02:00:00:00:02:01";
 
 fn step(text: &str) {
     eprintln!("\n==> {text}");
@@ -30,24 +27,21 @@ pub fn run() -> Result<()> {
     unsafe { std::env::set_var("EDGEVX_BIN", &bin) };
 
     step("two nodes on a veth underlay (198.18.0.0/24), one pod each (10.244.1.2, 10.244.2.2)");
-    let mut c = Cluster::new(2)?;
-    c.host_mut(1).mount_bpffs()?;
-    let nodes = c.dir.join("nodes.json");
-    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
-    eprintln!("nodes file {} (a NodeList with flannel's annotations)", nodes.display());
-
-    step("node1: edgevx run (TC encap on flannel.1, decap on eth0; no fdb, no arp)");
-    let agent = Agent::start(c.host(1), &nodes, &[])?;
-    let mac = agent.status()?["vtep_mac"].as_str().context("no MAC")?.to_string();
-    eprintln!("node1 VTEP MAC {mac} (saved in {})", c.host(1).state_dir().display());
-
-    step("node2: unmodified flannel-style kernel VXLAN (flannel.1 + arp + fdb + route, as flanneld sets them)");
-    c.host(2).kernel_vtep(KERNEL_MAC)?;
-    c.host(2).kernel_add_peer(1, &mac)?;
+    eprintln!("node1: edgevx run from a nodes file (a NodeList with flannel's annotations)");
+    eprintln!(
+        "node2: an unmodified flannel-style node: kernel VXLAN flannel.1 plus flanneld's arp, fdb and route entries"
+    );
+    let EdgevxAndFlannel { cluster: c, agent, mac, nodes_file } = edgevx_and_flannel(&[])?;
+    eprintln!("nodes file: {}", nodes_file.display());
+    eprintln!(
+        "node1 VTEP MAC {mac} (saved in {}); on node1 no fdb and no arp entries:",
+        c.host(1).state_dir().display()
+    );
+    eprint!("{}", c.host(1).ns.run(&["bridge", "fdb", "show", "dev", "flannel.1"])?);
+    eprintln!("node2's fdb entry for node1, as flanneld would write it:");
     eprint!("{}", c.host(2).ns.run(&["bridge", "fdb", "show", "dev", "flannel.1"])?);
 
     step("pod traffic");
-    wait_reachable(&c.host(1).pod, pod_ip(2), 10)?;
     let (tx, rx) = ping(&c.host(1).pod, pod_ip(2), 5, "0.2")?;
     eprintln!("ping pod1 -> pod2: {rx}/{tx} replies");
     let (tx, rx) = ping(&c.host(2).pod, pod_ip(1), 5, "0.2")?;

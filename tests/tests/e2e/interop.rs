@@ -5,25 +5,17 @@ use std::time::Duration;
 use anyhow::Result;
 use edgevx_tests::{
     agent::{Agent, wait_status},
-    nodes::{flannel_node, node_list, write},
+    scenario::edgevx_and_flannel,
     topo::{Cluster, pod_ip},
-    traffic::{ping, wait_reachable},
+    traffic::ping,
 };
 
-use crate::{KERNEL_MAC, MIB, testpeer};
+use crate::{MIB, testpeer};
 
 /// Node 1 runs edgevx (with `extra` flags), node 2 is a kernel flannel node.
 fn edgevx_and_kernel(extra: &[&str]) -> Result<(Cluster, Agent)> {
-    let mut c = Cluster::new(2)?;
-    c.host_mut(1).mount_bpffs()?;
-    let nodes = c.dir.join("nodes.json");
-    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
-    let agent = Agent::start(c.host(1), &nodes, extra)?;
-    let mac = agent.status()?["vtep_mac"].as_str().unwrap_or_default().to_string();
-    c.host(2).kernel_vtep(KERNEL_MAC)?;
-    c.host(2).kernel_add_peer(1, &mac)?;
-    wait_reachable(&c.host(1).pod, pod_ip(2), 20)?;
-    Ok((c, agent))
+    let s = edgevx_and_flannel(extra)?;
+    Ok((s.cluster, s.agent))
 }
 
 /// An nftables FORWARD rule on a node, as a policy-enforcing cluster has.

@@ -28,15 +28,21 @@ fn kube_args(kubeconfig: &str) -> Vec<&str> {
     vec!["--kube", "--kubeconfig", kubeconfig]
 }
 
-#[test]
-fn kube_source_publishes_like_flanneld_and_follows_nodes() -> Result<()> {
-    let mut c = Cluster::new(3)?;
+/// The stand-in API inside node1's namespace, knowing node1 as kubelet
+/// registered it; returns it and the kubeconfig path for the agent.
+fn api_for_node1(c: &mut Cluster) -> Result<(KubeApi, String)> {
     let api = KubeApi::start_in(&c.host(1).ns.name)?;
     api.put_node(bare_node(1));
     let kc = c.dir.join("kubeconfig");
     api.kubeconfig(&kc)?;
-    let kc = kc.to_string_lossy().into_owned();
     c.host_mut(1).mount_bpffs()?;
+    Ok((api, kc.to_string_lossy().into_owned()))
+}
+
+#[test]
+fn kube_source_publishes_like_flanneld_and_follows_nodes() -> Result<()> {
+    let mut c = Cluster::new(3)?;
+    let (api, kc) = api_for_node1(&mut c)?;
     let mut agent = Agent::start_with(c.host(1), &kube_args(&kc))?;
     let mac = agent.status()?["vtep_mac"].as_str().unwrap_or_default().to_string();
 
@@ -82,8 +88,12 @@ fn kube_source_publishes_like_flanneld_and_follows_nodes() -> Result<()> {
     let lists = api.lists();
     api.expire_watches();
     api.put_node(flannel_node(3, Some("02:00:00:00:03:01")));
-    wait_status(&agent, Duration::from_secs(10), "node3 added after a re-list", |s| peers(s).len() == 2)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while api.lists() == lists && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(api.lists() > lists, "no re-list after 410 Gone");
+    wait_status(&agent, Duration::from_secs(10), "node3 added", |s| peers(s).len() == 2)?;
 
     api.delete_node("node2");
     wait_status(&agent, Duration::from_secs(5), "node2 deleted", |s| {
@@ -106,16 +116,11 @@ fn kube_source_publishes_like_flanneld_and_follows_nodes() -> Result<()> {
 #[test]
 fn kube_offline_start_uses_the_cache_and_reconciles_when_the_api_returns() -> Result<()> {
     let mut c = Cluster::new(3)?;
-    let api = KubeApi::start_in(&c.host(1).ns.name)?;
-    api.put_node(bare_node(1));
+    let (api, kc) = api_for_node1(&mut c)?;
     for i in [2u8, 3] {
         api.put_node(flannel_node(i, Some(KERNEL_MAC)));
         c.host(i).kernel_vtep(KERNEL_MAC)?;
     }
-    let kc = c.dir.join("kubeconfig");
-    api.kubeconfig(&kc)?;
-    let kc = kc.to_string_lossy().into_owned();
-    c.host_mut(1).mount_bpffs()?;
     let mut agent = Agent::start_with(c.host(1), &kube_args(&kc))?;
     let mac = agent.status()?["vtep_mac"].as_str().unwrap_or_default().to_string();
     for i in [2u8, 3] {

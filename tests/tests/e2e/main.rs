@@ -16,8 +16,7 @@ mod restart;
 
 use edgevx_tests::traffic::Peer;
 
-/// The kernel VTEP MAC of flannel-style nodes in these tests.
-pub const KERNEL_MAC: &str = "02:00:00:00:02:01";
+pub use edgevx_tests::scenario::KERNEL_MAC;
 
 pub fn testpeer() -> Peer {
     Peer::new(env!("CARGO_BIN_EXE_edgevx-testpeer"))

@@ -2,28 +2,18 @@
 //! agent being killed.
 use std::{process::Stdio, time::Duration};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use edgevx_tests::{
     agent::Agent,
-    nodes::{flannel_node, node_list, write},
+    scenario::edgevx_and_flannel,
     topo::{Cluster, pod_ip},
     traffic::{ping, wait_reachable},
 };
 
-use crate::KERNEL_MAC;
-
 fn setup() -> Result<(Cluster, std::path::PathBuf, Agent, String)> {
-    let mut c = Cluster::new(2)?;
-    c.host_mut(1).mount_bpffs()?;
-    let nodes = c.dir.join("nodes.json");
-    // our own node publishes no MAC: it comes from the state dir
-    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
-    let agent = Agent::start(c.host(1), &nodes, &[])?;
-    let mac = agent.status()?["vtep_mac"].as_str().context("no vtep_mac")?.to_string();
-    c.host(2).kernel_vtep(KERNEL_MAC)?;
-    c.host(2).kernel_add_peer(1, &mac)?;
-    wait_reachable(&c.host(2).pod, pod_ip(1), 10)?;
-    Ok((c, nodes, agent, mac))
+    // our own node publishes no MAC in the file: it comes from the state dir
+    let s = edgevx_and_flannel(&[])?;
+    Ok((s.cluster, s.nodes_file, s.agent, s.mac))
 }
 
 #[test]

@@ -95,7 +95,7 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub paths: Paths,
     /// Print JSON instead of a table.
-    #[arg(long)]
+    #[arg(long, env = "EDGEVX_JSON")]
     pub json: bool,
 }
 
@@ -104,6 +104,6 @@ pub struct CleanupArgs {
     #[command(flatten)]
     pub paths: Paths,
     /// Also delete the saved VTEP MAC (peers will need the new one after the next start).
-    #[arg(long)]
+    #[arg(long, env = "EDGEVX_PURGE_MAC")]
     pub purge_mac: bool,
 }

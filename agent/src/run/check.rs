@@ -1,0 +1,149 @@
+//! Everything `edgevx run` checks before it touches the host, and the
+//! choice of source. A failure here is a usage error: exit code 2.
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Result;
+use rtnetlink::Handle;
+
+use crate::{
+    UsageError,
+    annotations::AnnotationNames,
+    cli::RunArgs,
+    dataplane::device,
+    netconf::NetConf,
+    source::{etcd, kube},
+};
+
+/// Where desired state comes from.
+pub(super) enum Source {
+    File(PathBuf),
+    Kube(::kube::Client),
+    Etcd(etcd::EtcdSettings),
+}
+
+impl Source {
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            Source::File(_) => "nodes file",
+            Source::Kube(_) => "Kubernetes API",
+            Source::Etcd(_) => "etcd",
+        }
+    }
+}
+
+/// Everything `run` needs, checked before the host is touched.
+pub(super) struct Checked {
+    pub(super) args: RunArgs,
+    pub(super) node: String,
+    pub(super) conf: NetConf,
+    pub(super) names: AnnotationNames,
+    /// The underlay interface's name (`--iface`, or the default route's).
+    pub(super) iface: String,
+    pub(super) underlay: device::Underlay,
+    pub(super) source: Source,
+}
+
+fn usage(m: String) -> anyhow::Error {
+    anyhow::Error::new(UsageError(m))
+}
+
+fn existing_file(flag: &str, p: &Option<PathBuf>) -> Result<()> {
+    match p {
+        Some(p) if !p.is_file() => Err(usage(format!("{flag} {}: no such file", p.display()))),
+        _ => Ok(()),
+    }
+}
+
+async fn choose_source(args: &RunArgs) -> Result<Source> {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let kube = args.kube || (in_cluster && args.nodes_file.is_none() && args.etcd_endpoints.is_none());
+    let chosen = [args.nodes_file.is_some(), kube, args.etcd_endpoints.is_some()].iter().filter(|b| **b).count();
+    if chosen != 1 {
+        return Err(usage("give exactly one source: --nodes-file, --kube or --etcd-endpoints".into()));
+    }
+    if let Some(path) = &args.nodes_file {
+        if !path.is_file() {
+            return Err(usage(format!("--nodes-file {}: no such file", path.display())));
+        }
+        std::fs::File::open(path).map_err(|e| usage(format!("--nodes-file {}: {e}", path.display())))?;
+        return Ok(Source::File(path.clone()));
+    }
+    if kube {
+        existing_file("--kubeconfig", &args.kubeconfig)?;
+        let client =
+            kube::client(args.kubeconfig.as_deref(), &args.user_agent).await.map_err(|e| usage(format!("{e:#}")))?;
+        return Ok(Source::Kube(client));
+    }
+    let endpoints: Vec<String> = args
+        .etcd_endpoints
+        .iter()
+        .flat_map(|e| e.split(','))
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(String::from)
+        .collect();
+    if endpoints.is_empty() {
+        return Err(usage("--etcd-endpoints is empty".into()));
+    }
+    for (flag, f) in [
+        ("--etcd-cafile", &args.etcd_cafile),
+        ("--etcd-certfile", &args.etcd_certfile),
+        ("--etcd-keyfile", &args.etcd_keyfile),
+    ] {
+        existing_file(flag, f)?;
+    }
+    if args.etcd_certfile.is_some() != args.etcd_keyfile.is_some() {
+        return Err(usage("--etcd-certfile and --etcd-keyfile go together".into()));
+    }
+    if args.net_conf.is_some() {
+        return Err(usage(format!("--net-conf does not apply with etcd: the config is {}/config", args.etcd_prefix)));
+    }
+    if args.subnet_lease_renew_margin_secs >= args.subnet_lease_ttl {
+        return Err(usage("--subnet-lease-renew-margin-secs must be below --subnet-lease-ttl".into()));
+    }
+    Ok(Source::Etcd(etcd::EtcdSettings {
+        endpoints,
+        prefix: args.etcd_prefix.trim_end_matches('/').to_string(),
+        cafile: args.etcd_cafile.clone(),
+        certfile: args.etcd_certfile.clone(),
+        keyfile: args.etcd_keyfile.clone(),
+        lease_ttl: Duration::from_secs(args.subnet_lease_ttl),
+        renew_margin: Duration::from_secs(args.subnet_lease_renew_margin_secs),
+    }))
+}
+
+pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
+    let node = args
+        .node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok())
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| usage("--node-name (or EDGEVX_NODE_NAME / NODE_NAME) is required".into()))?;
+    let names = AnnotationNames::new(&args.kube_annotation_prefix)
+        .map_err(|e| usage(format!("--kube-annotation-prefix: {e}")))?;
+    let conf = match &args.net_conf {
+        Some(p) => NetConf::load(p).map_err(|e| usage(format!("--net-conf: {e}")))?,
+        None => NetConf::default(),
+    };
+    let iface = match &args.iface {
+        Some(i) => i.clone(),
+        None => device::default_route_iface(handle)
+            .await?
+            .ok_or_else(|| usage("no --iface and no IPv4 default route to take it from".into()))?,
+    };
+    let underlay = match device::link_by_name(handle, &iface).await {
+        Ok(Some(_)) => device::underlay(handle, &iface).await?,
+        Ok(None) => return Err(usage(format!("--iface {iface}: no such interface"))),
+        Err(e) => return Err(e),
+    };
+    if args.public_ip.is_none() && underlay.ipv4.is_none() {
+        return Err(usage(format!("--iface {iface} has no IPv4 address; give --public-ip")));
+    }
+    for (flag, dir) in [("--state-dir", &args.paths.state_dir), ("--bpffs", &args.paths.bpffs)] {
+        if dir.exists() && !dir.is_dir() {
+            return Err(usage(format!("{flag} {} is not a directory", dir.display())));
+        }
+    }
+    let source = choose_source(&args).await?;
+    Ok(Checked { args, node, conf, names, iface, underlay, source })
+}

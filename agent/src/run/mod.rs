@@ -1,0 +1,197 @@
+//! `edgevx run`: validate everything, then bring up the dataplane and keep
+//! it equal to what its source says until told to stop. Stopping leaves
+//! the dataplane in place (pinned), so traffic never notices the agent.
+use std::{net::Ipv4Addr, time::Duration};
+
+use anyhow::{Context, Result};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
+use tracing::{debug, error, info, warn};
+
+use crate::{
+    cli::RunArgs,
+    peer::ClusterView,
+    reconcile::Reconciler,
+    source::{Desired, LocalVtep, NodeReader, etcd, kube, nodes_file},
+    state::StateDir,
+};
+
+mod check;
+mod node;
+
+use check::{Checked, Source, check};
+use node::{Node, bring_up, readdress};
+
+/// How often local pods are re-learned and failed peers retried.
+const LEARN_EVERY: Duration = Duration::from_secs(1);
+const RESYNC_EVERY: Duration = Duration::from_secs(30);
+
+fn log_view(view: &ClusterView) {
+    for r in &view.rejected {
+        warn!(node = %r.node, "skipping malformed node: {}", r.reason);
+    }
+    for r in &view.ignored {
+        debug!(node = %r.node, "not a peer: {}", r.reason);
+    }
+    if let Some(p) = &view.own_problem {
+        error!("{p}; waiting for the nodes file to name this node with a pod CIDR");
+    }
+}
+
+/// How long a control-plane source gets to answer before the cached view
+/// is used, so an offline node has its dataplane back within a second.
+const CACHE_AFTER: Duration = Duration::from_millis(600);
+
+/// Starts the chosen source; returns its tasks (aborted on exit).
+fn start_source(
+    c: &Checked,
+    state: &StateDir,
+    tx: mpsc::Sender<Desired>,
+    local: watch::Receiver<Option<LocalVtep>>,
+) -> Vec<JoinHandle<()>> {
+    let reader = NodeReader { names: c.names.clone(), own_name: c.node.clone(), conf: c.conf.clone() };
+    match &c.source {
+        Source::File(path) => vec![nodes_file::watch(path.clone(), reader, tx)],
+        Source::Kube(client) => vec![
+            kube::watch_nodes(client.clone(), reader, tx),
+            kube::publish(client.clone(), c.node.clone(), c.names.clone(), local),
+        ],
+        Source::Etcd(settings) => {
+            let me = etcd::Identity4 {
+                public_ip: c.args.public_ip.or(c.underlay.ipv4).unwrap_or(Ipv4Addr::UNSPECIFIED),
+                state: state.clone(),
+                subnet_file: c.args.subnet_file.clone(),
+            };
+            vec![etcd::run(settings.clone(), me, tx)]
+        }
+    }
+}
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
+    tokio::spawn(conn);
+    let c = check(args, &handle).await?;
+    let state = StateDir(c.args.paths.state_dir.clone());
+
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let (tx, mut rx) = mpsc::channel::<Desired>(8);
+    let (local_tx, local_rx) = watch::channel::<Option<LocalVtep>>(None);
+    let tasks = start_source(&c, &state, tx, local_rx);
+    info!(source = c.source.name(), node = %c.node, "agent starting");
+
+    // a control plane that does not answer at once: bring back the last good view
+    let mut desired: Option<Desired> = None;
+    let mut live = true;
+    if !matches!(c.source, Source::File(_)) {
+        match tokio::time::timeout(CACHE_AFTER, rx.recv()).await {
+            Ok(Some(d)) => desired = Some(d),
+            _ => match state.load_view() {
+                Ok(Some(cached)) => {
+                    warn!(
+                        source = c.source.name(),
+                        "control plane not reachable; restoring the dataplane from the cached view and retrying in the background"
+                    );
+                    desired = Some(cached);
+                    live = false;
+                }
+                Ok(None) => {
+                    warn!(source = c.source.name(), "control plane not reachable and no cached view; waiting for it")
+                }
+                Err(e) => warn!("cannot read the cached view: {e:#}"),
+            },
+        }
+    }
+
+    let mut node: Option<Node> = None;
+    let mut reconciler = Reconciler::adopt(state.load_peers().unwrap_or_else(|e| {
+        warn!("ignoring the saved peer list: {e:#}");
+        Vec::new()
+    }));
+    let mut learn = tokio::time::interval(LEARN_EVERY);
+    let mut resync = tokio::time::interval(RESYNC_EVERY);
+    let mut first_pass = true;
+    let mut fresh = desired.is_some();
+    loop {
+        if !fresh {
+            tokio::select! {
+                Some(d) = rx.recv() => {
+                    if !live {
+                        info!(source = c.source.name(), "control plane reachable again; reconciling");
+                    }
+                    desired = Some(d);
+                    live = true;
+                }
+                _ = learn.tick() => {
+                    if let Some(n) = node.as_mut() { n.learn_pods().await; }
+                    continue;
+                }
+                _ = resync.tick() => {}
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+            }
+        }
+        fresh = false;
+        let Some(d) = desired.as_ref() else { continue };
+        if live {
+            log_view(&d.view);
+        }
+        let Some(own) = d.view.own.clone() else {
+            continue;
+        };
+        match node.as_mut() {
+            None => match bring_up(&c, &d.conf, own, &state, &handle).await {
+                Ok(n) => {
+                    local_tx.send_replace(Some(LocalVtep {
+                        mac: n.record.vtep_mac,
+                        public_ip: n.record.public_ip,
+                        vni: n.record.vni,
+                        subnet: n.own.subnet,
+                    }));
+                    node = Some(n);
+                }
+                Err(e) => {
+                    error!("cannot bring up the dataplane, retrying: {e:#}");
+                    continue;
+                }
+            },
+            Some(n) if n.own.subnet != own.subnet => {
+                warn!(old = %n.own.subnet, new = %own.subnet, "own pod CIDR changed; re-addressing the VTEP");
+                if let Err(e) = readdress(n, &c, &own, &state).await {
+                    error!("cannot apply the new pod CIDR: {e:#}");
+                    continue;
+                }
+                local_tx.send_replace(Some(LocalVtep {
+                    mac: n.record.vtep_mac,
+                    public_ip: n.record.public_ip,
+                    vni: n.record.vni,
+                    subnet: own.subnet,
+                }));
+            }
+            Some(_) => {}
+        }
+        if let Some(n) = node.as_mut() {
+            if d.conf.vni != n.record.vni || d.conf.port != n.record.port || d.conf.network != n.record.network {
+                warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
+            }
+            n.reconcile(&d.view, &mut reconciler, &state, first_pass).await;
+            first_pass = false;
+            if let Err(e) = n.attach().await {
+                error!("cannot attach the programs, retrying: {e:#}");
+            }
+            if live && !matches!(c.source, Source::File(_)) {
+                if let Err(e) = state.save_view(d) {
+                    warn!("cannot cache the view: {e:#}");
+                }
+            }
+        }
+    }
+    for t in tasks {
+        t.abort();
+    }
+    info!("stopping; the dataplane stays in place (edgevx cleanup removes it)");
+    Ok(())
+}

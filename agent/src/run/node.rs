@@ -1,0 +1,175 @@
+//! The dataplane of a running agent: brought up once, then kept equal to
+//! the desired view (peers, local pods, own address).
+use std::net::Ipv4Addr;
+
+use anyhow::{Context, Result};
+use aya::programs::TcAttachType;
+use edgevx_common::{
+    maps::{DataplaneConfig, FLAG_FAST_DELIVERY},
+    vxlan::ENCAP_OVERHEAD,
+};
+use ipnet::Ipv4Net;
+use rtnetlink::Handle;
+use tracing::{error, info, warn};
+
+use super::check::Checked;
+use crate::{
+    dataplane::{bpffs, device, loader, local_pods, maps::Maps, peers},
+    netconf::NetConf,
+    peer::{ClusterView, OwnNode},
+    reconcile::{self, Reconciler},
+    state::{AgentRecord, StateDir},
+    subnet_env, vtep_mac,
+};
+
+/// The dataplane once it is up.
+pub(super) struct Node {
+    /// The loaded programs until they are attached: only after the maps
+    /// hold every peer, so taking over from flanneld (or from an older
+    /// edgevx) never sends a packet to an empty table.
+    pub(super) pending: Option<(aya::Ebpf, bpffs::PinDir)>,
+    pub(super) handle: Handle,
+    pub(super) maps: Maps,
+    pub(super) vtep_index: u32,
+    pub(super) own: OwnNode,
+    pub(super) record: AgentRecord,
+}
+
+pub(super) async fn bring_up(
+    c: &Checked,
+    conf: &NetConf,
+    own: OwnNode,
+    state: &StateDir,
+    handle: &Handle,
+) -> Result<Node> {
+    let (mac, _) = vtep_mac::choose(own.published_mac, state)?;
+    let public_ip: Ipv4Addr = c.args.public_ip.or(own.node_public_ip).or(c.underlay.ipv4).context("no public IP")?;
+    let mtu = c.conf.mtu.unwrap_or(c.underlay.mtu).saturating_sub(ENCAP_OVERHEAD as u32);
+    bpffs::ensure_mounted(&c.args.paths.bpffs)?;
+    let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
+    let ebpf = loader::load(&pins)?;
+
+    let spec = device::VtepSpec {
+        name: device::vtep_name(conf.vni),
+        vni: conf.vni,
+        port: conf.port,
+        local: public_ip,
+        underlay_index: c.underlay.index,
+        mac,
+        mtu,
+    };
+    let vtep_index = device::ensure_vtep(handle, &spec).await?;
+    device::ensure_address(handle, vtep_index, own.subnet, conf.network).await?;
+
+    let mut maps = Maps::open(&pins)?;
+    let fast = !c.args.host_routing;
+    maps.set_config(&DataplaneConfig {
+        vni: conf.vni,
+        local_ip: public_ip.octets(),
+        vtep_mac: mac.0,
+        port: conf.port,
+        flags: if fast { FLAG_FAST_DELIVERY } else { 0 },
+        vtep_ifindex: vtep_index,
+        underlay_ifindex: c.underlay.index,
+    })?;
+    if !fast {
+        maps.sync_local_pods(&Default::default())?;
+    }
+
+    subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, mtu, false)
+        .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
+    let record = AgentRecord {
+        node: c.node.clone(),
+        iface: c.iface.clone(),
+        vtep_device: spec.name.clone(),
+        vtep_mac: mac,
+        vni: conf.vni,
+        port: conf.port,
+        public_ip,
+        subnet: own.subnet,
+        network: conf.network,
+        mtu,
+        fast_delivery: fast,
+        subnet_file: c.args.subnet_file.clone(),
+        pid: std::process::id(),
+    };
+    state.save_agent(&record)?;
+    info!(device = %spec.name, %mac, %public_ip, subnet = %own.subnet, mtu, fast_delivery = fast, "VTEP ready");
+    Ok(Node { handle: handle.clone(), maps, vtep_index, own, record, pending: Some((ebpf, pins)) })
+}
+
+impl Node {
+    /// Attaches (or swaps in) the programs, then drops what flanneld left on
+    /// the VTEP: per-peer arp and fdb entries, now unused.
+    pub(super) async fn attach(&mut self) -> Result<()> {
+        let Some((mut ebpf, pins)) = self.pending.take() else { return Ok(()) };
+        loader::attach(&mut ebpf, &pins, loader::ENCAP, &self.record.vtep_device, TcAttachType::Egress)?;
+        loader::attach(&mut ebpf, &pins, loader::DECAP, &self.record.iface, TcAttachType::Ingress)?;
+        drop(ebpf); // the pinned links keep the programs; the pinned maps keep their state
+        device::set_noarp(&self.handle, self.vtep_index).await?;
+        match device::flush_static_neighbours(&self.handle, self.vtep_index).await? {
+            0 => {}
+            n => info!(entries = n, "removed arp/fdb entries left on the VTEP (adopted from flanneld)"),
+        }
+        let r = &self.record;
+        info!(device = %r.vtep_device, iface = %r.iface, mac = %r.vtep_mac, public_ip = %r.public_ip, subnet = %r.subnet,
+            fast_delivery = r.fast_delivery, "dataplane up");
+        Ok(())
+    }
+
+    /// Brings peers in line with `view`; on the first pass also removes what
+    /// an earlier run left that nobody accounts for.
+    pub(super) async fn reconcile(
+        &mut self,
+        rules_view: &ClusterView,
+        reconciler: &mut Reconciler,
+        state: &StateDir,
+        collect: bool,
+    ) {
+        let programmed = reconciler.programmed().map(|p| (p.node.clone(), p.clone())).collect();
+        let (accepted, rejected) = reconcile::select(self.own.subnet, &programmed, &rules_view.peers);
+        for r in &rejected {
+            warn!(node = %r.node, "skipping conflicting node: {}", r.reason);
+        }
+        let mut table = peers::Programmed { maps: &mut self.maps, handle: &self.handle, vtep_index: self.vtep_index };
+        let changed = reconciler.apply(&mut table, &accepted).await;
+        if collect {
+            let keep: Vec<Ipv4Net> = reconciler.programmed().map(|p| p.subnet).collect();
+            match peers::collect_stale_routes(&self.handle, self.vtep_index, &keep).await {
+                Ok(gone) if !gone.is_empty() => info!(?gone, "removed stale routes"),
+                Ok(_) => {}
+                Err(e) => warn!("cannot collect stale routes: {e:#}"),
+            }
+            if let Err(e) = self.maps.retain_subnets(&keep) {
+                warn!("cannot collect stale map entries: {e:#}");
+            }
+        }
+        if changed || collect {
+            if let Err(e) = state.save_peers(reconciler.programmed()) {
+                error!("cannot save the peer list: {e:#}");
+            }
+        }
+    }
+
+    pub(super) async fn learn_pods(&mut self) {
+        if !self.record.fast_delivery {
+            return;
+        }
+        match local_pods::discover(&self.handle, self.own.subnet).await {
+            Ok(pods) => {
+                if let Err(e) = self.maps.sync_local_pods(&pods) {
+                    warn!("cannot update local pods: {e:#}");
+                }
+            }
+            Err(e) => warn!("cannot learn local pods: {e:#}"),
+        }
+    }
+}
+
+pub(super) async fn readdress(n: &mut Node, c: &Checked, own: &OwnNode, state: &StateDir) -> Result<()> {
+    device::ensure_address(&n.handle, n.vtep_index, own.subnet, n.record.network).await?;
+    subnet_env::write(&c.args.subnet_file, n.record.network, own.subnet, n.record.mtu, false)?;
+    n.own = own.clone();
+    n.record.subnet = own.subnet;
+    state.save_agent(&n.record)
+}

@@ -62,6 +62,12 @@ impl Reconciler {
         Reconciler { programmed: programmed.into_iter().map(|p| (p.node.clone(), p)).collect(), unverified: true }
     }
 
+    /// Forgets that anything is known to be programmed (the kernel state
+    /// went away underneath): the next pass re-puts every peer.
+    pub fn distrust(&mut self) {
+        self.unverified = true;
+    }
+
     pub fn programmed(&self) -> impl Iterator<Item = &Peer> {
         self.programmed.values()
     }

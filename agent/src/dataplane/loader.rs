@@ -137,6 +137,12 @@ pub fn attach(ebpf: &mut Ebpf, pins: &PinDir, name: &str, iface: &str, kind: TcA
     Ok(())
 }
 
+/// Whether both pinned links are still attached where they belong.
+pub fn links_attached(pins: &PinDir, vtep: &str, underlay: &str) -> bool {
+    attached_here(&pins.link(ENCAP), vtep, TcAttachType::Egress)
+        && attached_here(&pins.link(DECAP), underlay, TcAttachType::Ingress)
+}
+
 pub fn remove_pin(path: &Path) -> Result<()> {
     match fs::remove_file(path) {
         Ok(()) => Ok(()),

@@ -126,8 +126,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     live = true;
                 }
                 _ = learn.tick() => {
-                    if let Some(n) = node.as_mut() { n.learn_pods().await; }
-                    continue;
+                    let Some(n) = node.as_mut() else { continue };
+                    if n.intact().await {
+                        n.learn_pods().await;
+                        continue;
+                    }
+                    // someone deleted the VTEP or detached a program: build it all again
+                    warn!("the VTEP device or an attached program is gone; rebuilding the dataplane");
+                    node = None;
+                    reconciler.distrust();
+                    first_pass = true;
                 }
                 _ = resync.tick() => {}
                 _ = term.recv() => break,

@@ -27,7 +27,8 @@ pub(super) struct Node {
     /// The loaded programs until they are attached: only after the maps
     /// hold every peer, so taking over from flanneld (or from an older
     /// edgevx) never sends a packet to an empty table.
-    pub(super) pending: Option<(aya::Ebpf, bpffs::PinDir)>,
+    pub(super) pending: Option<aya::Ebpf>,
+    pub(super) pins: bpffs::PinDir,
     pub(super) handle: Handle,
     pub(super) maps: Maps,
     pub(super) vtep_index: u32,
@@ -95,16 +96,16 @@ pub(super) async fn bring_up(
     };
     state.save_agent(&record)?;
     info!(device = %spec.name, %mac, %public_ip, subnet = %own.subnet, mtu, fast_delivery = fast, "VTEP ready");
-    Ok(Node { handle: handle.clone(), maps, vtep_index, own, record, pending: Some((ebpf, pins)) })
+    Ok(Node { handle: handle.clone(), maps, vtep_index, own, record, pending: Some(ebpf), pins })
 }
 
 impl Node {
     /// Attaches (or swaps in) the programs, then drops what flanneld left on
     /// the VTEP: per-peer arp and fdb entries, now unused.
     pub(super) async fn attach(&mut self) -> Result<()> {
-        let Some((mut ebpf, pins)) = self.pending.take() else { return Ok(()) };
-        loader::attach(&mut ebpf, &pins, loader::ENCAP, &self.record.vtep_device, TcAttachType::Egress)?;
-        loader::attach(&mut ebpf, &pins, loader::DECAP, &self.record.iface, TcAttachType::Ingress)?;
+        let Some(mut ebpf) = self.pending.take() else { return Ok(()) };
+        loader::attach(&mut ebpf, &self.pins, loader::ENCAP, &self.record.vtep_device, TcAttachType::Egress)?;
+        loader::attach(&mut ebpf, &self.pins, loader::DECAP, &self.record.iface, TcAttachType::Ingress)?;
         drop(ebpf); // the pinned links keep the programs; the pinned maps keep their state
         device::set_noarp(&self.handle, self.vtep_index).await?;
         match device::flush_static_neighbours(&self.handle, self.vtep_index).await? {
@@ -149,6 +150,16 @@ impl Node {
                 error!("cannot save the peer list: {e:#}");
             }
         }
+    }
+
+    /// Whether the VTEP device and both attached programs are still there.
+    pub(super) async fn intact(&self) -> bool {
+        if self.pending.is_some() {
+            return true; // not attached yet
+        }
+        let device_ok = matches!(device::link_by_name(&self.handle, &self.record.vtep_device).await,
+            Ok(Some(l)) if l.header.index == self.vtep_index);
+        device_ok && loader::links_attached(&self.pins, &self.record.vtep_device, &self.record.iface)
     }
 
     pub(super) async fn learn_pods(&mut self) {

@@ -76,3 +76,15 @@ fn no_ping_is_lost_across_kill_9_and_restart() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn a_deleted_vtep_is_rebuilt_with_the_same_mac() -> Result<()> {
+    let (c, _nodes, mut agent, mac) = setup()?;
+    c.host(1).ns.ip(&["link", "del", "flannel.1"])?;
+    agent.wait_log("rebuilding the dataplane", Duration::from_secs(5))?;
+    wait_reachable(&c.host(1).pod, pod_ip(2), 10)?;
+    assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?, (5, 5));
+    assert!(c.host(1).ns.ip(&["link", "show", "flannel.1"])?.contains(&mac), "rebuilt with another MAC");
+    assert!(c.host(1).ns.ip(&["route"])?.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1"));
+    Ok(())
+}

@@ -121,6 +121,7 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
         .ok_or_else(|| usage("--node-name (or EDGEVX_NODE_NAME / NODE_NAME) is required".into()))?;
     let names = AnnotationNames::new(&args.kube_annotation_prefix)
         .map_err(|e| usage(format!("--kube-annotation-prefix: {e}")))?;
+    let source = choose_source(&args).await?;
     let conf = match &args.net_conf {
         Some(p) => NetConf::load(p).map_err(|e| usage(format!("--net-conf: {e}")))?,
         None => NetConf::default(),
@@ -144,6 +145,5 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
             return Err(usage(format!("{flag} {} is not a directory", dir.display())));
         }
     }
-    let source = choose_source(&args).await?;
     Ok(Checked { args, node, conf, names, iface, underlay, source })
 }

@@ -1,17 +1,11 @@
 //! Bad flags and config: exit code 2, a message naming the culprit, and
 //! nothing changed on the host.
-use std::process::Output;
-
 use anyhow::Result;
 use edgevx_tests::{
     edgevx_bin,
     nodes::{flannel_node, node_list, write},
     topo::Cluster,
 };
-
-fn run(c: &Cluster, args: &[&str]) -> Result<Output> {
-    Ok(c.host(1).ns.cmd(edgevx_bin().to_str().unwrap_or("edgevx")).arg("run").args(args).output()?)
-}
 
 #[test]
 fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
@@ -21,74 +15,68 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
     write(&nodes, &node_list(vec![flannel_node(1, None)]))?;
     let bad_conf = c.dir.join("net-conf.json");
     std::fs::write(&bad_conf, r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":0}}"#)?;
-    let state = h.state_dir();
-    let bpffs = h.bpffs_dir();
-    let base = |extra: &[&str]| -> Vec<String> {
-        let mut v: Vec<String> = ["--state-dir", state.to_str().unwrap_or(""), "--bpffs", bpffs.to_str().unwrap_or("")]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        v.extend(extra.iter().map(|s| s.to_string()));
-        v
-    };
-    let nodes_s = nodes.to_str().unwrap_or("");
-    let cases: Vec<(Vec<String>, &str)> = vec![
-        (base(&["--node-name", "node1", "--iface", "nosuch0", "--nodes-file", nodes_s]), "nosuch0"),
-        (
-            base(&["--node-name", "node1", "--iface", "eth0", "--nodes-file", "/nonexistent/nodes.json"]),
-            "/nonexistent/nodes.json",
-        ),
-        (
-            base(&[
-                "--node-name",
-                "node1",
-                "--iface",
-                "eth0",
-                "--nodes-file",
-                nodes_s,
-                "--net-conf",
-                bad_conf.to_str().unwrap_or(""),
-            ]),
-            "Backend.VNI",
-        ),
-        (
-            base(&[
-                "--node-name",
-                "node1",
-                "--iface",
-                "eth0",
-                "--nodes-file",
-                nodes_s,
-                "--net-conf",
-                "/nonexistent/net-conf.json",
-            ]),
-            "/nonexistent/net-conf.json",
-        ),
-        (
-            base(&[
-                "--node-name",
-                "node1",
-                "--iface",
-                "eth0",
-                "--nodes-file",
-                nodes_s,
-                "--kube-annotation-prefix",
-                "a/b/c",
-            ]),
-            "a/b/c",
-        ),
-        (
-            base(&["--node-name", "node1", "--iface", "eth0", "--nodes-file", nodes_s, "--public-ip", "300.1.1.1"]),
-            "300.1.1.1",
-        ),
-        (base(&["--iface", "eth0", "--nodes-file", nodes_s]), "--node-name"),
+    let (state, bpffs) = (h.state_dir(), h.bpffs_dir());
+    let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let (nodes, bad_conf) = (s(&nodes), s(&bad_conf));
+
+    // a good command line, then one change each: (flag, value or "" to drop the flag, culprit)
+    let good = [("--node-name", "node1"), ("--iface", "eth0"), ("--nodes-file", nodes.as_str())];
+    let cases: &[(&str, &str, &str)] = &[
+        ("--iface", "nosuch0", "nosuch0"),
+        ("--nodes-file", "/nonexistent/nodes.json", "/nonexistent/nodes.json"),
+        ("--net-conf", &bad_conf, "Backend.VNI"),
+        ("--net-conf", "/nonexistent/net-conf.json", "/nonexistent/net-conf.json"),
+        ("--kube-annotation-prefix", "a/b/c", "a/b/c"),
+        ("--public-ip", "300.1.1.1", "300.1.1.1"),
+        ("--node-name", "", "--node-name"),
+        ("--etcd-endpoints", "http://198.18.0.254:2379", "exactly one source"),
+        ("--kube", "", "exactly one source"),
     ];
-    for (args, culprit) in cases {
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = run(&c, &refs)?;
+    for (flag, value, culprit) in cases {
+        let mut args: Vec<String> = vec!["run".into(), "--state-dir".into(), s(&state), "--bpffs".into(), s(&bpffs)];
+        let mut replaced = false;
+        for (f, v) in good {
+            if f == *flag {
+                replaced = true;
+                if !value.is_empty() {
+                    args.extend([f.to_string(), value.to_string()]);
+                }
+            } else {
+                args.extend([f.to_string(), v.to_string()]);
+            }
+        }
+        if !replaced {
+            args.push(flag.to_string());
+            if !value.is_empty() {
+                args.push(value.to_string());
+            }
+        }
+        let out = h.ns.cmd(&s(&edgevx_bin())).args(&args).env_remove("NODE_NAME").output()?;
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(culprit), "{args:?}: error should name {culprit}: {err}");
+        assert!(err.contains(culprit), "{args:?}: the error should name {culprit}: {err}");
+    }
+    // etcd-only mistakes, with etcd as the one source
+    let etcd = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> =
+            ["run", "--node-name", "node1", "--iface", "eth0", "--etcd-endpoints", "http://198.18.0.254:2379"]
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+        v.extend(["--state-dir".into(), s(&state), "--bpffs".into(), s(&bpffs)]);
+        v.extend(extra.iter().map(|a| a.to_string()));
+        v
+    };
+    for (args, culprit) in [
+        (etcd(&["--etcd-certfile", &nodes]), "--etcd-keyfile go together"),
+        (etcd(&["--etcd-cafile", "/nonexistent/ca.pem"]), "/nonexistent/ca.pem"),
+        (etcd(&["--net-conf", &bad_conf]), "--net-conf does not apply"),
+        (etcd(&["--subnet-lease-ttl", "60", "--subnet-lease-renew-margin-secs", "60"]), "renew-margin"),
+    ] {
+        let out = h.ns.cmd(&s(&edgevx_bin())).args(&args).output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(culprit), "{args:?}: the error should name {culprit}: {err}");
     }
     assert!(h.ns.ip(&["link", "show", "flannel.1"]).is_err(), "a device was created");
     assert!(!state.exists(), "the state dir was written");

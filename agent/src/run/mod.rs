@@ -60,7 +60,7 @@ fn start_source(
             kube::publish(client.clone(), c.node.clone(), c.names.clone(), local),
         ],
         Source::Etcd(settings) => {
-            let me = etcd::Identity4 {
+            let me = etcd::LocalNode {
                 public_ip: c.args.public_ip.or(c.underlay.ipv4).unwrap_or(Ipv4Addr::UNSPECIFIED),
                 state: state.clone(),
                 subnet_file: c.args.subnet_file.clone(),

@@ -42,7 +42,7 @@ pub struct EtcdSettings {
 
 /// What the source needs to know about this node.
 #[derive(Clone, Debug)]
-pub struct Identity4 {
+pub struct LocalNode {
     pub public_ip: Ipv4Addr,
     pub state: StateDir,
     pub subnet_file: PathBuf,
@@ -109,7 +109,7 @@ impl Session {
     }
 
     /// Reads the config, then reuses or acquires our lease.
-    async fn open(settings: &EtcdSettings, me: &Identity4) -> Result<Session> {
+    async fn open(settings: &EtcdSettings, me: &LocalNode) -> Result<Session> {
         let mut client = connect(settings).await?;
         let config_key = format!("{}/config", settings.prefix);
         let resp = client.get(config_key.as_str(), None).await.with_context(|| format!("cannot read {config_key}"))?;
@@ -149,11 +149,11 @@ impl Session {
         Ok(s)
     }
 
-    fn value(&self, me: &Identity4, mac: VtepMac) -> String {
+    fn value(&self, me: &LocalNode, mac: VtepMac) -> String {
         leases::lease_value(me.public_ip, self.conf.vni, mac)
     }
 
-    async fn reuse(&mut self, subnet: Ipv4Net, lease: i64, mac: VtepMac, me: &Identity4) -> Result<()> {
+    async fn reuse(&mut self, subnet: Ipv4Net, lease: i64, mac: VtepMac, me: &LocalNode) -> Result<()> {
         self.own = subnet;
         self.own_key = format!("{}{}", self.subnets_prefix(), leases::subnet_key(subnet));
         self.own_value = self.value(me, mac);
@@ -182,7 +182,7 @@ impl Session {
         Ok(())
     }
 
-    async fn acquire(&mut self, mac: VtepMac, me: &Identity4, all: &BTreeMap<String, (String, i64)>) -> Result<()> {
+    async fn acquire(&mut self, mac: VtepMac, me: &LocalNode, all: &BTreeMap<String, (String, i64)>) -> Result<()> {
         let previous = std::fs::read_to_string(&me.subnet_file).ok().and_then(|t| leases::previous_subnet(&t));
         let mut taken: Vec<Ipv4Net> = all.keys().filter_map(|k| leases::parse_subnet_key(k)).collect();
         let value = self.value(me, mac);
@@ -302,7 +302,7 @@ impl Session {
 
 /// Runs the etcd source until the receiver is gone, reconnecting with
 /// backoff. Nothing is sent while etcd cannot be read, so peers stay.
-pub fn run(settings: EtcdSettings, me: Identity4, tx: mpsc::Sender<Desired>) -> tokio::task::JoinHandle<()> {
+pub fn run(settings: EtcdSettings, me: LocalNode, tx: mpsc::Sender<Desired>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(500);
         loop {

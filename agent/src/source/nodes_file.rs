@@ -61,10 +61,12 @@ fn stamp(path: &Path) -> Option<Stamp> {
 pub fn watch(path: PathBuf, reader: NodeReader, tx: mpsc::Sender<Desired>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut last: Option<Stamp> = None;
+        let mut first = true;
         let mut last_text: Option<String> = None;
         loop {
             let now = stamp(&path);
-            if now != last || last.is_none() {
+            if first || now != last {
+                first = false;
                 last = now;
                 match std::fs::read_to_string(&path) {
                     Ok(text) if Some(&text) == last_text.as_ref() => {}

@@ -4,6 +4,7 @@
 mod cli;
 mod deploy;
 mod edgevx_pair;
+mod env;
 mod etcd;
 mod interop;
 mod kube;

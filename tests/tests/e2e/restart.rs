@@ -59,6 +59,11 @@ fn no_ping_is_lost_across_kill_9_and_restart() -> Result<()> {
         .collect::<Result<_, _>>()?;
     std::thread::sleep(Duration::from_millis(800));
     agent.kill9();
+    // status reads the pins and the state dir: it works with the agent gone
+    let s = agent.status()?;
+    assert_eq!((s["agent_running"].as_bool(), s["dataplane_attached"].as_bool()), (Some(false), Some(true)), "{s:#}");
+    assert_eq!(s["peers"][0]["node"], "node2");
+    assert!(s["peers"][0]["tx_packets"].as_u64() > Some(0));
     std::thread::sleep(Duration::from_millis(800));
     // the dataplane keeps running with no agent at all
     assert_eq!(ping(&c.host(1).pod, pod_ip(2), 3, "0.05")?.1, 3);

@@ -88,6 +88,10 @@ pub struct RunArgs {
     /// (FORWARD rules apply, as with flannel) instead of straight into pods.
     #[arg(long, env = "EDGEVX_HOST_ROUTING", default_value_t = false)]
     pub host_routing: bool,
+    /// Drop VXLAN from a peer whose inner IPv4 source is outside that peer's pod CIDR.
+    /// Off by default: an external VTEP that forwards client traffic without SNAT needs it off.
+    #[arg(long, env = "EDGEVX_STRICT_INNER_SOURCE", default_value_t = false)]
+    pub strict_inner_source: bool,
 }
 
 #[derive(Args, Clone, Debug)]

@@ -25,9 +25,11 @@ pub enum Counter {
     DropNoConfig = 10,
     /// Passed untouched: VXLAN to our port with another VNI or inner MAC.
     PassNotOurs = 11,
+    /// Dropped (strict inner source): a peer sent an inner source outside its pod CIDR.
+    DropSpoofedSource = 12,
 }
 
-pub const COUNT: u32 = 12;
+pub const COUNT: u32 = 13;
 
 impl Counter {
     pub const ALL: [Counter; COUNT as usize] = [
@@ -43,6 +45,7 @@ impl Counter {
         Counter::DropNotIpv4,
         Counter::DropNoConfig,
         Counter::PassNotOurs,
+        Counter::DropSpoofedSource,
     ];
 
     /// Name used in `edgevx status` and metrics.
@@ -60,6 +63,7 @@ impl Counter {
             Counter::DropNotIpv4 => "drop_not_ipv4",
             Counter::DropNoConfig => "drop_no_config",
             Counter::PassNotOurs => "pass_not_ours",
+            Counter::DropSpoofedSource => "drop_spoofed_source",
         }
     }
 }

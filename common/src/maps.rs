@@ -23,6 +23,10 @@ pub const MAX_LOCAL_PODS: u32 = 4096;
 /// pod is redirected straight into the pod (skipping host routing/netfilter).
 pub const FLAG_FAST_DELIVERY: u32 = 1;
 
+/// Flag in [`DataplaneConfig::flags`]: VXLAN from a peer whose inner IPv4
+/// source is not inside that peer's pod CIDR is dropped.
+pub const FLAG_STRICT_INNER_SOURCE: u32 = 2;
+
 /// What the agent configured; read by both programs on every packet.
 ///
 /// IPv4 addresses are in network byte order as bytes, the way they sit in

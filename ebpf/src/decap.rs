@@ -9,16 +9,17 @@
 use aya_ebpf::{
     bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode},
     helpers::generated::bpf_redirect_peer,
+    maps::lpm_trie::Key,
     programs::TcContext,
 };
 use edgevx_common::{
     counters::Counter,
-    maps::FLAG_FAST_DELIVERY,
+    maps::{FLAG_FAST_DELIVERY, FLAG_STRICT_INNER_SOURCE},
     vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, INNER_IP_OFF, IPPROTO_UDP, UDP_HLEN, VXLAN_HLEN, parse_vni},
 };
 
 use crate::{
-    maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS},
+    maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS, EDGEVX_PEER_SUBNETS},
     stats,
 };
 
@@ -92,6 +93,10 @@ pub fn run(ctx: &TcContext) -> i32 {
     peer.rx_bytes += inner_len as u64;
 
     let ipv4_inside = u16::from_be_bytes([inner_eth[12], inner_eth[13]]) == ETH_P_IP;
+    if cfg.flags & FLAG_STRICT_INNER_SOURCE != 0 && !(ipv4_inside && inner_source_is_peers(ctx, udp_off, &src)) {
+        stats::add(Counter::DropSpoofedSource, 1);
+        return TC_ACT_SHOT;
+    }
     if cfg.flags & FLAG_FAST_DELIVERY != 0 && ihl == 20 && ipv4_inside && !first_fragment {
         if let Some(verdict) = deliver_to_pod(ctx, inner_len) {
             return verdict;
@@ -99,6 +104,14 @@ pub fn run(ctx: &TcContext) -> i32 {
     }
     stats::count(Counter::RxHostPackets, Counter::RxHostBytes, inner_len);
     NEXT
+}
+
+/// Whether the inner IPv4 source lies in a subnet of the peer at `outer_src`.
+#[inline(always)]
+fn inner_source_is_peers(ctx: &TcContext, udp_off: usize, outer_src: &[u8; 4]) -> bool {
+    let inner_src_off = udp_off + UDP_HLEN + VXLAN_HLEN + ETH_HLEN + 12;
+    let Ok(inner_src) = ctx.load::<[u8; 4]>(inner_src_off) else { return false };
+    EDGEVX_PEER_SUBNETS.get(Key::new(32, inner_src)).is_some_and(|p| p.public_ip == *outer_src)
 }
 
 /// Strips the outer headers and redirects into the pod's namespace, if the

@@ -33,6 +33,21 @@ impl PinDir {
     pub fn map(&self, name: &str) -> PathBuf {
         self.maps().join(name)
     }
+    /// Pin directories of other layout versions (`v<N>` beside ours).
+    pub fn other_versions(&self) -> Vec<PathBuf> {
+        let (Some(parent), Some(ours)) = (self.root.parent(), self.root.file_name()) else { return Vec::new() };
+        let Ok(entries) = fs::read_dir(parent) else { return Vec::new() };
+        entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name().is_some_and(|n| {
+                    n != ours && n.to_str().and_then(|n| n.strip_prefix('v')).is_some_and(|v| v.parse::<u32>().is_ok())
+                })
+            })
+            .collect()
+    }
+
     pub fn create(&self) -> Result<()> {
         for d in [self.maps(), self.root.join("links"), self.root.join("progs")] {
             fs::create_dir_all(&d).with_context(|| format!("cannot create {}", d.display()))?;

@@ -151,6 +151,30 @@ pub fn remove_pin(path: &Path) -> Result<()> {
     }
 }
 
+/// After an upgrade that changed the map layout: detaches the links an
+/// older version pinned (our new ones are attached by then, first in line)
+/// and removes its programs and maps.
+pub fn retire(old: &Path) -> Result<()> {
+    let links = old.join("links");
+    for entry in fs::read_dir(&links).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if let Ok(pinned) = PinnedLink::from_pin(&path) {
+            drop(pinned.unpin().with_context(|| format!("cannot unpin {}", path.display()))?);
+        }
+        remove_pin(&path)?;
+    }
+    for sub in ["progs", "maps"] {
+        for entry in fs::read_dir(old.join(sub)).into_iter().flatten().flatten() {
+            remove_pin(&entry.path())?;
+        }
+    }
+    for dir in [links, old.join("progs"), old.join("maps"), old.to_path_buf()] {
+        let _ = fs::remove_dir(&dir);
+    }
+    info!(dir = %old.display(), "retired the pins of another edgevx version");
+    Ok(())
+}
+
 /// Detaches by unpinning: a TCX link with no pin and no fd goes away.
 pub fn detach_pinned(pins: &PinDir, name: &str) -> Result<bool> {
     let path = pins.link(name);

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use anyhow::{Context, Result};
 use aya::programs::TcAttachType;
 use edgevx_common::{
-    maps::{DataplaneConfig, FLAG_FAST_DELIVERY},
+    maps::{DataplaneConfig, FLAG_FAST_DELIVERY, FLAG_STRICT_INNER_SOURCE},
     vxlan::ENCAP_OVERHEAD,
 };
 use ipnet::Ipv4Net;
@@ -69,7 +69,8 @@ pub(super) async fn bring_up(
         local_ip: public_ip.octets(),
         vtep_mac: mac.0,
         port: conf.port,
-        flags: if fast { FLAG_FAST_DELIVERY } else { 0 },
+        flags: if fast { FLAG_FAST_DELIVERY } else { 0 }
+            | if c.args.strict_inner_source { FLAG_STRICT_INNER_SOURCE } else { 0 },
         vtep_ifindex: vtep_index,
         underlay_ifindex: c.underlay.index,
     })?;
@@ -107,6 +108,9 @@ impl Node {
         loader::attach(&mut ebpf, &self.pins, loader::ENCAP, &self.record.vtep_device, TcAttachType::Egress)?;
         loader::attach(&mut ebpf, &self.pins, loader::DECAP, &self.record.iface, TcAttachType::Ingress)?;
         drop(ebpf); // the pinned links keep the programs; the pinned maps keep their state
+        for old in self.pins.other_versions() {
+            loader::retire(&old)?;
+        }
         device::set_noarp(&self.handle, self.vtep_index).await?;
         match device::flush_static_neighbours(&self.handle, self.vtep_index).await? {
             0 => {}

@@ -18,8 +18,9 @@ fn edgevx_to_edgevx_carries_icmp_tcp_udp() -> Result<()> {
     write(&nodes, &node_list(vec![flannel_node(1, Some(m1)), flannel_node(2, Some(m2))]))?;
     c.host_mut(1).mount_bpffs()?;
     c.host_mut(2).mount_bpffs()?;
-    let a1 = Agent::start(c.host(1), &nodes, &[])?;
-    let a2 = Agent::start(c.host(2), &nodes, &[])?;
+    // with the inner-source check on: real pod traffic is never mistaken for spoofing
+    let a1 = Agent::start(c.host(1), &nodes, &["--strict-inner-source"])?;
+    let a2 = Agent::start(c.host(2), &nodes, &["--strict-inner-source"])?;
     assert_eq!(a1.status()?["vtep_mac"], m1);
     assert_eq!(a2.status()?["vtep_mac"], m2);
 
@@ -35,6 +36,7 @@ fn edgevx_to_edgevx_carries_icmp_tcp_udp() -> Result<()> {
     for a in [&a1, &a2] {
         let s = a.status()?;
         assert!(s["counters"]["tx_packets"].as_u64() > Some(1000), "{s:#}");
+        assert_eq!(s["counters"]["drop_spoofed_source"], 0, "{s:#}");
         // no fdb and no permanent neighbour entries on our VTEP
         let ns = if std::ptr::eq(a, &a1) { &c.host(1).ns } else { &c.host(2).ns };
         assert_eq!(

@@ -11,7 +11,7 @@ use aya::{
 };
 use edgevx_common::{
     counters::Counter,
-    maps::{self as names, DataplaneConfig, FLAG_FAST_DELIVERY, LocalPod, Peer, PeerStats},
+    maps::{self as names, DataplaneConfig, FLAG_FAST_DELIVERY, FLAG_STRICT_INNER_SOURCE, LocalPod, Peer, PeerStats},
 };
 use edgevx_tests::{topo::Bpffs, unique};
 
@@ -315,5 +315,19 @@ fn host_routing_mode_never_redirects() -> Result<()> {
         TC_ACT_SHOT,
         "filtering still applies"
     );
+    Ok(())
+}
+
+#[test]
+fn strict_inner_source_drops_what_a_peer_cannot_own() -> Result<()> {
+    let from_its_subnet = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
+    let spoofed = ipv4([10, 99, 0, 1], [10, 244, 1, 2], 1, &[0; 8], 0);
+    let l = load(FLAG_FAST_DELIVERY | FLAG_STRICT_INNER_SOURCE)?;
+    assert_eq!(l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &from_its_subnet))?.0, TC_ACT_REDIRECT);
+    assert_eq!(l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &spoofed))?.0, TC_ACT_SHOT);
+    assert_eq!(l.counter(Counter::DropSpoofedSource)?, 1);
+    // off by default: external VTEPs may forward client sources
+    let l = load(FLAG_FAST_DELIVERY)?;
+    assert_eq!(l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &spoofed))?.0, TC_ACT_REDIRECT);
     Ok(())
 }

@@ -93,3 +93,30 @@ fn a_deleted_vtep_is_rebuilt_with_the_same_mac() -> Result<()> {
     assert!(c.host(1).ns.ip(&["route"])?.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1"));
     Ok(())
 }
+
+#[test]
+fn an_upgrade_to_a_new_map_layout_retires_the_old_pins_without_loss() -> Result<()> {
+    let (c, nodes, mut agent, _mac) = setup()?;
+    agent.stop()?;
+    // make the running dataplane look like one pinned by an older layout version
+    let bpffs = c.host(1).bpffs_dir();
+    let ours = std::fs::read_dir(&bpffs)?.flatten().map(|e| e.path()).find(|p| p.is_dir()).expect("a version dir");
+    let older = bpffs.join("v0");
+    std::fs::rename(&ours, &older)?;
+    let pinger = c
+        .host(2)
+        .pod
+        .cmd("ping")
+        .args(["-n", "-q", "-c", "300", "-i", "0.01", &pod_ip(1).to_string()])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    std::thread::sleep(Duration::from_millis(500));
+    let agent = Agent::start(c.host(1), &nodes, &[])?;
+    assert!(agent.log_text().contains("retired the pins of another edgevx version"), "{}", agent.log_text());
+    assert!(!older.exists(), "the old pins are still there");
+    let out = pinger.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("300 packets transmitted, 300 received"), "the upgrade lost packets: {text}");
+    assert_eq!(ping(&c.host(1).pod, pod_ip(2), 5, "0.05")?, (5, 5));
+    Ok(())
+}

@@ -32,6 +32,34 @@ pub fn wait_reachable(from: &Netns, to: Ipv4Addr, tries: u32) -> Result<()> {
     bail!("{to} is not reachable from {} after {tries} tries", from.name)
 }
 
+/// A ping running in the background across some event (a restart, an
+/// upgrade, an outage), checked for loss when it ends.
+pub struct BackgroundPing {
+    child: Child,
+    count: u32,
+}
+
+impl BackgroundPing {
+    pub fn start(from: &Netns, to: Ipv4Addr, count: u32, interval: &str) -> Result<Self> {
+        let child = from
+            .cmd("ping")
+            .args(["-n", "-q", "-c", &count.to_string(), "-i", interval, "-W", "1", &to.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("cannot start ping")?;
+        Ok(BackgroundPing { child, count })
+    }
+
+    /// Waits for the last ping; fails with ping's summary if any reply was lost.
+    pub fn expect_no_loss(self) -> Result<()> {
+        let out = self.child.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let want = format!("{0} packets transmitted, {0} received", self.count);
+        ensure!(text.contains(&want), "pings were lost: {}", text.trim());
+        Ok(())
+    }
+}
+
 pub struct Peer {
     pub bin: PathBuf,
 }

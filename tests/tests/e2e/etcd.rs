@@ -1,13 +1,13 @@
 //! The etcd source against a real etcd: flannel's layout, allocation,
 //! renewal, reservations for external VTEPs, and an etcd restart.
-use std::{process::Stdio, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use edgevx_tests::{
     agent::{Agent, peers, wait_status},
     etcd::{ENDPOINT, Etcd, PREFIX},
     topo::{Cluster, Host, pod_ip},
-    traffic::{ping, wait_reachable},
+    traffic::{BackgroundPing, ping, wait_reachable},
 };
 use serde_json::Value;
 
@@ -77,18 +77,12 @@ fn etcd_agents_coordinate_renew_reuse_and_survive_an_etcd_restart() -> Result<()
     assert!(agents[0].log_text().contains("lease renewed"));
 
     // etcd goes away and comes back: no ping is lost meanwhile
-    let pinger = p1
-        .cmd("ping")
-        .args(["-n", "-q", "-c", "250", "-i", "0.02", &pod_ip(2).to_string()])
-        .stdout(Stdio::piped())
-        .spawn()?;
+    let pinger = BackgroundPing::start(p1, pod_ip(2), 250, "0.02")?;
     std::thread::sleep(Duration::from_millis(500));
     etcd.stop();
     std::thread::sleep(Duration::from_secs(2));
     etcd.resume()?;
-    let out = pinger.wait_with_output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("250 packets transmitted, 250 received"), "pings lost across the etcd restart: {text}");
+    pinger.expect_no_loss().context("across the etcd restart")?;
     std::thread::sleep(Duration::from_secs(6));
     assert!(lease_of(&etcd, "10.244.1.0-24")?.is_some(), "lease not kept after the etcd restart");
 

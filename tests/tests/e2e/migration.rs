@@ -1,14 +1,12 @@
 //! Replacing flanneld on a live node: edgevx adopts flannel.1 with the MAC
 //! flanneld published, takes over without losing a packet, and leaves the
 //! kernel peer untouched.
-use std::process::Stdio;
-
-use anyhow::Result;
+use anyhow::{Context, Result};
 use edgevx_tests::{
     agent::Agent,
     nodes::{flannel_node, node_list, write},
     topo::{Cluster, pod_ip},
-    traffic::wait_reachable,
+    traffic::{BackgroundPing, wait_reachable},
 };
 
 use crate::{MIB, testpeer};
@@ -28,29 +26,22 @@ fn edgevx_takes_over_a_flannel_node_without_losing_a_packet() -> Result<()> {
     let nodes = c.dir.join("nodes.json");
     write(&nodes, &node_list(vec![flannel_node(1, Some(m1)), flannel_node(2, Some(m2))]))?;
     c.host_mut(1).mount_bpffs()?;
-    let pingers: Vec<_> = [(2u8, 1u8), (1, 2)]
+    let pingers = [(2u8, 1u8), (1, 2)]
         .into_iter()
-        .map(|(from, to)| {
-            let to = pod_ip(to).to_string();
-            c.host(from)
-                .pod
-                .cmd("ping")
-                .args(["-n", "-q", "-c", "300", "-i", "0.01", &to])
-                .stdout(Stdio::piped())
-                .spawn()
-        })
-        .collect::<Result<_, _>>()?;
+        .map(|(from, to)| BackgroundPing::start(&c.host(from).pod, pod_ip(to), 300, "0.01"))
+        .collect::<Result<Vec<_>>>()?;
     std::thread::sleep(std::time::Duration::from_millis(500));
     let agent = Agent::start(c.host(1), &nodes, &[])?;
     for p in pingers {
-        let out = p.wait_with_output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            text.contains("300 packets transmitted, 300 received"),
-            "the takeover lost packets: {text}\n{:#}\n{}",
-            agent.status()?["counters"],
-            agent.log_text()
-        );
+        p.expect_no_loss().with_context(|| {
+            format!(
+                "the takeover lost packets:
+{:#}
+{}",
+                agent.status().map(|s| s["counters"].clone()).unwrap_or_default(),
+                agent.log_text()
+            )
+        })?;
     }
     assert_eq!(agent.status()?["vtep_mac"], m1, "the MAC flanneld published must stay");
     assert!(agent.log_text().contains("removed arp/fdb entries"), "{}", agent.log_text());

@@ -1,7 +1,7 @@
 //! Offline autonomy: a node that starts cut off from its control plane
 //! brings its dataplane back from the cached view, and reconciles when the
 //! control plane returns, without disturbing peers that did not change.
-use std::{process::Stdio, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use edgevx_tests::{
@@ -9,7 +9,7 @@ use edgevx_tests::{
     etcd::{Etcd, PREFIX},
     netns::Netns,
     topo::{Cluster, pod_ip},
-    traffic::wait_reachable,
+    traffic::{BackgroundPing, wait_reachable},
 };
 
 use crate::{
@@ -102,21 +102,13 @@ fn offline_start_restores_from_cache_then_reconciles_when_etcd_returns() -> Resu
 
     // meanwhile node3 leaves the cluster; then the partition heals
     etcd.ctl(&["del", &format!("{PREFIX}/subnets/10.244.3.0-24")])?;
-    let pinger = c
-        .host(1)
-        .pod
-        .cmd("ping")
-        .args(["-n", "-q", "-c", "600", "-i", "0.02", &pod_ip(2).to_string()])
-        .stdout(Stdio::piped())
-        .spawn()?;
+    let pinger = BackgroundPing::start(&c.host(1).pod, pod_ip(2), 600, "0.02")?;
     partition(&c.host(1).ns, false)?;
     wait_status(&agent, Duration::from_secs(25), "node3 removed after reconnecting", |s| {
         peers(s) == vec![("10.244.2.0-24".to_string(), KERNEL_MAC.to_string())]
     })?;
     assert!(agent.log_text().contains("control plane reachable again"));
-    let out = pinger.wait_with_output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("600 packets transmitted, 600 received"), "node2 was disturbed: {text}");
+    pinger.expect_no_loss().context("node2 was disturbed by the reconcile")?;
     assert!(!c.host(1).ns.ip(&["route"])?.contains("10.244.3.0/24"));
     Ok(())
 }

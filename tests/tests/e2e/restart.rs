@@ -1,13 +1,13 @@
 //! The VTEP MAC survives restarts and reboots; the dataplane survives the
 //! agent being killed.
-use std::{process::Stdio, time::Duration};
+use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use edgevx_tests::{
     agent::Agent,
     scenario::edgevx_and_flannel,
     topo::{Cluster, pod_ip},
-    traffic::{ping, wait_reachable},
+    traffic::{BackgroundPing, ping, wait_reachable},
 };
 
 fn setup() -> Result<(Cluster, std::path::PathBuf, Agent, String)> {
@@ -46,17 +46,10 @@ fn mac_is_kept_across_restart_and_reboot_with_the_kernel_peer_untouched() -> Res
 fn no_ping_is_lost_across_kill_9_and_restart() -> Result<()> {
     let (c, nodes, mut agent, mac) = setup()?;
     // 400 pings at 10 ms across the kill and the restart, both directions
-    let pingers: Vec<_> = [(2u8, 1u8), (1, 2)]
+    let pingers = [(2u8, 1u8), (1, 2)]
         .into_iter()
-        .map(|(from, to)| {
-            c.host(from)
-                .pod
-                .cmd("ping")
-                .args(["-n", "-q", "-c", "400", "-i", "0.01", "-W", "1", &pod_ip(to).to_string()])
-                .stdout(Stdio::piped())
-                .spawn()
-        })
-        .collect::<Result<_, _>>()?;
+        .map(|(from, to)| BackgroundPing::start(&c.host(from).pod, pod_ip(to), 400, "0.01"))
+        .collect::<Result<Vec<_>>>()?;
     std::thread::sleep(Duration::from_millis(800));
     agent.kill9();
     // status reads the pins and the state dir: it works with the agent gone
@@ -75,9 +68,7 @@ fn no_ping_is_lost_across_kill_9_and_restart() -> Result<()> {
     );
     assert_eq!(agent.status()?["vtep_mac"], mac.as_str());
     for p in pingers {
-        let out = p.wait_with_output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains("400 packets transmitted, 400 received"), "pings lost: {text}");
+        p.expect_no_loss().context("across kill -9 and the restart")?;
     }
     Ok(())
 }
@@ -103,20 +94,12 @@ fn an_upgrade_to_a_new_map_layout_retires_the_old_pins_without_loss() -> Result<
     let ours = std::fs::read_dir(&bpffs)?.flatten().map(|e| e.path()).find(|p| p.is_dir()).expect("a version dir");
     let older = bpffs.join("v0");
     std::fs::rename(&ours, &older)?;
-    let pinger = c
-        .host(2)
-        .pod
-        .cmd("ping")
-        .args(["-n", "-q", "-c", "300", "-i", "0.01", &pod_ip(1).to_string()])
-        .stdout(Stdio::piped())
-        .spawn()?;
+    let pinger = BackgroundPing::start(&c.host(2).pod, pod_ip(1), 300, "0.01")?;
     std::thread::sleep(Duration::from_millis(500));
     let agent = Agent::start(c.host(1), &nodes, &[])?;
     assert!(agent.log_text().contains("retired the pins of another edgevx version"), "{}", agent.log_text());
     assert!(!older.exists(), "the old pins are still there");
-    let out = pinger.wait_with_output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("300 packets transmitted, 300 received"), "the upgrade lost packets: {text}");
+    pinger.expect_no_loss().context("across the upgrade")?;
     assert_eq!(ping(&c.host(1).pod, pod_ip(2), 5, "0.05")?, (5, 5));
     Ok(())
 }

@@ -115,6 +115,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut resync = tokio::time::interval(RESYNC_EVERY);
     let mut first_pass = true;
     let mut fresh = desired.is_some();
+    // whether `desired` arrived since the last pass: only a new view is logged and cached
+    let mut new_view = fresh;
     loop {
         if !fresh {
             tokio::select! {
@@ -124,6 +126,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     }
                     desired = Some(d);
                     live = true;
+                    new_view = true;
                 }
                 _ = learn.tick() => {
                     let Some(n) = node.as_mut() else { continue };
@@ -144,7 +147,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
         fresh = false;
         let Some(d) = desired.as_ref() else { continue };
-        if live {
+        // kept until a pass completes, so a failed bring-up still caches the view later
+        let announce = new_view;
+        if live && announce {
             log_view(&d.view);
         }
         let Some(own) = d.view.own.clone() else {
@@ -153,12 +158,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         match node.as_mut() {
             None => match bring_up(&c, &d.conf, own, &state, &handle).await {
                 Ok(n) => {
-                    local_tx.send_replace(Some(LocalVtep {
-                        mac: n.record.vtep_mac,
-                        public_ip: n.record.public_ip,
-                        vni: n.record.vni,
-                        subnet: n.own.subnet,
-                    }));
+                    local_tx.send_replace(Some(n.local_vtep()));
                     node = Some(n);
                 }
                 Err(e) => {
@@ -172,17 +172,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     error!("cannot apply the new pod CIDR: {e:#}");
                     continue;
                 }
-                local_tx.send_replace(Some(LocalVtep {
-                    mac: n.record.vtep_mac,
-                    public_ip: n.record.public_ip,
-                    vni: n.record.vni,
-                    subnet: own.subnet,
-                }));
+                local_tx.send_replace(Some(n.local_vtep()));
             }
             Some(_) => {}
         }
         if let Some(n) = node.as_mut() {
-            if d.conf.vni != n.record.vni || d.conf.port != n.record.port || d.conf.network != n.record.network {
+            let conf_changed =
+                d.conf.vni != n.record.vni || d.conf.port != n.record.port || d.conf.network != n.record.network;
+            if announce && conf_changed {
                 warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
             }
             n.reconcile(&d.view, &mut reconciler, &state, first_pass).await;
@@ -190,11 +187,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
             if let Err(e) = n.attach().await {
                 error!("cannot attach the programs, retrying: {e:#}");
             }
-            if live && !matches!(c.source, Source::File(_)) {
+            if announce && live && !matches!(c.source, Source::File(_)) {
                 if let Err(e) = state.save_view(d) {
                     warn!("cannot cache the view: {e:#}");
                 }
             }
+            new_view = false;
         }
     }
     for t in tasks {

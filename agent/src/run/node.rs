@@ -18,6 +18,7 @@ use crate::{
     netconf::NetConf,
     peer::{ClusterView, OwnNode},
     reconcile::{self, Reconciler},
+    source::LocalVtep,
     state::{AgentRecord, StateDir},
     subnet_env, vtep_mac,
 };
@@ -154,6 +155,12 @@ impl Node {
                 error!("cannot save the peer list: {e:#}");
             }
         }
+    }
+
+    /// What this node publishes about itself (annotations, etcd lease).
+    pub(super) fn local_vtep(&self) -> LocalVtep {
+        let r = &self.record;
+        LocalVtep { mac: r.vtep_mac, public_ip: r.public_ip, vni: r.vni, subnet: self.own.subnet }
     }
 
     /// Whether the VTEP device and both attached programs are still there.

@@ -20,6 +20,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Job {
+    /// Install every Debian package and tool the jobs need (what `.ci/run` calls first).
+    Setup,
+    /// Print the Debian packages the project installs for itself, one line.
+    Packages,
     /// Install rust-src and bpf-linker if missing (cached), then build the eBPF object.
     BuildEbpf,
     /// Build target/release/edgevx with the eBPF object embedded.
@@ -45,6 +49,11 @@ enum Job {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.job {
+        Job::Setup => packages::ensure().and_then(|_| toolchain::ensure()).map(|_| ()),
+        Job::Packages => {
+            println!("{}", packages::all().join(" "));
+            Ok(())
+        }
         Job::BuildEbpf => packages::ensure_build().and_then(|_| toolchain::ensure()).and_then(|t| build::ebpf(&t)),
         Job::Build => packages::ensure_build().and_then(|_| toolchain::ensure()).and_then(|t| build::agent(&t)),
         Job::Test { filter } => test::run(filter.as_deref()),

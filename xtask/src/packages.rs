@@ -1,32 +1,64 @@
 //! Debian packages the build, tests, demo and bench need: installed when missing.
-use std::process::Command;
+//!
+//! Each need is probed by what the build or a test really uses (a command on
+//! PATH, or a file), never by asking dpkg, so a package that is installed but
+//! broken, or a file that only a hand-installed package provides, is noticed.
+use std::{path::Path, process::Command};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::exec;
 
-/// What building needs: etcd-client compiles etcd's protobufs with protoc.
-const BUILD: &[(&str, &str)] = &[("protoc", "protobuf-compiler")];
+/// What proves a need is met.
+#[derive(Clone, Copy)]
+enum Probe {
+    /// A command on PATH.
+    Command(&'static str),
+    /// A file at this absolute path.
+    File(&'static str),
+}
 
-/// (command that proves it is there, Debian package that provides it)
-const NEEDED: &[(&str, &str)] = &[
-    ("protoc", "protobuf-compiler"),
-    ("ip", "iproute2"),
-    ("bridge", "iproute2"),
-    ("ping", "iputils-ping"),
-    ("iperf3", "iperf3"),
-    ("etcd", "etcd-server"),
-    ("etcdctl", "etcd-client"),
-    ("nft", "nftables"),
+impl Probe {
+    fn met(self) -> bool {
+        match self {
+            Probe::Command(cmd) => Command::new("sh")
+                .args(["-c", &format!("command -v {cmd}")])
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            Probe::File(path) => Path::new(path).is_file(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Probe::Command(c) | Probe::File(c) => c,
+        }
+    }
+}
+
+/// What building needs. etcd-client compiles etcd's protobufs with protoc,
+/// and those import protobuf's well-known types, which Debian ships in
+/// libprotobuf-dev, not in protobuf-compiler.
+const BUILD: &[(Probe, &str)] = &[
+    (Probe::Command("protoc"), "protobuf-compiler"),
+    (Probe::File("/usr/include/google/protobuf/descriptor.proto"), "libprotobuf-dev"),
+    (Probe::File("/usr/include/google/protobuf/struct.proto"), "libprotobuf-dev"),
 ];
 
-fn have(cmd: &str) -> bool {
-    Command::new("sh").args(["-c", &format!("command -v {cmd}")]).output().is_ok_and(|o| o.status.success())
-}
+/// What the tests, demo and bench run, beyond the build.
+const RUN: &[(Probe, &str)] = &[
+    (Probe::Command("ip"), "iproute2"),
+    (Probe::Command("bridge"), "iproute2"),
+    (Probe::Command("ping"), "iputils-ping"),
+    (Probe::Command("iperf3"), "iperf3"),
+    (Probe::Command("etcd"), "etcd-server"),
+    (Probe::Command("etcdctl"), "etcd-client"),
+    (Probe::Command("nft"), "nftables"),
+];
 
 /// Everything the tests, demo and bench need.
 pub fn ensure() -> Result<()> {
-    install(NEEDED)
+    install(&[BUILD, RUN].concat())
 }
 
 /// What `cargo xtask build` needs.
@@ -34,8 +66,16 @@ pub fn ensure_build() -> Result<()> {
     install(BUILD)
 }
 
-fn install(needed: &[(&str, &str)]) -> Result<()> {
-    let mut missing: Vec<&str> = needed.iter().filter(|(c, _)| !have(c)).map(|(_, p)| *p).collect();
+/// The Debian packages behind every need, for `.ci/run` and fresh-machine checks.
+pub fn all() -> Vec<&'static str> {
+    let mut pkgs: Vec<&str> = BUILD.iter().chain(RUN).map(|(_, p)| *p).collect();
+    pkgs.sort_unstable();
+    pkgs.dedup();
+    pkgs
+}
+
+fn install(needed: &[(Probe, &str)]) -> Result<()> {
+    let mut missing: Vec<&str> = needed.iter().filter(|(probe, _)| !probe.met()).map(|(_, p)| *p).collect();
     missing.sort_unstable();
     missing.dedup();
     if missing.is_empty() {
@@ -58,5 +98,14 @@ fn install(needed: &[(&str, &str)]) -> Result<()> {
             "command -v systemctl >/dev/null && systemctl stop etcd 2>/dev/null; pkill -x etcd 2>/dev/null; true",
         ])
         .status();
+    // the install must have met every need, or the build fails later with a worse message
+    let still: Vec<String> = needed
+        .iter()
+        .filter(|(probe, _)| !probe.met())
+        .map(|(probe, pkg)| format!("{} (from {pkg})", probe.name()))
+        .collect();
+    if !still.is_empty() {
+        bail!("installed the packages, but still missing: {}", still.join(", "));
+    }
     Ok(())
 }

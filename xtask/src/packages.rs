@@ -21,10 +21,9 @@ enum Probe {
 impl Probe {
     fn met(self) -> bool {
         match self {
-            Probe::Command(cmd) => Command::new("sh")
-                .args(["-c", &format!("command -v {cmd}")])
-                .output()
-                .is_ok_and(|o| o.status.success()),
+            Probe::Command(cmd) => {
+                Command::new("sh").args(["-c", &format!("command -v {cmd}")]).output().is_ok_and(|o| o.status.success())
+            }
             Probe::File(path) => Path::new(path).is_file(),
         }
     }

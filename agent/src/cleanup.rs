@@ -14,7 +14,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
     let state = StateDir(args.paths.state_dir.clone());
     let rec = state.load_agent().unwrap_or(None);
     let pins = PinDir::new(&args.paths.bpffs);
-    for name in [loader::ENCAP, loader::DECAP] {
+    for name in loader::PROGRAMS {
         if loader::detach_pinned(&pins, name)? {
             info!(program = name, "detached");
         }
@@ -39,6 +39,15 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
                 return Err(e).with_context(|| format!("cannot remove {}", rec.subnet_file.display()));
             }
         }
+    }
+    // our firewall chains, whatever flags the last run had
+    match crate::netfilter::Firewall::new() {
+        Ok(fw) => {
+            if fw.remove_all().context("cannot remove the firewall rules")? {
+                info!("removed edgevx's iptables chains");
+            }
+        }
+        Err(e) => info!("no iptables here, so no firewall rules to remove: {e:#}"),
     }
     let mut files = vec![AGENT_FILE, PEERS_FILE, crate::cache::VIEW_FILE];
     if args.purge_mac {

@@ -84,10 +84,27 @@ pub struct RunArgs {
     /// Prefix of flannel's node annotations.
     #[arg(long, env = "EDGEVX_KUBE_ANNOTATION_PREFIX", default_value = DEFAULT_PREFIX)]
     pub kube_annotation_prefix: String,
-    /// Deliver decapsulated traffic through the host's routing and netfilter
-    /// (FORWARD rules apply, as with flannel) instead of straight into pods.
-    #[arg(long, env = "EDGEVX_HOST_ROUTING", default_value_t = false)]
+    /// Opt-in: deliver decapsulated traffic for local pods straight into the
+    /// pod, past the host's routing, conntrack and netfilter. Safe only where
+    /// pod traffic has no packet-level NAT and no netfilter policy (e.g. a
+    /// socket-level kube-proxy replacement, or a gateway node with no Services).
+    #[arg(long, env = "EDGEVX_BYPASS_NETFILTER", default_value_t = false)]
+    pub bypass_netfilter: bool,
+    /// Accepted for older command lines: host routing is now the default.
+    #[arg(long, env = "EDGEVX_HOST_ROUTING", default_value_t = false, hide = true)]
     pub host_routing: bool,
+    /// Masquerade pod traffic that leaves the Network, as flanneld --ip-masq
+    /// (and write FLANNEL_IPMASQ=true, so the CNI plugin does not).
+    #[arg(long, env = "EDGEVX_IP_MASQ", default_value_t = false)]
+    pub ip_masq: bool,
+    /// Accept the Network in both directions in FORWARD, as flanneld's
+    /// --iptables-forward-rules (default true; `--iptables-forward-rules=false`).
+    #[arg(long, env = "EDGEVX_IPTABLES_FORWARD_RULES", default_value_t = true, action = clap::ArgAction::Set,
+        num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub iptables_forward_rules: bool,
+    /// The bridge local pods hang off (the flannel CNI plugin's `cni0`).
+    #[arg(long, env = "EDGEVX_POD_BRIDGE", default_value = "cni0")]
+    pub pod_bridge: String,
     /// Drop VXLAN from a peer whose inner IPv4 source is outside that peer's pod CIDR.
     /// Off by default: an external VTEP that forwards client traffic without SNAT needs it off.
     #[arg(long, env = "EDGEVX_STRICT_INNER_SOURCE", default_value_t = false)]

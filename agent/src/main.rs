@@ -7,6 +7,7 @@ mod cli;
 mod dataplane;
 mod mac;
 mod netconf;
+mod netfilter;
 mod peer;
 mod reconcile;
 mod run;

@@ -50,7 +50,12 @@ pub struct AgentRecord {
     pub subnet: Ipv4Net,
     pub network: Ipv4Net,
     pub mtu: u32,
-    pub fast_delivery: bool,
+    /// `--bypass-netfilter` (older records called it fast delivery).
+    #[serde(alias = "fast_delivery")]
+    pub bypass_netfilter: bool,
+    /// `--ip-masq`: FLANNEL_IPMASQ=true and our masquerade chain.
+    #[serde(default)]
+    pub ip_masq: bool,
     pub subnet_file: PathBuf,
     pub pid: u32,
 }

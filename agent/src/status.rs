@@ -23,7 +23,7 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     let peers = state.load_peers()?;
     let pins = PinDir::new(&paths.bpffs);
     let maps = Maps::open(&pins).ok();
-    let attached: Vec<&str> = [loader::ENCAP, loader::DECAP].into_iter().filter(|n| pins.link(n).exists()).collect();
+    let attached: Vec<&str> = loader::PROGRAMS.into_iter().filter(|n| pins.link(n).exists()).collect();
     let counters = match &maps {
         Some(m) => serde_json::to_value(m.global_stats()?)?,
         None => Value::Null,
@@ -60,7 +60,8 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         "subnet": rec.subnet.to_string(),
         "network": rec.network.to_string(),
         "mtu": rec.mtu,
-        "delivery": if rec.fast_delivery { "fast" } else { "host-routing" },
+        "delivery": if rec.bypass_netfilter { "bypass-netfilter" } else { "host-stack" },
+        "ip_masq": rec.ip_masq,
         "local_pods": maps.as_ref().map(|m| m.local_pods().len()).unwrap_or(0),
         "counters": counters,
         "peers": peers,

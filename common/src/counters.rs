@@ -7,10 +7,11 @@ pub enum Counter {
     /// Frames encapsulated and sent to a peer.
     TxPackets = 0,
     TxBytes = 1,
-    /// VXLAN frames from peers decapsulated and delivered straight to a pod.
+    /// VXLAN frames from peers decapsulated and redirected straight into a
+    /// pod, past the host's routing and netfilter (`--bypass-netfilter` only).
     RxFastPackets = 2,
     RxFastBytes = 3,
-    /// VXLAN frames from peers accepted and left to the kernel's receive path.
+    /// VXLAN frames from peers accepted and left to the kernel's VXLAN receive path.
     RxHostPackets = 4,
     RxHostBytes = 5,
     /// Dropped: VXLAN for us from a source that is not a known peer.
@@ -27,9 +28,17 @@ pub enum Counter {
     PassNotOurs = 11,
     /// Dropped (strict inner source): a peer sent an inner source outside its pod CIDR.
     DropSpoofedSource = 12,
+    /// VXLAN frames from peers for a local pod, decapsulated in TC and handed
+    /// to the host stack as if they arrived on `flannel.<VNI>` (the default
+    /// mode): routing, conntrack and netfilter all apply.
+    RxStackPackets = 13,
+    RxStackBytes = 14,
+    /// Frames the pod bridge would forward to a learned pod, sent straight to
+    /// that pod's port (so GSO packets are not cut in software on the bridge).
+    BridgeToPort = 15,
 }
 
-pub const COUNT: u32 = 13;
+pub const COUNT: u32 = 16;
 
 impl Counter {
     pub const ALL: [Counter; COUNT as usize] = [
@@ -46,6 +55,9 @@ impl Counter {
         Counter::DropNoConfig,
         Counter::PassNotOurs,
         Counter::DropSpoofedSource,
+        Counter::RxStackPackets,
+        Counter::RxStackBytes,
+        Counter::BridgeToPort,
     ];
 
     /// Name used in `edgevx status` and metrics.
@@ -64,6 +76,9 @@ impl Counter {
             Counter::DropNoConfig => "drop_no_config",
             Counter::PassNotOurs => "pass_not_ours",
             Counter::DropSpoofedSource => "drop_spoofed_source",
+            Counter::RxStackPackets => "rx_stack_packets",
+            Counter::RxStackBytes => "rx_stack_bytes",
+            Counter::BridgeToPort => "bridge_to_port",
         }
     }
 }

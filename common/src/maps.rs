@@ -8,7 +8,7 @@ pub const PEER_SUBNETS: &str = "EDGEVX_PEER_SUBNETS";
 /// `PerCpuHashMap<[u8; 4], PeerStats>`: keyed by peer public IP. A key is
 /// present exactly for the peers whose VXLAN we accept.
 pub const PEER_STATS: &str = "EDGEVX_PEER_STATS";
-/// `HashMap<[u8; 4], LocalPod>`: local pod IP -> host-side veth for fast delivery.
+/// `HashMap<[u8; 4], LocalPod>`: local pod IP -> its host-side veth and MACs.
 pub const LOCAL_PODS: &str = "EDGEVX_LOCAL_PODS";
 /// `PerCpuArray<u64>` indexed by [`crate::counters::Counter`].
 pub const GLOBAL_STATS: &str = "EDGEVX_GLOBAL_STATS";
@@ -19,9 +19,11 @@ pub const ALL: [&str; 5] = [CONFIG, PEER_SUBNETS, PEER_STATS, LOCAL_PODS, GLOBAL
 pub const MAX_PEERS: u32 = 16384;
 pub const MAX_LOCAL_PODS: u32 = 4096;
 
-/// Flag in [`DataplaneConfig::flags`]: decapsulated traffic for a known local
-/// pod is redirected straight into the pod (skipping host routing/netfilter).
-pub const FLAG_FAST_DELIVERY: u32 = 1;
+/// Flag in [`DataplaneConfig::flags`] (`--bypass-netfilter`): decapsulated
+/// traffic for a known local pod is redirected straight into the pod, past
+/// the host's routing, conntrack and netfilter. Without it, decapsulated
+/// traffic always goes through the host stack.
+pub const FLAG_BYPASS_NETFILTER: u32 = 1;
 
 /// Flag in [`DataplaneConfig::flags`]: VXLAN from a peer whose inner IPv4
 /// source is not inside that peer's pod CIDR is dropped.

@@ -1,20 +1,26 @@
 //! Decapsulation on the underlay's ingress. VXLAN for our address, port and
 //! VNI from a known peer, for our VTEP MAC, is accepted; from anyone else
-//! it is dropped. Accepted frames for a known local pod are stripped here
-//! and handed straight to the pod (fast delivery); the rest go on to the
-//! kernel's `flannel.<VNI>` receive path, which keeps host routing and
-//! netfilter in the path exactly as with flannel. Anything that is not
-//! VXLAN for us is not touched.
+//! it is dropped. Anything that is not VXLAN for us is not touched.
+//!
+//! Where an accepted frame goes:
+//! - for a learned local pod (default): stripped here and handed to the
+//!   host stack on `flannel.<VNI>`'s ingress, exactly where the kernel's own
+//!   VXLAN receive would put it. Routing, conntrack and every netfilter hook
+//!   still see it; only the outer packet's trip through the stack is saved.
+//! - for a learned local pod with `--bypass-netfilter`: stripped here and
+//!   redirected straight into the pod's namespace, past the host stack.
+//! - anything else (the host itself, a pod not learned yet): left to the
+//!   kernel's `flannel.<VNI>` receive path.
 
 use aya_ebpf::{
-    bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode},
-    helpers::generated::bpf_redirect_peer,
+    bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, BPF_F_INGRESS, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode},
+    helpers::generated::{bpf_redirect, bpf_redirect_peer},
     maps::lpm_trie::Key,
     programs::TcContext,
 };
 use edgevx_common::{
     counters::Counter,
-    maps::{FLAG_FAST_DELIVERY, FLAG_STRICT_INNER_SOURCE},
+    maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_STRICT_INNER_SOURCE, LocalPod},
     vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, INNER_IP_OFF, IPPROTO_UDP, UDP_HLEN, VXLAN_HLEN, parse_vni},
 };
 
@@ -93,17 +99,61 @@ pub fn run(ctx: &TcContext) -> i32 {
     peer.rx_bytes += inner_len as u64;
 
     let ipv4_inside = u16::from_be_bytes([inner_eth[12], inner_eth[13]]) == ETH_P_IP;
+    let peer_mac = [inner_eth[6], inner_eth[7], inner_eth[8], inner_eth[9], inner_eth[10], inner_eth[11]];
     if cfg.flags & FLAG_STRICT_INNER_SOURCE != 0 && !(ipv4_inside && inner_source_is_peers(ctx, udp_off, &src)) {
         stats::add(Counter::DropSpoofedSource, 1);
         return TC_ACT_SHOT;
     }
-    if cfg.flags & FLAG_FAST_DELIVERY != 0 && ihl == 20 && ipv4_inside && !first_fragment {
-        if let Some(verdict) = deliver_to_pod(ctx, inner_len) {
-            return verdict;
+    if ihl == 20 && ipv4_inside && !first_fragment {
+        if let Some(pod) = local_pod(ctx) {
+            if strip(ctx).is_err() {
+                stats::add(Counter::DropAdjustRoom, 1);
+                return TC_ACT_SHOT;
+            }
+            return if cfg.flags & FLAG_BYPASS_NETFILTER != 0 {
+                deliver_to_pod(ctx, &pod, inner_len)
+            } else {
+                deliver_to_stack(ctx, cfg, &peer_mac, inner_len)
+            };
         }
     }
     stats::count(Counter::RxHostPackets, Counter::RxHostBytes, inner_len);
     NEXT
+}
+
+/// The learned local pod the inner IPv4 destination belongs to, if any.
+#[inline(always)]
+fn local_pod(ctx: &TcContext) -> Option<LocalPod> {
+    let dst = ctx.load::<[u8; 4]>(INNER_IP_OFF + 16).ok()?;
+    EDGEVX_LOCAL_PODS.get_ptr(dst).map(|p| unsafe { *p })
+}
+
+/// Removes the outer IPv4, UDP and VXLAN headers and the inner Ethernet
+/// header; the outer Ethernet header stays, to be rewritten. FIXED_GSO: the
+/// segment size stays what the sender chose, which already fits the pod MTU.
+#[inline(always)]
+fn strip(ctx: &TcContext) -> Result<(), i64> {
+    ctx.adjust_room(-(ENCAP_OVERHEAD as i32), bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO as u64)
+}
+
+#[inline(always)]
+fn eth_header(dst: &[u8; 6], src: &[u8; 6]) -> [u8; ETH_HLEN] {
+    let t = ETH_P_IP.to_be_bytes();
+    let (d, s) = (dst, src);
+    [d[0], d[1], d[2], d[3], d[4], d[5], s[0], s[1], s[2], s[3], s[4], s[5], t[0], t[1]]
+}
+
+/// Hands the stripped frame to the host stack as the kernel's VXLAN receive
+/// would: on `flannel.<VNI>`'s ingress, from the peer's VTEP MAC to ours.
+#[inline(always)]
+fn deliver_to_stack(ctx: &TcContext, cfg: &DataplaneConfig, peer_mac: &[u8; 6], inner_len: u32) -> i32 {
+    if ctx.store(0, &eth_header(&cfg.vtep_mac, peer_mac), 0).is_err() {
+        stats::add(Counter::DropAdjustRoom, 1);
+        return TC_ACT_SHOT;
+    }
+    stats::count(Counter::RxStackPackets, Counter::RxStackBytes, inner_len);
+    // SAFETY: plain helper call; the kernel checks the ifindex.
+    unsafe { bpf_redirect(cfg.vtep_ifindex, BPF_F_INGRESS as u64) as i32 }
 }
 
 /// Whether the inner IPv4 source lies in a subnet of the peer at `outer_src`.
@@ -114,26 +164,15 @@ fn inner_source_is_peers(ctx: &TcContext, udp_off: usize, outer_src: &[u8; 4]) -
     EDGEVX_PEER_SUBNETS.get(Key::new(32, inner_src)).is_some_and(|p| p.public_ip == *outer_src)
 }
 
-/// Strips the outer headers and redirects into the pod's namespace, if the
-/// inner destination is a local pod the agent knows. `None`: not a local pod.
+/// Redirects the stripped frame straight into the pod's namespace
+/// (`--bypass-netfilter`): the host's routing and netfilter never see it.
 #[inline(always)]
-fn deliver_to_pod(ctx: &TcContext, inner_len: u32) -> Option<i32> {
-    let dst = ctx.load::<[u8; 4]>(INNER_IP_OFF + 16).ok()?;
-    let pod = *EDGEVX_LOCAL_PODS.get_ptr(dst).map(|p| unsafe { &*p })?;
-    if ctx
-        .adjust_room(-(ENCAP_OVERHEAD as i32), bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO as u64)
-        .is_err()
-    {
+fn deliver_to_pod(ctx: &TcContext, pod: &LocalPod, inner_len: u32) -> i32 {
+    if ctx.store(0, &eth_header(&pod.pod_mac, &pod.host_mac), 0).is_err() {
         stats::add(Counter::DropAdjustRoom, 1);
-        return Some(TC_ACT_SHOT);
-    }
-    let (d, s, t) = (pod.pod_mac, pod.host_mac, ETH_P_IP.to_be_bytes());
-    let eth = [d[0], d[1], d[2], d[3], d[4], d[5], s[0], s[1], s[2], s[3], s[4], s[5], t[0], t[1]];
-    if ctx.store(0, &eth, 0).is_err() {
-        stats::add(Counter::DropAdjustRoom, 1);
-        return Some(TC_ACT_SHOT);
+        return TC_ACT_SHOT;
     }
     stats::count(Counter::RxFastPackets, Counter::RxFastBytes, inner_len);
     // SAFETY: plain helper call; the kernel checks the ifindex.
-    Some(unsafe { bpf_redirect_peer(pod.host_ifindex, 0) as i32 })
+    unsafe { bpf_redirect_peer(pod.host_ifindex, 0) as i32 }
 }

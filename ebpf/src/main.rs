@@ -4,6 +4,7 @@
 #![no_std]
 #![no_main]
 
+mod bridge;
 mod decap;
 mod encap;
 mod maps;
@@ -15,6 +16,12 @@ use aya_ebpf::{macros::classifier, programs::TcContext};
 #[classifier]
 pub fn edgevx_encap(ctx: TcContext) -> i32 {
     encap::run(&ctx)
+}
+
+/// Egress of the pod bridge: routed frames for a learned pod go to its port.
+#[classifier]
+pub fn edgevx_bridge(ctx: TcContext) -> i32 {
+    bridge::run(&ctx)
 }
 
 /// Ingress of the underlay interface: VXLAN from known peers in.

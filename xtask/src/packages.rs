@@ -53,6 +53,11 @@ const RUN: &[(Probe, &str)] = &[
     (Probe::Command("etcd"), "etcd-server"),
     (Probe::Command("etcdctl"), "etcd-client"),
     (Probe::Command("nft"), "nftables"),
+    (Probe::Command("iptables"), "iptables"),
+    // the real CNI plugins that the real-node tests wire pods with
+    (Probe::File("/usr/lib/cni/bridge"), "containernetworking-plugins"),
+    (Probe::File("/usr/lib/cni/host-local"), "containernetworking-plugins"),
+    (Probe::File("/usr/lib/cni/loopback"), "containernetworking-plugins"),
 ];
 
 /// Everything the tests, demo and bench need.

@@ -20,6 +20,10 @@ use crate::dataplane::bpffs::PinDir;
 
 pub const ENCAP: &str = "edgevx_encap";
 pub const DECAP: &str = "edgevx_decap";
+/// On the pod bridge's egress (see ebpf/src/bridge.rs); attached once the bridge exists.
+pub const BRIDGE: &str = "edgevx_bridge";
+/// Every program, for loading, status and cleanup.
+pub const PROGRAMS: [&str; 3] = [ENCAP, DECAP, BRIDGE];
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/edgevx"));
 
@@ -30,7 +34,7 @@ pub fn load(pins: &PinDir) -> Result<Ebpf> {
         .default_map_pin_directory(pins.maps())
         .load(OBJECT)
         .context("cannot load the eBPF object (maps or BTF rejected by the kernel)")?;
-    for name in [ENCAP, DECAP] {
+    for name in PROGRAMS {
         classifier(&mut ebpf, name)?.load().with_context(|| format!("the verifier rejected {name}"))?;
     }
     Ok(ebpf)
@@ -81,7 +85,7 @@ fn pinned_tcx_target(path: &Path) -> Option<(u32, u32)> {
 }
 
 /// Whether the link pinned at `path` is attached to `iface` (in this netns) for `kind`.
-fn attached_here(path: &Path, iface: &str, kind: TcAttachType) -> bool {
+pub fn attached_here(path: &Path, iface: &str, kind: TcAttachType) -> bool {
     let Ok(name) = std::ffi::CString::new(iface) else { return false };
     // SAFETY: plain lookup with a valid C string.
     let index = unsafe { libc::if_nametoindex(name.as_ptr()) };

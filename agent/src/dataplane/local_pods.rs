@@ -77,8 +77,15 @@ async fn bridge_fdb(handle: &Handle, links: &HashMap<u32, LinkFacts>) -> Result<
     Ok(out)
 }
 
+/// A local pod, and the bridge its port hangs off (`None`: a routed veth).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Learned {
+    pub pod: LocalPod,
+    pub bridge: Option<u32>,
+}
+
 /// The local pods of `subnet` the kernel currently knows about.
-pub async fn discover(handle: &Handle, subnet: Ipv4Net) -> Result<BTreeMap<[u8; 4], LocalPod>> {
+pub async fn discover(handle: &Handle, subnet: Ipv4Net) -> Result<BTreeMap<[u8; 4], Learned>> {
     let links = links(handle).await?;
     let fdb = bridge_fdb(handle, &links).await?;
     let mut out = BTreeMap::new();
@@ -117,7 +124,8 @@ pub async fn discover(handle: &Handle, subnet: Ipv4Net) -> Result<BTreeMap<[u8; 
             continue;
         };
         let Some(host_mac) = facts.mac else { continue };
-        out.insert(ip.octets(), LocalPod { host_ifindex: port, pod_mac, host_mac });
+        let bridge = matches!(facts.kind, Some(InfoKind::Bridge)).then_some(dev);
+        out.insert(ip.octets(), Learned { pod: LocalPod { host_ifindex: port, pod_mac, host_mac }, bridge });
     }
     Ok(out)
 }

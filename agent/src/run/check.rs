@@ -140,6 +140,16 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
     if args.public_ip.is_none() && underlay.ipv4.is_none() {
         return Err(usage(format!("--iface {iface} has no IPv4 address; give --public-ip")));
     }
+    if args.host_routing && args.bypass_netfilter {
+        return Err(usage("--host-routing and --bypass-netfilter contradict each other".into()));
+    }
+    if args.ip_masq || args.iptables_forward_rules {
+        crate::netfilter::check_binary().map_err(|e| {
+            usage(format!(
+                "--ip-masq and the forward rules (--iptables-forward-rules, on by default) need iptables: {e:#}"
+            ))
+        })?;
+    }
     for (flag, dir) in [("--state-dir", &args.paths.state_dir), ("--bpffs", &args.paths.bpffs)] {
         if dir.exists() && !dir.is_dir() {
             return Err(usage(format!("{flag} {} is not a directory", dir.display())));

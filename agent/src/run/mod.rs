@@ -183,6 +183,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
             }
             n.reconcile(&d.view, &mut reconciler, &state, first_pass).await;
+            n.enforce_rules();
             first_pass = false;
             if let Err(e) = n.attach().await {
                 error!("cannot attach the programs, retrying: {e:#}");

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use anyhow::{Context, Result};
 use aya::programs::TcAttachType;
 use edgevx_common::{
-    maps::{DataplaneConfig, FLAG_FAST_DELIVERY, FLAG_STRICT_INNER_SOURCE},
+    maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_STRICT_INNER_SOURCE, LocalPod},
     vxlan::ENCAP_OVERHEAD,
 };
 use ipnet::Ipv4Net;
@@ -16,6 +16,7 @@ use super::check::Checked;
 use crate::{
     dataplane::{bpffs, device, loader, local_pods, maps::Maps, peers},
     netconf::NetConf,
+    netfilter,
     peer::{ClusterView, OwnNode},
     reconcile::{self, Reconciler},
     source::LocalVtep,
@@ -29,6 +30,14 @@ pub(super) struct Node {
     /// hold every peer, so taking over from flanneld (or from an older
     /// edgevx) never sends a packet to an empty table.
     pub(super) pending: Option<aya::Ebpf>,
+    /// The loaded programs once attached: the bridge program is attached
+    /// later, whenever the pod bridge (re)appears.
+    pub(super) loaded: Option<aya::Ebpf>,
+    /// The pod bridge's ifindex while our program is attached to it.
+    pub(super) bridge: Option<u32>,
+    pub(super) pod_bridge: String,
+    pub(super) firewall: Option<netfilter::Firewall>,
+    pub(super) forward_rules: bool,
     pub(super) pins: bpffs::PinDir,
     pub(super) handle: Handle,
     pub(super) maps: Maps,
@@ -64,22 +73,49 @@ pub(super) async fn bring_up(
     device::ensure_address(handle, vtep_index, own.subnet, conf.network).await?;
 
     let mut maps = Maps::open(&pins)?;
-    let fast = !c.args.host_routing;
+    let bypass = c.args.bypass_netfilter;
+    if bypass {
+        if let Some(found) = netfilter::kube_proxy_present() {
+            warn!(
+                %found,
+                "--bypass-netfilter is on, but kube-proxy's packet rules are on this node: replies to Service \
+                 traffic from other nodes lose their reverse NAT, and conntrack sees only one direction of pod \
+                 flows (kube-proxy's ctstate INVALID drop then drops them). Turn it off unless pod traffic has \
+                 no packet-level NAT or policy"
+            );
+        }
+    }
+    // the pods learned by an earlier run may sit on a bridge our program is
+    // not attached to yet; they come back at the first learning pass
+    maps.sync_local_pods(&Default::default())?;
     maps.set_config(&DataplaneConfig {
         vni: conf.vni,
         local_ip: public_ip.octets(),
         vtep_mac: mac.0,
         port: conf.port,
-        flags: if fast { FLAG_FAST_DELIVERY } else { 0 }
+        flags: if bypass { FLAG_BYPASS_NETFILTER } else { 0 }
             | if c.args.strict_inner_source { FLAG_STRICT_INNER_SOURCE } else { 0 },
         vtep_ifindex: vtep_index,
         underlay_ifindex: c.underlay.index,
     })?;
-    if !fast {
-        maps.sync_local_pods(&Default::default())?;
-    }
 
-    subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, mtu, false)
+    let forward_rules = c.args.iptables_forward_rules;
+    let firewall = if c.args.ip_masq || forward_rules {
+        let fw = netfilter::Firewall::new()?;
+        fw.apply(&netfilter::plan(conf.network, own.subnet, c.args.ip_masq, forward_rules))
+            .context("cannot install the firewall rules")?;
+        Some(fw)
+    } else {
+        // an earlier run with other flags may have left our chains; without iptables there are none
+        if let Ok(fw) = netfilter::Firewall::new() {
+            if let Err(e) = fw.remove_all() {
+                warn!("cannot remove the firewall rules of an earlier run: {e:#}");
+            }
+        }
+        None
+    };
+
+    subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, mtu, c.args.ip_masq)
         .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
     let record = AgentRecord {
         node: c.node.clone(),
@@ -92,13 +128,28 @@ pub(super) async fn bring_up(
         subnet: own.subnet,
         network: conf.network,
         mtu,
-        fast_delivery: fast,
+        bypass_netfilter: bypass,
+        ip_masq: c.args.ip_masq,
         subnet_file: c.args.subnet_file.clone(),
         pid: std::process::id(),
     };
     state.save_agent(&record)?;
-    info!(device = %spec.name, %mac, %public_ip, subnet = %own.subnet, mtu, fast_delivery = fast, "VTEP ready");
-    Ok(Node { handle: handle.clone(), maps, vtep_index, own, record, pending: Some(ebpf), pins })
+    info!(device = %spec.name, %mac, %public_ip, subnet = %own.subnet, mtu, bypass_netfilter = bypass,
+        ip_masq = c.args.ip_masq, "VTEP ready");
+    Ok(Node {
+        handle: handle.clone(),
+        maps,
+        vtep_index,
+        own,
+        record,
+        pending: Some(ebpf),
+        loaded: None,
+        bridge: None,
+        pod_bridge: c.args.pod_bridge.clone(),
+        firewall,
+        forward_rules,
+        pins,
+    })
 }
 
 impl Node {
@@ -108,7 +159,7 @@ impl Node {
         let Some(mut ebpf) = self.pending.take() else { return Ok(()) };
         loader::attach(&mut ebpf, &self.pins, loader::ENCAP, &self.record.vtep_device, TcAttachType::Egress)?;
         loader::attach(&mut ebpf, &self.pins, loader::DECAP, &self.record.iface, TcAttachType::Ingress)?;
-        drop(ebpf); // the pinned links keep the programs; the pinned maps keep their state
+        self.loaded = Some(ebpf); // the pinned links keep the programs; the pinned maps keep their state
         for old in self.pins.other_versions() {
             loader::retire(&old)?;
         }
@@ -119,7 +170,7 @@ impl Node {
         }
         let r = &self.record;
         info!(device = %r.vtep_device, iface = %r.iface, mac = %r.vtep_mac, public_ip = %r.public_ip, subnet = %r.subnet,
-            fast_delivery = r.fast_delivery, "dataplane up");
+            bypass_netfilter = r.bypass_netfilter, "dataplane up");
         Ok(())
     }
 
@@ -173,12 +224,51 @@ impl Node {
         device_ok && loader::links_attached(&self.pins, &self.record.vtep_device, &self.record.iface)
     }
 
-    pub(super) async fn learn_pods(&mut self) {
-        if !self.record.fast_delivery {
-            return;
+    /// Attaches the bridge program to the pod bridge if it is there and not
+    /// attached yet; returns the bridge's ifindex while it is attached.
+    fn ensure_bridge_program(&mut self) -> Option<u32> {
+        let name = std::ffi::CString::new(self.pod_bridge.as_str()).ok()?;
+        // SAFETY: plain lookup with a valid C string.
+        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        if index == 0 {
+            self.bridge = None;
+            return None;
         }
+        let link = self.pins.link(loader::BRIDGE);
+        if self.bridge == Some(index) && loader::attached_here(&link, &self.pod_bridge, TcAttachType::Egress) {
+            return Some(index);
+        }
+        let ebpf = self.loaded.as_mut()?;
+        match loader::attach(ebpf, &self.pins, loader::BRIDGE, &self.pod_bridge, TcAttachType::Egress) {
+            Ok(()) => {
+                self.bridge = Some(index);
+                Some(index)
+            }
+            Err(e) => {
+                warn!(bridge = %self.pod_bridge, "cannot attach to the pod bridge: {e:#}");
+                self.bridge = None;
+                None
+            }
+        }
+    }
+
+    /// Learns the local pods from the kernel and puts in the map those the
+    /// programs may deliver to. In the default mode that is a pod behind a
+    /// bridge our program is attached to (so the decapsulated GSO packets
+    /// reach its port whole), or a pod on a routed veth of its own.
+    pub(super) async fn learn_pods(&mut self) {
+        if self.pending.is_some() {
+            return; // not attached yet
+        }
+        let bridge = self.ensure_bridge_program();
+        let bypass = self.record.bypass_netfilter;
         match local_pods::discover(&self.handle, self.own.subnet).await {
-            Ok(pods) => {
+            Ok(learned) => {
+                let pods: std::collections::BTreeMap<[u8; 4], LocalPod> = learned
+                    .into_iter()
+                    .filter(|(_, l)| bypass || l.bridge.is_none() || l.bridge == bridge)
+                    .map(|(ip, l)| (ip, l.pod))
+                    .collect();
                 if let Err(e) = self.maps.sync_local_pods(&pods) {
                     warn!("cannot update local pods: {e:#}");
                 }
@@ -186,11 +276,25 @@ impl Node {
             Err(e) => warn!("cannot learn local pods: {e:#}"),
         }
     }
+
+    /// Re-asserts our firewall chains (someone may have flushed them).
+    pub(super) fn enforce_rules(&self) {
+        let Some(fw) = &self.firewall else { return };
+        let r = &self.record;
+        let rules = netfilter::plan(r.network, self.own.subnet, r.ip_masq, self.forward_rules);
+        if let Err(e) = fw.apply(&rules) {
+            warn!("cannot restore the firewall rules: {e:#}");
+        }
+    }
 }
 
 pub(super) async fn readdress(n: &mut Node, c: &Checked, own: &OwnNode, state: &StateDir) -> Result<()> {
     device::ensure_address(&n.handle, n.vtep_index, own.subnet, n.record.network).await?;
-    subnet_env::write(&c.args.subnet_file, n.record.network, own.subnet, n.record.mtu, false)?;
+    subnet_env::write(&c.args.subnet_file, n.record.network, own.subnet, n.record.mtu, n.record.ip_masq)?;
+    if let Some(fw) = &n.firewall {
+        let rules = netfilter::plan(n.record.network, own.subnet, n.record.ip_masq, n.forward_rules);
+        fw.apply(&rules).context("cannot update the firewall rules")?;
+    }
     n.own = own.clone();
     n.record.subnet = own.subnet;
     state.save_agent(&n.record)

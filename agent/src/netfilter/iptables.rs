@@ -1,0 +1,124 @@
+//! Applying a [`RuleSet`] through the host's `iptables`, idempotently: a
+//! chain whose rules already read as planned is left alone, so a restart
+//! changes nothing and drops nothing.
+use std::process::Command;
+
+use anyhow::{Context, Result, anyhow};
+use tracing::info;
+
+use super::plan::{ALL, Chain, RuleSet, jump_rule};
+
+/// The host's iptables, through the `iptables` crate.
+pub struct Firewall {
+    ipt: iptables::IPTables,
+}
+
+fn err(what: String) -> impl FnOnce(Box<dyn std::error::Error>) -> anyhow::Error {
+    move |e| anyhow!("{what}: {e}")
+}
+
+impl Firewall {
+    /// Fails, naming the binary, where `iptables` cannot be run.
+    pub fn new() -> Result<Self> {
+        let ipt = iptables::new(false).map_err(err("cannot run iptables (is it installed?)".into()))?;
+        Ok(Firewall { ipt })
+    }
+
+    /// Makes the host's chains what `set` says; removes chains of ours it
+    /// does not name. Returns whether anything changed.
+    pub fn apply(&self, set: &RuleSet) -> Result<bool> {
+        let mut changed = false;
+        for chain in &set.chains {
+            changed |= self.ensure(chain)?;
+        }
+        for (table, parent, name) in ALL {
+            if !set.chains.iter().any(|c| c.name == name) {
+                changed |= self.remove(table, parent, name)?;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Removes every chain edgevx owns (for `edgevx cleanup`).
+    pub fn remove_all(&self) -> Result<bool> {
+        let mut changed = false;
+        for (table, parent, name) in ALL {
+            changed |= self.remove(table, parent, name)?;
+        }
+        Ok(changed)
+    }
+
+    fn rules_of(&self, table: &str, name: &str) -> Result<Vec<String>> {
+        let prefix = format!("-A {name} ");
+        let listed = self.ipt.list(table, name).map_err(err(format!("cannot list {table}/{name}")))?;
+        Ok(listed.iter().filter_map(|l| l.strip_prefix(&prefix)).map(str::to_string).collect())
+    }
+
+    fn ensure(&self, c: &Chain) -> Result<bool> {
+        let mut changed = false;
+        let what = || format!("{}/{}", c.table, c.name);
+        if !self.ipt.chain_exists(c.table, c.name).map_err(err(format!("cannot look up {}", what())))? {
+            self.ipt.new_chain(c.table, c.name).map_err(err(format!("cannot create {}", what())))?;
+            changed = true;
+        }
+        if self.rules_of(c.table, c.name)? != c.rules {
+            // a brief flush, only when the plan changed (or on first start)
+            self.ipt.flush_chain(c.table, c.name).map_err(err(format!("cannot flush {}", what())))?;
+            for r in &c.rules {
+                self.ipt.append(c.table, c.name, r).map_err(err(format!("cannot add `{r}` to {}", what())))?;
+            }
+            info!(chain = c.name, table = c.table, rules = c.rules.len(), "firewall chain written");
+            changed = true;
+        }
+        let jump = c.jump();
+        let hooked = self.ipt.exists(c.table, c.parent, &jump).map_err(err(format!("cannot check {}", c.parent)))?;
+        if !hooked {
+            let added = if c.jump_first {
+                self.ipt.insert(c.table, c.parent, &jump, 1)
+            } else {
+                self.ipt.append(c.table, c.parent, &jump)
+            };
+            added.map_err(err(format!("cannot hook {} into {}/{}", c.name, c.table, c.parent)))?;
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    fn remove(&self, table: &str, parent: &str, name: &str) -> Result<bool> {
+        if !self.ipt.chain_exists(table, name).map_err(err(format!("cannot look up {table}/{name}")))? {
+            return Ok(false);
+        }
+        let jump = jump_rule(name);
+        while self.ipt.exists(table, parent, &jump).map_err(err(format!("cannot check {table}/{parent}")))? {
+            self.ipt.delete(table, parent, &jump).map_err(err(format!("cannot unhook {name} from {parent}")))?;
+        }
+        self.ipt.flush_chain(table, name).map_err(err(format!("cannot flush {table}/{name}")))?;
+        self.ipt.delete_chain(table, name).map_err(err(format!("cannot delete {table}/{name}")))?;
+        info!(chain = name, table, "firewall chain removed");
+        Ok(true)
+    }
+}
+
+/// Where kube-proxy's packet-level rules are on this host, if anywhere:
+/// its iptables chains or its nftables table.
+pub fn kube_proxy_present() -> Option<&'static str> {
+    if let Ok(ipt) = iptables::new(false) {
+        if ipt.chain_exists("nat", "KUBE-SERVICES").unwrap_or(false) {
+            return Some("iptables chain nat/KUBE-SERVICES");
+        }
+    }
+    let nft = Command::new("nft").args(["list", "table", "ip", "kube-proxy"]).output();
+    if nft.is_ok_and(|o| o.status.success()) {
+        return Some("nftables table ip kube-proxy");
+    }
+    None
+}
+
+/// For callers that want the error text of a missing binary up front.
+pub fn check_binary() -> Result<()> {
+    let out = Command::new("iptables").arg("--version").output().context("cannot run `iptables --version`")?;
+    if !out.status.success() {
+        return Err(anyhow!("`iptables --version` failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(())
+}

@@ -1,0 +1,22 @@
+//! The host firewall rules edgevx owns, with flannel's meaning, and the
+//! detection of kube-proxy's rules.
+//!
+//! - `EDGEVX-POSTRTG` (nat, jumped to first from POSTROUTING), with `--ip-masq`:
+//!   flannel's FLANNEL-POSTRTG (pkg/trafficmngr/iptables/iptables.go).
+//! - `EDGEVX-FWD` (filter, appended to FORWARD): flannel's FLANNEL-FWD, which
+//!   accepts the Network in both directions, so pods keep working on hosts
+//!   whose FORWARD policy is DROP. It is appended, like flannel's, so that
+//!   kube-proxy's KUBE-FORWARD (prepended, with its `ctstate INVALID` drop)
+//!   still comes first.
+//!
+//! The rules are written through the `iptables` crate, which drives the
+//! host's `iptables` binary as flannel's go-iptables does. That binary picks
+//! the backend (nft or legacy) that kube-proxy uses on the node, so the rules
+//! live in the same tables as kube-proxy's and a DROP policy in FORWARD is met
+//! in its own chain (an accept in a separate nftables table would not
+//! override it).
+mod iptables;
+mod plan;
+
+pub use iptables::{Firewall, check_binary, kube_proxy_present};
+pub use plan::plan;

@@ -24,6 +24,7 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     let pins = PinDir::new(&paths.bpffs);
     let maps = Maps::open(&pins).ok();
     let attached: Vec<&str> = loader::PROGRAMS.into_iter().filter(|n| pins.link(n).exists()).collect();
+    let dataplane_attached = [loader::ENCAP, loader::DECAP].iter().all(|p| attached.contains(p));
     let counters = match &maps {
         Some(m) => serde_json::to_value(m.global_stats()?)?,
         None => Value::Null,
@@ -50,7 +51,8 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     Ok(json!({
         "node": rec.node,
         "agent_running": process_alive(rec.pid) && rec.pid != std::process::id(),
-        "dataplane_attached": attached.len() == 2,
+        "dataplane_attached": dataplane_attached,
+        "bridge_attached": attached.contains(&loader::BRIDGE),
         "iface": rec.iface,
         "vtep_device": rec.vtep_device,
         "vtep_mac": rec.vtep_mac.to_string(),

@@ -17,9 +17,9 @@ use edgevx_tests::{
     kube_proxy::{self, KubeProxy, Mode, Proto, Service},
     netns::Netns,
     nodes::{flannel_node, node_list, write},
-    topo::{Cluster, pod_ip},
     real_node::flannel_iptables_rules,
     topo::subnet,
+    topo::{Cluster, pod_ip},
     traffic::wait_reachable,
 };
 use serde_json::Value;
@@ -66,8 +66,11 @@ fn bring_up(setup: Setup) -> Result<(Cluster, Vec<Agent>)> {
                     flannel_node(2, Some("02:22:00:00:00:02")),
                 ]),
             )?;
-            let extra: &[&str] =
-                if matches!(setup, Setup::EdgevxBypass) { &["--ip-masq", "--bypass-netfilter"] } else { &["--ip-masq"] };
+            let extra: &[&str] = if matches!(setup, Setup::EdgevxBypass) {
+                &["--ip-masq", "--bypass-netfilter"]
+            } else {
+                &["--ip-masq"]
+            };
             for i in [1, 2] {
                 c.host_mut(i).mount_bpffs()?;
                 agents.push(Agent::start(c.host(i), &nodes, extra)?);
@@ -92,7 +95,13 @@ fn bring_up(setup: Setup) -> Result<(Cluster, Vec<Agent>)> {
     }
     // a DNS-style Service and a TCP Service, both backed by node2's pod
     let services = [
-        Service { cluster_ip: "10.96.0.10".parse()?, port: 53, proto: Proto::Udp, node_port: None, backend: (pod_ip(2), 53) },
+        Service {
+            cluster_ip: "10.96.0.10".parse()?,
+            port: 53,
+            proto: Proto::Udp,
+            node_port: None,
+            backend: (pod_ip(2), 53),
+        },
         Service {
             cluster_ip: "10.96.0.20".parse()?,
             port: 80,

@@ -32,7 +32,7 @@ fn every_setting_can_come_from_the_environment() -> Result<()> {
             .env("EDGEVX_STATE_DIR", h.state_dir())
             .env("EDGEVX_BPFFS", h.bpffs_dir())
             .env("EDGEVX_SUBNET_FILE", h.subnet_file())
-            .env("EDGEVX_HOST_ROUTING", "true")
+            .env("EDGEVX_BYPASS_NETFILTER", "true")
             .stdout(Stdio::null())
             .stderr(File::create(&log)?)
             .spawn()?;
@@ -56,7 +56,7 @@ fn every_setting_can_come_from_the_environment() -> Result<()> {
     result?;
     let s = s?;
     assert_eq!(s["node"], "node1");
-    assert_eq!(s["delivery"], "host-routing");
+    assert_eq!(s["delivery"], "bypass-netfilter");
     assert_eq!(s["subnet"], "10.244.1.0/24");
     assert!(std::fs::read_to_string(h.subnet_file())?.contains("FLANNEL_SUBNET=10.244.1.1/24"));
     Ok(())

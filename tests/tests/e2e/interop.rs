@@ -39,44 +39,61 @@ fn exchange_all_traffic(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
+/// Waits until node 1's agent has learned its pod (once the host talked to it).
+fn pod_learned(agent: &Agent) -> Result<()> {
+    wait_status(agent, Duration::from_secs(5), "a learned local pod", |s| s["local_pods"].as_u64() >= Some(1))
+        .map(|_| ())
+}
+
 #[test]
-fn fast_delivery_interoperates_with_kernel_flannel_both_ways() -> Result<()> {
+fn default_mode_interoperates_with_kernel_flannel_both_ways() -> Result<()> {
     let (c, agent) = edgevx_and_kernel(&[])?;
+    pod_learned(&agent)?;
     exchange_all_traffic(&c)?;
     let s = agent.status()?;
-    assert_eq!(s["delivery"], "fast");
+    assert_eq!(s["delivery"], "host-stack");
+    assert_eq!(s["bridge_attached"], true, "{s:#}");
     let peer = &s["peers"][0];
     assert!(peer["tx_packets"].as_u64() > Some(1000) && peer["rx_packets"].as_u64() > Some(1000), "{s:#}");
-    assert!(s["counters"]["rx_fast_packets"].as_u64() > Some(1000), "fast delivery was not used: {s:#}");
-    assert_eq!(s["counters"]["drop_unknown_peer"], 0);
+    let counters = &s["counters"];
+    assert!(counters["rx_stack_packets"].as_u64() > Some(1000), "TC decap into the host stack unused: {s:#}");
+    assert!(counters["bridge_to_port"].as_u64() > Some(1000), "the pod bridge program unused: {s:#}");
+    assert_eq!(counters["rx_fast_packets"], 0, "the default never bypasses the host: {s:#}");
+    assert_eq!(counters["drop_unknown_peer"], 0);
     Ok(())
 }
 
 #[test]
-fn host_routing_mode_interoperates_and_keeps_forward_rules() -> Result<()> {
-    let (c, agent) = edgevx_and_kernel(&["--host-routing"])?;
-    exchange_all_traffic(&c)?;
-    let s = agent.status()?;
-    assert_eq!(s["delivery"], "host-routing");
-    assert_eq!(s["counters"]["rx_fast_packets"], 0, "{s:#}");
-    assert!(s["counters"]["rx_host_packets"].as_u64() > Some(1000), "{s:#}");
-
-    // a FORWARD rule on the edgevx node now decides, as it would with flannel
+fn default_mode_keeps_forward_rules() -> Result<()> {
+    let (c, agent) = edgevx_and_kernel(&[])?;
+    pod_learned(&agent)?;
+    // a FORWARD rule on the edgevx node decides, as it would with flannel
     let n1 = &c.host(1).ns;
     forward_drop(n1, "ip saddr 10.244.2.2 ip daddr 10.244.1.2 icmp type echo-request drop")?;
     assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?.1, 0, "FORWARD drop rule was bypassed");
     n1.run(&["nft", "delete table inet evx"])?;
     assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?.1, 5);
-    drop(agent);
+    let s = agent.status()?;
+    assert!(s["counters"]["rx_stack_packets"].as_u64() >= Some(10), "the TC decap path was not the one tested: {s:#}");
     Ok(())
 }
 
 #[test]
-fn fast_delivery_skips_forward_rules_as_documented() -> Result<()> {
-    let (c, agent) = edgevx_and_kernel(&[])?;
-    // the pod is learned once the host has talked to it
-    wait_status(&agent, Duration::from_secs(5), "a learned local pod", |s| s["local_pods"].as_u64() >= Some(1))?;
+fn host_routing_flag_still_means_the_default() -> Result<()> {
+    let (c, agent) = edgevx_and_kernel(&["--host-routing"])?;
+    assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?, (5, 5));
+    assert_eq!(agent.status()?["delivery"], "host-stack");
+    Ok(())
+}
+
+#[test]
+fn bypass_netfilter_skips_forward_rules_as_documented() -> Result<()> {
+    let (c, agent) = edgevx_and_kernel(&["--bypass-netfilter"])?;
+    pod_learned(&agent)?;
     forward_drop(&c.host(1).ns, "ip daddr 10.244.1.2 icmp type echo-request drop")?;
-    assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?.1, 5, "fast delivery should not traverse FORWARD");
+    assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?.1, 5, "the bypass should not traverse FORWARD");
+    let s = agent.status()?;
+    assert_eq!(s["delivery"], "bypass-netfilter");
+    assert!(s["counters"]["rx_fast_packets"].as_u64() >= Some(5), "{s:#}");
     Ok(())
 }

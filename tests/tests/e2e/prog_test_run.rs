@@ -1,4 +1,4 @@
-//! The encap and decap programs run on crafted packets with
+//! The encap, decap and bridge programs run on crafted packets with
 //! BPF_PROG_TEST_RUN; outputs are compared byte for byte with frames
 //! written out here by hand from RFC 7348 and flannel's settings.
 use std::path::PathBuf;
@@ -11,7 +11,9 @@ use aya::{
 };
 use edgevx_common::{
     counters::Counter,
-    maps::{self as names, DataplaneConfig, FLAG_FAST_DELIVERY, FLAG_STRICT_INNER_SOURCE, LocalPod, Peer, PeerStats},
+    maps::{
+        self as names, DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_STRICT_INNER_SOURCE, LocalPod, Peer, PeerStats,
+    },
 };
 use edgevx_tests::{topo::Bpffs, unique};
 
@@ -43,7 +45,7 @@ fn load(flags: u32) -> Result<Loaded> {
     let bytes = std::fs::read(object())
         .with_context(|| format!("cannot read {} (cargo xtask build-ebpf)", object().display()))?;
     let mut ebpf = EbpfLoader::new().default_map_pin_directory(&dir).load(&bytes)?;
-    for p in ["edgevx_encap", "edgevx_decap"] {
+    for p in ["edgevx_encap", "edgevx_decap", "edgevx_bridge"] {
         let prog: &mut SchedClassifier = ebpf.program_mut(p).context("program")?.try_into()?;
         prog.load()?;
     }
@@ -153,7 +155,7 @@ fn vxlan_frame(src: [u8; 4], vni: u32, inner_dst_mac: [u8; 6], inner: &[u8]) -> 
 
 #[test]
 fn encap_builds_flannel_compatible_outer_headers() -> Result<()> {
-    let l = load(FLAG_FAST_DELIVERY)?;
+    let l = load(FLAG_BYPASS_NETFILTER)?;
     let inner = inner_icmp([10, 244, 2, 2]);
     let input = eth(OUR_MAC, OUR_MAC, 0x0800, &inner);
     let (rc, out) = l.run("edgevx_encap", &input)?;
@@ -195,7 +197,7 @@ fn encap_builds_flannel_compatible_outer_headers() -> Result<()> {
 
 #[test]
 fn encap_drops_and_counts_what_it_cannot_route() -> Result<()> {
-    let l = load(FLAG_FAST_DELIVERY)?;
+    let l = load(FLAG_BYPASS_NETFILTER)?;
     let (rc, _) = l.run("edgevx_encap", &eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 9, 9])))?;
     assert_eq!(rc, TC_ACT_SHOT);
     assert_eq!(l.counter(Counter::DropNoRoute)?, 1);
@@ -207,7 +209,7 @@ fn encap_drops_and_counts_what_it_cannot_route() -> Result<()> {
 
 #[test]
 fn decap_delivers_to_a_known_local_pod_byte_exact() -> Result<()> {
-    let l = load(FLAG_FAST_DELIVERY)?;
+    let l = load(FLAG_BYPASS_NETFILTER)?;
     let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0, 0, 0, 0, 0, 1, 0, 1], 0);
     let (rc, out) = l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &inner))?;
     assert_eq!(rc, TC_ACT_REDIRECT);
@@ -219,7 +221,7 @@ fn decap_delivers_to_a_known_local_pod_byte_exact() -> Result<()> {
 
 #[test]
 fn decap_leaves_other_traffic_untouched() -> Result<()> {
-    let l = load(FLAG_FAST_DELIVERY)?;
+    let l = load(FLAG_BYPASS_NETFILTER)?;
     let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
     let mut tcp = vec![0x1f, 0x90, 0x00, 0x16];
     tcp.extend([0u8; 16]);
@@ -261,7 +263,7 @@ fn decap_leaves_other_traffic_untouched() -> Result<()> {
 
 #[test]
 fn decap_drops_vxlan_from_unknown_sources() -> Result<()> {
-    let l = load(FLAG_FAST_DELIVERY)?;
+    let l = load(FLAG_BYPASS_NETFILTER)?;
     let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
     assert_eq!(l.run("edgevx_decap", &vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner))?.0, TC_ACT_SHOT);
     assert_eq!(l.counter(Counter::DropUnknownPeer)?, 1);
@@ -282,7 +284,7 @@ fn with_ip_options(frame: &[u8]) -> Vec<u8> {
 
 #[test]
 fn ip_options_and_fragments_do_not_bypass_the_source_check() -> Result<()> {
-    let l = load(FLAG_FAST_DELIVERY)?;
+    let l = load(FLAG_BYPASS_NETFILTER)?;
     let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
     assert_eq!(l.run("edgevx_decap", &with_ip_options(&vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner)))?.0, TC_ACT_SHOT);
     let mut first_fragment = vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner);
@@ -303,12 +305,20 @@ fn ip_options_and_fragments_do_not_bypass_the_source_check() -> Result<()> {
 }
 
 #[test]
-fn host_routing_mode_never_redirects() -> Result<()> {
+fn default_mode_hands_a_local_pods_frame_to_the_vtep_ingress_byte_exact() -> Result<()> {
     let l = load(0)?;
-    let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
+    let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0, 0, 0, 0, 0, 1, 0, 1], 0);
     let frame = vxlan_frame(PEER_IP, 1, OUR_MAC, &inner);
     let (rc, out) = l.run("edgevx_decap", &frame)?;
-    assert_eq!((rc, out), (NEXT, frame));
+    // exactly what the kernel's VXLAN receive puts on flannel.1: the inner frame
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(out, eth(OUR_MAC, PEER_MAC, 0x0800, &inner));
+    assert_eq!(l.counter(Counter::RxStackPackets)?, 1);
+    assert_eq!(l.counter(Counter::RxFastPackets)?, 0, "never straight into the pod by default");
+    assert_eq!(l.peer()?.rx_packets, 1);
+    // not a learned pod (the host itself): the kernel's VXLAN receive takes it, untouched
+    let host_bound = vxlan_frame(PEER_IP, 1, OUR_MAC, &ipv4([10, 244, 2, 2], [10, 244, 1, 0], 1, &[0; 8], 0));
+    assert_eq!(l.run("edgevx_decap", &host_bound)?, (NEXT, host_bound));
     assert_eq!(l.counter(Counter::RxHostPackets)?, 1);
     assert_eq!(
         l.run("edgevx_decap", &vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner))?.0,
@@ -319,15 +329,35 @@ fn host_routing_mode_never_redirects() -> Result<()> {
 }
 
 #[test]
+fn bridge_sends_a_routed_frame_for_a_learned_pod_to_its_port_unchanged() -> Result<()> {
+    let l = load(0)?;
+    let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 6, &[0u8; 20], 0);
+    let frame = eth(POD_MAC, HOST_MAC, 0x0800, &inner);
+    assert_eq!(l.run("edgevx_bridge", &frame).context("a frame for the learned pod")?, (TC_ACT_REDIRECT, frame));
+    assert_eq!(l.counter(Counter::BridgeToPort)?, 1);
+    let cases = [
+        ("another MAC than the learned pod's", eth([0x02, 0x99, 0, 0, 0, 9], HOST_MAC, 0x0800, &inner)),
+        ("a pod not learned", eth(POD_MAC, HOST_MAC, 0x0800, &ipv4([10, 244, 2, 2], [10, 244, 1, 9], 6, &[0; 20], 0))),
+        ("ARP", eth([0xff; 6], HOST_MAC, 0x0806, &[0u8; 28])),
+        ("IPv6", eth(POD_MAC, HOST_MAC, 0x86dd, &[0x60u8; 60])),
+    ];
+    for (what, frame) in cases {
+        assert_eq!(l.run("edgevx_bridge", &frame).context(what)?, (NEXT, frame), "{what}: the bridge forwards it");
+    }
+    assert_eq!(l.counter(Counter::BridgeToPort)?, 1);
+    Ok(())
+}
+
+#[test]
 fn strict_inner_source_drops_what_a_peer_cannot_own() -> Result<()> {
     let from_its_subnet = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
     let spoofed = ipv4([10, 99, 0, 1], [10, 244, 1, 2], 1, &[0; 8], 0);
-    let l = load(FLAG_FAST_DELIVERY | FLAG_STRICT_INNER_SOURCE)?;
+    let l = load(FLAG_BYPASS_NETFILTER | FLAG_STRICT_INNER_SOURCE)?;
     assert_eq!(l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &from_its_subnet))?.0, TC_ACT_REDIRECT);
     assert_eq!(l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &spoofed))?.0, TC_ACT_SHOT);
     assert_eq!(l.counter(Counter::DropSpoofedSource)?, 1);
     // off by default: external VTEPs may forward client sources
-    let l = load(FLAG_FAST_DELIVERY)?;
+    let l = load(FLAG_BYPASS_NETFILTER)?;
     assert_eq!(l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &spoofed))?.0, TC_ACT_REDIRECT);
     Ok(())
 }

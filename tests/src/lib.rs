@@ -4,10 +4,13 @@
 //! exactly as flanneld sets it up. Everything made here is removed on drop,
 //! also when a test fails.
 pub mod agent;
+pub mod cni;
 pub mod etcd;
+pub mod kube_proxy;
 pub mod kubeapi;
 pub mod netns;
 pub mod nodes;
+pub mod real_node;
 pub mod scenario;
 pub mod topo;
 pub mod traffic;

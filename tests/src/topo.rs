@@ -166,6 +166,20 @@ impl Cluster {
         Ok(c)
     }
 
+    /// Nodes 1..=n on one switch with no `cni0` and no pod: pods come later
+    /// from the real CNI plugins (`crate::cni`). Each host's `pod` is an
+    /// empty namespace (only `lo`) that nothing is wired to.
+    /// [`Cluster::reboot`] would give such a node the hand-made pod back.
+    pub fn new_nodes_only(n: u8) -> Result<Self> {
+        let mut c = Self::new(0)?;
+        for i in 1..=n {
+            let (ns, dir) = c.make_node(i)?;
+            let pod = Netns::new(&format!("{}p{i}", c.tag))?;
+            c.hosts.push(Host { i, ns, pod, dir, bpffs: None });
+        }
+        Ok(c)
+    }
+
     pub fn host(&self, i: u8) -> &Host {
         &self.hosts[i as usize - 1]
     }
@@ -174,32 +188,8 @@ impl Cluster {
     }
 
     fn make_host(&self, i: u8) -> Result<Host> {
-        let ns = Netns::new(&format!("{}n{i}", self.tag))?;
+        let (ns, dir) = self.make_node(i)?;
         let pod = Netns::new(&format!("{}p{i}", self.tag))?;
-        let dir = self.dir.join(node_name(i));
-        fs::create_dir_all(&dir)?;
-        let port = format!("sw{i}");
-        sh(&[
-            "ip",
-            "link",
-            "add",
-            "eth0",
-            "netns",
-            &ns.name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &port,
-            "netns",
-            &self.switch.name,
-        ])?;
-        self.switch.ip(&["link", "set", &port, "master", "br0", "up"])?;
-        // a NIC keeps its MAC across reboots; so does this one
-        ns.ip(&["link", "set", "eth0", "address", &format!("02:00:c6:12:00:{i:02x}")])?;
-        ns.ip(&["addr", "add", &format!("{}/24", underlay_ip(i)), "dev", "eth0"])?;
-        ns.ip(&["link", "set", "eth0", "up"])?;
-        ns.sysctl("net.ipv4.ip_forward", "1")?;
         ns.ip(&["link", "add", "cni0", "mtu", POD_MTU, "type", "bridge"])?;
         ns.ip(&["addr", "add", &format!("10.244.{i}.1/24"), "dev", "cni0"])?;
         ns.ip(&["link", "set", "cni0", "up"])?;
@@ -213,6 +203,44 @@ impl Cluster {
         pod.ip(&["link", "set", "eth0", "up"])?;
         pod.ip(&["route", "add", "default", "via", &format!("10.244.{i}.1")])?;
         Ok(Host { i, ns, pod, dir, bpffs: None })
+    }
+
+    /// Node `i`'s namespace on the switch (`eth0`, 198.18.0.<i>/24,
+    /// forwarding on) and its directory: a node before any pod exists.
+    fn make_node(&self, i: u8) -> Result<(Netns, PathBuf)> {
+        let ns = Netns::new(&format!("{}n{i}", self.tag))?;
+        let dir = self.dir.join(node_name(i));
+        fs::create_dir_all(&dir)?;
+        self.plug(&ns, &format!("sw{i}"))?;
+        // a NIC keeps its MAC across reboots; so does this one
+        ns.ip(&["link", "set", "eth0", "address", &format!("02:00:c6:12:00:{i:02x}")])?;
+        ns.ip(&["addr", "add", &format!("{}/24", underlay_ip(i)), "dev", "eth0"])?;
+        ns.ip(&["link", "set", "eth0", "up"])?;
+        ns.sysctl("net.ipv4.ip_forward", "1")?;
+        Ok((ns, dir))
+    }
+
+    /// Connects `ns` to the switch: its `eth0` is a veth whose peer is
+    /// switch port `port` (`ip link add eth0 netns NS type veth peer name
+    /// PORT netns SWITCH; ip link set PORT master br0 up`).
+    pub fn plug(&self, ns: &Netns, port: &str) -> Result<()> {
+        sh(&[
+            "ip",
+            "link",
+            "add",
+            "eth0",
+            "netns",
+            &ns.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            port,
+            "netns",
+            &self.switch.name,
+        ])?;
+        self.switch.ip(&["link", "set", port, "master", "br0", "up"])?;
+        Ok(())
     }
 
     /// A reboot of node `i`: every bit of kernel state goes (namespaces,

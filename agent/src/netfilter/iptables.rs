@@ -20,7 +20,10 @@ fn err(what: String) -> impl FnOnce(Box<dyn std::error::Error>) -> anyhow::Error
 impl Firewall {
     /// Fails, naming the binary, where `iptables` cannot be run.
     pub fn new() -> Result<Self> {
-        let ipt = iptables::new(false).map_err(err("cannot run iptables (is it installed?)".into()))?;
+        let mut ipt = iptables::new(false).map_err(err("cannot run iptables (is it installed?)".into()))?;
+        // never reverse-resolve addresses: without DNS (an edge node cut off
+        // from the cloud) a plain `iptables -L` blocks for seconds or forever
+        ipt.set_numeric(true);
         Ok(Firewall { ipt })
     }
 
@@ -102,7 +105,8 @@ impl Firewall {
 /// Where kube-proxy's packet-level rules are on this host, if anywhere:
 /// its iptables chains or its nftables table.
 pub fn kube_proxy_present() -> Option<&'static str> {
-    if let Ok(ipt) = iptables::new(false) {
+    if let Ok(mut ipt) = iptables::new(false) {
+        ipt.set_numeric(true);
         if ipt.chain_exists("nat", "KUBE-SERVICES").unwrap_or(false) {
             return Some("iptables chain nat/KUBE-SERVICES");
         }

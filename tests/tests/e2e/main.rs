@@ -13,6 +13,7 @@ mod nodes_file;
 mod offline;
 mod privileges;
 mod prog_test_run;
+mod real_node;
 mod restart;
 
 use edgevx_tests::traffic::Peer;

@@ -51,10 +51,19 @@ impl Firewall {
         Ok(changed)
     }
 
+    /// The rule specifications in our chain, as `iptables -S` prints them.
+    /// (Not the crate's `list`: numeric mode adds `-n`, which `-S` refuses.)
     fn rules_of(&self, table: &str, name: &str) -> Result<Vec<String>> {
+        let out = self.ipt.execute(table, &format!("-S {name}")).map_err(err(format!("cannot list {table}/{name}")))?;
+        if !out.status.success() {
+            return Err(anyhow!("cannot list {table}/{name}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
         let prefix = format!("-A {name} ");
-        let listed = self.ipt.list(table, name).map_err(err(format!("cannot list {table}/{name}")))?;
-        Ok(listed.iter().filter_map(|l| l.strip_prefix(&prefix)).map(str::to_string).collect())
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .map(str::to_string)
+            .collect())
     }
 
     fn ensure(&self, c: &Chain) -> Result<bool> {

@@ -31,6 +31,7 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
         ("--node-name", "", "--node-name"),
         ("--etcd-endpoints", "http://198.18.0.254:2379", "exactly one source"),
         ("--kube", "", "exactly one source"),
+        ("--bypass-netfilter", "", "contradict"),
     ];
     for (flag, value, culprit) in cases {
         let mut args: Vec<String> = vec!["run".into(), "--state-dir".into(), s(&state), "--bpffs".into(), s(&bpffs)];
@@ -44,6 +45,9 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
             } else {
                 args.extend([f.to_string(), v.to_string()]);
             }
+        }
+        if *flag == "--bypass-netfilter" {
+            args.push("--host-routing".into());
         }
         if !replaced {
             args.push(flag.to_string());
@@ -78,6 +82,18 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(culprit), "{args:?}: the error should name {culprit}: {err}");
     }
+    // no iptables to be found: the forward rules (on by default) cannot be kept
+    let empty = c.dir.join("empty-path");
+    std::fs::create_dir_all(&empty)?;
+    let mut args = vec![format!("PATH={}", empty.display()), s(&edgevx_bin()), "run".into()];
+    for (f, v) in good {
+        args.extend([f.to_string(), v.to_string()]);
+    }
+    args.extend(["--state-dir".into(), s(&state), "--bpffs".into(), s(&bpffs)]);
+    let out = h.ns.cmd("env").args(&args).output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains("iptables") && err.contains("--iptables-forward-rules"), "{err}");
     assert!(h.ns.ip(&["link", "show", "flannel.1"]).is_err(), "a device was created");
     assert!(!state.exists(), "the state dir was written");
     assert!(!bpffs.exists(), "bpffs was mounted");

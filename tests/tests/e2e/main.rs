@@ -6,6 +6,7 @@ mod deploy;
 mod edgevx_pair;
 mod env;
 mod etcd;
+mod firewall;
 mod interop;
 mod kube;
 mod migration;

@@ -1,24 +1,73 @@
-//! `edgevx cleanup`: undo everything `edgevx run` did on this host.
-use std::fs;
+//! `edgevx cleanup`: undo everything `edgevx run` did on this host, or,
+//! with `--keep-vtep`, hand the node back to flanneld without a gap: the
+//! kernel gets flanneld's per-peer entries first, then the programs go,
+//! and `flannel.<VNI>` stays for flanneld to adopt with the same MAC.
+use std::{
+    collections::BTreeMap,
+    fs,
+    net::{IpAddr, Ipv4Addr},
+};
 
 use anyhow::{Context, Result};
-use tracing::info;
+use futures::TryStreamExt;
+use rtnetlink::{
+    Handle, LinkUnspec,
+    packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourState},
+};
+use tracing::{info, warn};
 
 use crate::{
+    UsageError,
     cli::CleanupArgs,
     dataplane::{bpffs::PinDir, device, loader},
-    state::{AGENT_FILE, MAC_FILE, PEERS_FILE, StateDir},
+    state::{AGENT_FILE, AgentRecord, MAC_FILE, PEERS_FILE, StateDir},
 };
 
 pub async fn run(args: CleanupArgs) -> Result<()> {
     let state = StateDir(args.paths.state_dir.clone());
     let rec = state.load_agent().unwrap_or(None);
+    if let Some(pid) = rec.as_ref().map(|r| r.pid).filter(|pid| agent_running(*pid)) {
+        return Err(UsageError(format!(
+            "the agent (pid {pid}) is still running and would rebuild what cleanup removes: stop it first \
+             (Kubernetes: remove the node's edgevx.io/dataplane label; systemd: systemctl stop edgevx)"
+        ))
+        .into());
+    }
     let pins = PinDir::new(&args.paths.bpffs);
+    let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
+    tokio::spawn(conn);
+    // before anything is detached: from here on the kernel could forward alone
+    let kept_vtep = match (&rec, args.keep_vtep) {
+        (Some(rec), true) => hand_over(&handle, rec, &state).await?,
+        (None, true) => {
+            // detaching without handing over could leave the kernel nothing to forward with
+            return Err(UsageError(format!(
+                "--keep-vtep: --state-dir {} holds no agent record ({AGENT_FILE}), so there is nothing to hand \
+                 over; nothing was changed",
+                state.0.display()
+            ))
+            .into());
+        }
+        (_, false) => None,
+    };
     for name in loader::PROGRAMS {
         if loader::detach_pinned(&pins, name)? {
             info!(program = name, "detached");
         }
         loader::remove_pin(&pins.prog(name))?;
+    }
+    // the clsact filters of the fallback, on the interfaces the last run used
+    if let Some(rec) = &rec {
+        use aya::programs::TcAttachType::{Egress, Ingress};
+        for (name, iface, kind) in [
+            (loader::ENCAP, rec.vtep_device.as_str(), Egress),
+            (loader::DECAP, rec.iface.as_str(), Ingress),
+            (loader::BRIDGE, rec.pod_bridge.as_str(), Egress),
+        ] {
+            if crate::dataplane::clsact::detach(name, iface, kind)? {
+                info!(program = name, iface, "removed the clsact filter");
+            }
+        }
     }
     for name in edgevx_common::maps::ALL {
         loader::remove_pin(&pins.map(name))?;
@@ -26,19 +75,25 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
     for dir in [pins.root.join("links"), pins.root.join("progs"), pins.maps(), pins.root.clone()] {
         let _ = fs::remove_dir(&dir);
     }
-    if let Some(rec) = &rec {
-        let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
-        tokio::spawn(conn);
-        if device::delete_link(&handle, &rec.vtep_device).await? {
-            info!(device = %rec.vtep_device, "deleted (its routes went with it)");
+    match (&rec, kept_vtep) {
+        (Some(rec), Some(_)) => {
+            info!(device = %rec.vtep_device, mac = %rec.vtep_mac, subnet_file = %rec.subnet_file.display(),
+                "kept, with its MAC, address, routes and subnet.env, for flanneld to adopt");
         }
-        match fs::remove_file(&rec.subnet_file) {
-            Ok(()) => info!(path = %rec.subnet_file.display(), "removed"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(e).with_context(|| format!("cannot remove {}", rec.subnet_file.display()));
+        (Some(_), None) if args.keep_vtep => {}
+        (Some(rec), None) => {
+            if device::delete_link(&handle, &rec.vtep_device).await? {
+                info!(device = %rec.vtep_device, "deleted (its routes went with it)");
+            }
+            match fs::remove_file(&rec.subnet_file) {
+                Ok(()) => info!(path = %rec.subnet_file.display(), "removed"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot remove {}", rec.subnet_file.display()));
+                }
             }
         }
+        (None, _) => {}
     }
     // our firewall chains, whatever flags the last run had
     match crate::netfilter::Firewall::new() {
@@ -60,4 +115,94 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         info!(path = %state.path(MAC_FILE).display(), "kept the VTEP MAC so the next start reuses it (--purge-mac removes it)");
     }
     Ok(())
+}
+
+/// Whether the agent that wrote the record still runs here. A pid from
+/// another pid namespace (the agent's pod, seen from a cleanup pod) may name
+/// some other process, so the process must also be an edgevx.
+fn agent_running(pid: u32) -> bool {
+    pid != std::process::id()
+        && fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "edgevx")
+}
+
+/// Gives the kernel what flanneld installs for each peer the agent
+/// programmed, so kernel VXLAN forwards the moment the programs are gone
+/// (the routes are already flanneld's):
+/// `ip neigh replace <subnet>.0 lladdr <mac> dev flannel.1 nud permanent` and
+/// `bridge fdb add <mac> dev flannel.1 dst <public ip> self permanent`.
+/// Entries flanneld already wrote win: it may know a newer MAC than the
+/// agent's record. Also switches ARP back on (`ip link set flannel.1 arp
+/// on`), as flanneld's device has it. Returns the VTEP's index, if it exists.
+async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Result<Option<u32>> {
+    let Some(link) = device::link_by_name(handle, &rec.vtep_device).await? else {
+        warn!(device = %rec.vtep_device, "is gone: nothing to hand over (flanneld will create it, with a new MAC)");
+        return Ok(None);
+    };
+    let index = link.header.index;
+    let peers = state.load_peers().with_context(|| {
+        format!("cannot read the peers the agent programmed (in {}); nothing was changed", state.0.display())
+    })?;
+    // toggling NOARP flushes every neighbour on the device, permanent ones too:
+    // note flanneld's entries first, and write them back right after
+    let flanneld = permanent_arp(handle, index).await?;
+    let msg = LinkUnspec::new_with_index(index).arp(true).build();
+    handle.link().set(msg).execute().await.context("cannot switch ARP back on on the VTEP")?;
+    let ours = peers.iter().map(|p| (p.subnet.network(), p.vtep_mac.0.to_vec()));
+    let arp: BTreeMap<Ipv4Addr, Vec<u8>> = ours.chain(flanneld.clone()).collect();
+    for (gateway, mac) in &arp {
+        handle
+            .neighbours()
+            .add(index, IpAddr::V4(*gateway))
+            .link_layer_address(mac)
+            .state(NeighbourState::Permanent)
+            .replace()
+            .execute()
+            .await
+            .with_context(|| format!("cannot add the arp entry {gateway} -> {mac:02x?} on {}", rec.vtep_device))?;
+    }
+    let mut fdb = 0;
+    for p in &peers {
+        let added = handle
+            .neighbours()
+            .add_bridge(index, &p.vtep_mac.0)
+            .destination(IpAddr::V4(p.public_ip))
+            .flags(NeighbourFlags::Own)
+            .execute()
+            .await;
+        match added {
+            Ok(()) => fdb += 1,
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => {}
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot add the fdb entry {} -> {} for {}", p.vtep_mac, p.public_ip, p.node)
+                });
+            }
+        }
+    }
+    info!(device = %rec.vtep_device, peers = peers.len(), arp_kept = flanneld.len(), arp_added = arp.len() - flanneld.len(),
+        fdb_added = fdb, "the kernel has flanneld's arp and fdb entries for every peer");
+    Ok(Some(index))
+}
+
+/// The permanent arp entries on `index` (`ip neigh show dev D nud permanent`).
+async fn permanent_arp(handle: &Handle, index: u32) -> Result<BTreeMap<Ipv4Addr, Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut dump = handle.neighbours().get().execute();
+    while let Some(n) = dump.try_next().await.context("cannot list neighbours")? {
+        if n.header.ifindex != index || n.header.state != NeighbourState::Permanent {
+            continue;
+        }
+        let ip = n.attributes.iter().find_map(|a| match a {
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => Some(*ip),
+            _ => None,
+        });
+        let mac = n.attributes.iter().find_map(|a| match a {
+            NeighbourAttribute::LinkLayerAddress(mac) => Some(mac.clone()),
+            _ => None,
+        });
+        if let (Some(ip), Some(mac)) = (ip, mac) {
+            out.insert(ip, mac);
+        }
+    }
+    Ok(out)
 }

@@ -19,7 +19,8 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Show the dataplane: works while the agent runs and after it stopped.
     Status(StatusArgs),
-    /// Remove everything edgevx created (links, programs, maps, device, subnet file).
+    /// Remove everything edgevx created (links, programs, maps, device, subnet file,
+    /// firewall chains); with --keep-vtep, hand the node back to flanneld instead.
     Cleanup(CleanupArgs),
 }
 
@@ -28,7 +29,7 @@ pub struct Paths {
     /// Directory for state that must survive reboots (the VTEP MAC).
     #[arg(long, env = "EDGEVX_STATE_DIR", default_value = "/var/lib/edgevx")]
     pub state_dir: PathBuf,
-    /// bpffs directory for pins (mounted if it is not a bpffs yet).
+    /// Directory for pins, on a bpffs the host has mounted (edgevx never mounts one).
     #[arg(long, env = "EDGEVX_BPFFS", default_value = "/sys/fs/bpf/edgevx")]
     pub bpffs: PathBuf,
 }
@@ -105,10 +106,21 @@ pub struct RunArgs {
     /// The bridge local pods hang off (the flannel CNI plugin's `cni0`).
     #[arg(long, env = "EDGEVX_POD_BRIDGE", default_value = "cni0")]
     pub pod_bridge: String,
+    /// How to attach the programs: `tcx` (kernel 6.6+), `clsact` (a clsact
+    /// qdisc with direct-action filters, for older kernels), or `auto`.
+    #[arg(long, env = "EDGEVX_TC_ATTACH", default_value = "auto", value_parser = ["auto", "tcx", "clsact"])]
+    pub tc_attach: String,
+    /// Encapsulate as on kernels before 5.13 (automatic there): without the
+    /// ENCAP_L2_ETH flag they refuse. For tests of that path on a newer kernel.
+    #[arg(long, env = "EDGEVX_LEGACY_ENCAP", default_value_t = false, hide = true)]
+    pub legacy_encap: bool,
     /// Drop VXLAN from a peer whose inner IPv4 source is outside that peer's pod CIDR.
     /// Off by default: an external VTEP that forwards client traffic without SNAT needs it off.
     #[arg(long, env = "EDGEVX_STRICT_INNER_SOURCE", default_value_t = false)]
     pub strict_inner_source: bool,
+    /// Address to serve /healthz, /readyz and /metrics (Prometheus) on.
+    #[arg(long, env = "EDGEVX_METRICS_ADDR", default_value = "127.0.0.1:9117")]
+    pub metrics_addr: std::net::SocketAddr,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -127,4 +139,9 @@ pub struct CleanupArgs {
     /// Also delete the saved VTEP MAC (peers will need the new one after the next start).
     #[arg(long, env = "EDGEVX_PURGE_MAC")]
     pub purge_mac: bool,
+    /// Roll back to flanneld: keep flannel.<VNI> (its MAC, address and routes) and
+    /// subnet.env, and give the kernel flanneld's arp and fdb entries for every peer
+    /// before the programs go, so the node keeps forwarding. flanneld adopts the device.
+    #[arg(long, env = "EDGEVX_KEEP_VTEP")]
+    pub keep_vtep: bool,
 }

@@ -6,6 +6,7 @@ mod cleanup;
 mod cli;
 mod dataplane;
 mod mac;
+mod metrics;
 mod netconf;
 mod netfilter;
 mod peer;

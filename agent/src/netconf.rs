@@ -68,6 +68,10 @@ impl NetConf {
         if let Some(false) = get(root, "EnableIPv4").and_then(Value::as_bool) {
             return Err(field("EnableIPv4", "false is not supported: edgevx carries IPv4 pod traffic".into()));
         }
+        // flanneld would build flannel-v6.<VNI> and an IPv6 overlay; edgevx has none
+        if let Some(true) = get(root, "EnableIPv6").and_then(Value::as_bool) {
+            return Err(field("EnableIPv6", "true is not supported: edgevx has no IPv6 overlay".into()));
+        }
         let Some(backend) = get(root, "Backend") else {
             return Ok(conf);
         };
@@ -146,6 +150,8 @@ mod tests {
             (r#"{"Backend":{"Port":70000}}"#, "Port"),
             (r#"{"Backend":{"MTU":100}}"#, "Backend.MTU"),
             (r#"{"Backend":{"DirectRouting":true}}"#, "DirectRouting"),
+            (r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48"}"#, "EnableIPv6"),
+            (r#"{"enableipv6":true}"#, "EnableIPv6"),
             (r#"[1]"#, "top level"),
         ];
         for (text, culprit) in cases {
@@ -153,5 +159,12 @@ mod tests {
             assert!(e.contains(culprit) && e.contains("net-conf.json"), "{text}: {e}");
         }
         assert!(matches!(NetConf::parse("{", "x"), Err(NetConfError::Json { .. })));
+    }
+
+    #[test]
+    fn ipv6_switched_off_is_accepted() {
+        // kube-flannel's ConfigMap may spell the default out
+        let c = NetConf::parse(r#"{"Network":"10.244.0.0/16","EnableIPv6":false,"Backend":{"Type":"vxlan"}}"#, "x");
+        assert_eq!(c.unwrap(), NetConf::default());
     }
 }

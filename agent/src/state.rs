@@ -56,8 +56,18 @@ pub struct AgentRecord {
     /// `--ip-masq`: FLANNEL_IPMASQ=true and our masquerade chain.
     #[serde(default)]
     pub ip_masq: bool,
+    /// How the programs are attached (records older than the fallback: TCX).
+    #[serde(default)]
+    pub attach: crate::dataplane::loader::AttachMode,
+    /// The pod bridge the bridge program goes on.
+    #[serde(default = "default_pod_bridge")]
+    pub pod_bridge: String,
     pub subnet_file: PathBuf,
     pub pid: u32,
+}
+
+fn default_pod_bridge() -> String {
+    "cni0".into()
 }
 
 #[derive(Clone, Debug)]

@@ -3,11 +3,12 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use aya::programs::TcAttachType;
 use serde_json::{Value, json};
 
 use crate::{
     cli::StatusArgs,
-    dataplane::{bpffs::PinDir, loader, maps::Maps},
+    dataplane::{bpffs::PinDir, clsact, loader, maps::Maps},
     state::StateDir,
 };
 
@@ -23,8 +24,13 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     let peers = state.load_peers()?;
     let pins = PinDir::new(&paths.bpffs);
     let maps = Maps::open(&pins).ok();
-    let attached: Vec<&str> = loader::PROGRAMS.into_iter().filter(|n| pins.link(n).exists()).collect();
-    let dataplane_attached = [loader::ENCAP, loader::DECAP].iter().all(|p| attached.contains(p));
+    let on = |name: &str, iface: &str, kind: TcAttachType| match rec.attach {
+        loader::AttachMode::Tcx => pins.link(name).exists(),
+        loader::AttachMode::Clsact => clsact::attached_blocking(iface, kind),
+    };
+    let dataplane_attached = on(loader::ENCAP, &rec.vtep_device, TcAttachType::Egress)
+        && on(loader::DECAP, &rec.iface, TcAttachType::Ingress);
+    let bridge_attached = on(loader::BRIDGE, &rec.pod_bridge, TcAttachType::Egress);
     let counters = match &maps {
         Some(m) => serde_json::to_value(m.global_stats()?)?,
         None => Value::Null,
@@ -52,7 +58,8 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         "node": rec.node,
         "agent_running": process_alive(rec.pid) && rec.pid != std::process::id(),
         "dataplane_attached": dataplane_attached,
-        "bridge_attached": attached.contains(&loader::BRIDGE),
+        "bridge_attached": bridge_attached,
+        "attach": rec.attach.name(),
         "iface": rec.iface,
         "vtep_device": rec.vtep_device,
         "vtep_mac": rec.vtep_mac.to_string(),

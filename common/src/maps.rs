@@ -29,6 +29,11 @@ pub const FLAG_BYPASS_NETFILTER: u32 = 1;
 /// source is not inside that peer's pod CIDR is dropped.
 pub const FLAG_STRICT_INNER_SOURCE: u32 = 2;
 
+/// Flag in [`DataplaneConfig::flags`]: encapsulate without
+/// `BPF_F_ADJ_ROOM_ENCAP_L2_ETH`, which kernels before 5.13 refuse. The
+/// bytes on the wire are the same.
+pub const FLAG_ENCAP_NO_L2_ETH: u32 = 4;
+
 /// What the agent configured; read by both programs on every packet.
 ///
 /// IPv4 addresses are in network byte order as bytes, the way they sit in

@@ -13,6 +13,7 @@ use aya_ebpf::{
 };
 use edgevx_common::{
     counters::Counter,
+    maps::FLAG_ENCAP_NO_L2_ETH,
     vxlan::{
         ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, EncapParams, INNER_ETH_OFF, OUTER_IP_OFF, UDP_OFF, inner_eth, outer_ip,
         source_port, udp_vxlan,
@@ -28,11 +29,13 @@ use crate::{
 /// so GSO segment sizes stay as the sender chose them (FIXED_GSO). The ENCAP
 /// flags tell the kernel the skb is now a UDP tunnel, so segmentation and
 /// checksum offload act on the inner headers.
-const ENCAP_FLAGS: u64 = (BPF_F_ADJ_ROOM_FIXED_GSO
-    | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4
-    | BPF_F_ADJ_ROOM_ENCAP_L4_UDP
-    | BPF_F_ADJ_ROOM_ENCAP_L2_ETH) as u64
-    | ((ETH_HLEN as u64) << BPF_F_ADJ_ROOM_ENCAP_L2_SHIFT);
+const ENCAP_FLAGS: u64 = ENCAP_FLAGS_NO_L2_ETH | BPF_F_ADJ_ROOM_ENCAP_L2_ETH as u64;
+
+/// The same without marking the inner frame as Ethernet, for kernels before
+/// 5.13, which refuse that flag (`FLAG_ENCAP_NO_L2_ETH`).
+const ENCAP_FLAGS_NO_L2_ETH: u64 =
+    (BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP) as u64
+        | ((ETH_HLEN as u64) << BPF_F_ADJ_ROOM_ENCAP_L2_SHIFT);
 
 /// `BPF_F_ADJ_ROOM_ENCAP_L2(len)` puts the inner L2 length in the top byte.
 const BPF_F_ADJ_ROOM_ENCAP_L2_SHIFT: u64 = 56;
@@ -80,8 +83,9 @@ pub fn run(ctx: &TcContext) -> i32 {
         dst_port: cfg.port,
         ecn: tos,
     };
+    let flags = if cfg.flags & FLAG_ENCAP_NO_L2_ETH != 0 { ENCAP_FLAGS_NO_L2_ETH } else { ENCAP_FLAGS };
     let grown = inner_ip_len + ENCAP_OVERHEAD as u32 <= u16::MAX as u32
-        && ctx.adjust_room(ENCAP_OVERHEAD as i32, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, ENCAP_FLAGS).is_ok();
+        && ctx.adjust_room(ENCAP_OVERHEAD as i32, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, flags).is_ok();
     // the outer Ethernet header stays as routing left it; redirect_neigh rewrites it
     let ip_len = inner_ip_len as u16;
     let stored = grown

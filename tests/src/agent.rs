@@ -16,6 +16,8 @@ pub struct Agent {
     pub log: PathBuf,
     pub state_dir: PathBuf,
     pub bpffs: PathBuf,
+    /// The node's network namespace, where `edgevx status` looks at interfaces.
+    pub netns: String,
 }
 
 impl Agent {
@@ -60,7 +62,13 @@ impl Agent {
             .stdout(Stdio::null())
             .stderr(File::create(&log)?);
         let child = cmd.spawn().context("cannot start edgevx")?;
-        let mut agent = Agent { child: Some(child), log, state_dir: host.state_dir(), bpffs: host.bpffs_dir() };
+        let mut agent = Agent {
+            child: Some(child),
+            log,
+            state_dir: host.state_dir(),
+            bpffs: host.bpffs_dir(),
+            netns: host.ns.name.clone(),
+        };
         agent.wait_log("dataplane up", Duration::from_secs(20))?;
         Ok(agent)
     }
@@ -91,8 +99,21 @@ impl Agent {
     }
 
     /// `edgevx status --json` for this agent's state.
+    /// Run inside the node, where the interfaces are (the clsact fallback's
+    /// filters can only be seen there; TCX pins are seen from anywhere).
     pub fn status(&self) -> Result<Value> {
-        status(&self.state_dir, &self.bpffs)
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.netns])
+            .arg(edgevx_bin())
+            .args(["status", "--json", "--state-dir"])
+            .arg(&self.state_dir)
+            .arg("--bpffs")
+            .arg(&self.bpffs)
+            .output()?;
+        if !out.status.success() {
+            bail!("edgevx status failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
     }
 
     /// SIGKILL: no chance to clean anything up.

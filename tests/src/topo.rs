@@ -71,8 +71,9 @@ impl Host {
         self.dir.join("subnet.env")
     }
 
-    /// Mounts this node's bpffs (the agent mounts one itself if it must, but
-    /// inside `ip netns exec` that mount would die with the agent).
+    /// Mounts this node's bpffs, as a host's boot does: the agent never
+    /// mounts one (it exits 2 without it), and inside `ip netns exec` such a
+    /// mount would die with the agent anyway.
     pub fn mount_bpffs(&mut self) -> Result<()> {
         if self.bpffs.is_none() {
             self.bpffs = Some(Bpffs::mount(&self.bpffs_dir())?);

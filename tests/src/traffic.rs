@@ -50,6 +50,17 @@ impl BackgroundPing {
         Ok(BackgroundPing { child, count })
     }
 
+    /// Waits for the last ping; returns how many of them got no reply.
+    pub fn lost(self) -> Result<u32> {
+        let out = self.child.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line =
+            text.lines().find(|l| l.contains("transmitted")).with_context(|| format!("no ping summary: {text}"))?;
+        let nums: Vec<u32> = line.split(',').filter_map(|p| p.split_whitespace().next()?.parse().ok()).collect();
+        ensure!(nums.len() >= 2 && nums[0] == self.count, "cannot read ping summary {line:?}");
+        Ok(nums[0] - nums[1])
+    }
+
     /// Waits for the last ping; fails with ping's summary if any reply was lost.
     pub fn expect_no_loss(self) -> Result<()> {
         let out = self.child.wait_with_output()?;

@@ -1,13 +1,17 @@
 //! Building the eBPF object and the agent that embeds it.
-use std::process::Command;
+use std::{path::PathBuf, process::Command};
 
 use anyhow::Result;
 
 use crate::{exec, toolchain::Tools};
 
-/// Builds the eBPF crate on its own, so its errors are shown plainly.
+/// Builds the eBPF crate on its own, so its errors are shown plainly. The
+/// object is for this machine's kernel (the BPF_PROG_TEST_RUN tests load it),
+/// so `bpf_target_arch` is this machine's architecture; the object embedded
+/// in an agent built for another target gets that target's from aya-build.
 pub fn ebpf(tools: &Tools) -> Result<()> {
     let root = exec::workspace_root();
+    let flags = format!("--cfg=bpf_target_arch=\"{}\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf", std::env::consts::ARCH);
     exec::run(
         Command::new("rustup")
             .args(["run", crate::toolchain::EBPF_TOOLCHAIN, "cargo", "build", "--release"])
@@ -15,7 +19,7 @@ pub fn ebpf(tools: &Tools) -> Result<()> {
             .args(["-Z", "build-std=core"])
             .current_dir(&root)
             .env("PATH", tools.path_env())
-            .env("CARGO_ENCODED_RUSTFLAGS", "--cfg=bpf_target_arch=\"x86_64\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf")
+            .env("CARGO_ENCODED_RUSTFLAGS", flags)
             .env_remove("RUSTC")
             .env_remove("RUSTC_WORKSPACE_WRAPPER"),
     )
@@ -32,6 +36,24 @@ pub fn agent(tools: &Tools) -> Result<()> {
     )?;
     eprintln!("xtask: built {}", root.join("target/release/edgevx").display());
     Ok(())
+}
+
+/// A statically linked edgevx for `target` (a musl target), eBPF object
+/// embedded: aya-build takes `bpf_target_arch` from that target. `env` names
+/// the C compiler for ring and psm (`CC_<target>`) and, across
+/// architectures, the linker.
+pub fn agent_static(tools: &Tools, target: &str, env: &[(&str, &str)]) -> Result<PathBuf> {
+    let root = exec::workspace_root();
+    exec::run(
+        Command::new("cargo")
+            .args(["build", "--release", "--locked", "--package", "edgevx", "--target", target])
+            .current_dir(&root)
+            .env("PATH", tools.path_env())
+            .envs(env.iter().copied()),
+    )?;
+    let bin = root.join("target").join(target).join("release/edgevx");
+    eprintln!("xtask: built {}", bin.display());
+    Ok(bin)
 }
 
 /// The traffic endpoint the demo, bench and tests run inside pods.

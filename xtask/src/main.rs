@@ -3,7 +3,9 @@ mod bench;
 mod build;
 mod demo;
 mod exec;
+mod image;
 mod packages;
+mod seccomp;
 mod test;
 mod toolchain;
 
@@ -33,6 +35,14 @@ enum Job {
         /// Only run tests whose name contains this.
         filter: Option<String>,
     },
+    /// Build the OCI image archive target/image/edgevx-<version>-<arch>.oci.tar (FROM scratch, buildah).
+    Image {
+        /// The image's CPU architecture (default: this machine's).
+        #[arg(long, value_enum)]
+        arch: Option<image::Arch>,
+    },
+    /// Write deploy/seccomp/edgevx.json: the runtime's default seccomp profile plus edgevx's bpf() commands.
+    Seccomp,
     /// Two namespaced nodes, edgevx and kernel flannel, with pod traffic between them.
     Demo,
     /// Throughput, packet rate and latency: edgevx vs kernel VXLAN vs plain routing.
@@ -49,7 +59,9 @@ enum Job {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.job {
-        Job::Setup => packages::ensure().and_then(|_| toolchain::ensure()).map(|_| ()),
+        Job::Setup => {
+            packages::ensure().and_then(|_| packages::ensure_image()).and_then(|_| toolchain::ensure()).map(|_| ())
+        }
         Job::Packages => {
             println!("{}", packages::all().join(" "));
             Ok(())
@@ -57,6 +69,8 @@ fn main() -> ExitCode {
         Job::BuildEbpf => packages::ensure_build().and_then(|_| toolchain::ensure()).and_then(|t| build::ebpf(&t)),
         Job::Build => packages::ensure_build().and_then(|_| toolchain::ensure()).and_then(|t| build::agent(&t)),
         Job::Test { filter } => test::run(filter.as_deref()),
+        Job::Image { arch } => arch.map_or_else(image::Arch::host, Ok).and_then(image::build).map(|_| ()),
+        Job::Seccomp => seccomp::write(),
         Job::Demo => demo::run(),
         Job::Bench { seconds, rounds } => bench::run(seconds, rounds),
     };

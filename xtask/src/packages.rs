@@ -60,9 +60,32 @@ const RUN: &[(Probe, &str)] = &[
     (Probe::File("/usr/lib/cni/loopback"), "containernetworking-plugins"),
 ];
 
+/// What `cargo xtask image` and the image test need, beyond the build.
+const IMAGE: &[(Probe, &str)] = &[
+    // builds the image FROM scratch (vfs storage, chroot isolation)
+    (Probe::Command("buildah"), "buildah"),
+    // ring's C code for the static (musl) edgevx
+    (Probe::Command("musl-gcc"), "musl-tools"),
+    // the iptables and nft the image carries are the host's, with their
+    // libraries (iptables pulls in netbase, whose /etc/protocols goes along)
+    (Probe::File("/usr/sbin/xtables-nft-multi"), "iptables"),
+    (Probe::File("/usr/sbin/nft"), "nftables"),
+    // runs the image in the test, as the kubelet would
+    (Probe::Command("podman"), "podman"),
+    (Probe::Command("runc"), "runc"),
+    (Probe::Command("conmon"), "conmon"),
+    // the runtime's default seccomp profile, which deploy/seccomp/edgevx.json extends
+    (Probe::File("/usr/share/containers/seccomp.json"), "golang-github-containers-common"),
+];
+
 /// Everything the tests, demo and bench need.
 pub fn ensure() -> Result<()> {
     install(&[BUILD, RUN].concat())
+}
+
+/// What `cargo xtask image` needs (the build's needs too).
+pub fn ensure_image() -> Result<()> {
+    install(&[BUILD, IMAGE].concat())
 }
 
 /// What `cargo xtask build` needs.
@@ -72,7 +95,7 @@ pub fn ensure_build() -> Result<()> {
 
 /// The Debian packages behind every need, for `.ci/run` and fresh-machine checks.
 pub fn all() -> Vec<&'static str> {
-    let mut pkgs: Vec<&str> = BUILD.iter().chain(RUN).map(|(_, p)| *p).collect();
+    let mut pkgs: Vec<&str> = BUILD.iter().chain(RUN).chain(IMAGE).map(|(_, p)| *p).collect();
     pkgs.sort_unstable();
     pkgs.dedup();
     pkgs

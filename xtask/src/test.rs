@@ -3,16 +3,20 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{build, exec, packages, toolchain};
+use crate::{build, exec, image, packages, seccomp, toolchain};
+
+/// Where the e2e tests find the image archive (tests/tests/e2e/image.rs).
+pub const IMAGE_ARCHIVE_ENV: &str = "EDGEVX_IMAGE_ARCHIVE";
 
 pub fn run(filter: Option<&str>) -> Result<()> {
     packages::ensure()?;
+    packages::ensure_image()?;
     let tools = toolchain::ensure()?;
     build::ebpf(&tools)?;
     build::agent(&tools)?;
     let root = exec::workspace_root();
     let mut unit = Command::new("cargo");
-    unit.args(["test", "--release", "--locked", "-p", "edgevx-common", "-p", "edgevx"])
+    unit.args(["test", "--release", "--locked", "-p", "edgevx-common", "-p", "edgevx", "-p", "xtask"])
         .current_dir(&root)
         .env("PATH", tools.path_env());
     if let Some(f) = filter {
@@ -23,7 +27,14 @@ pub fn run(filter: Option<&str>) -> Result<()> {
     if !is_root() {
         bail!("the namespace and BPF tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)");
     }
+    // the profile the DaemonSet states is the runtime's default plus our bpf() commands
+    seccomp::check()?;
     let mut e2e = Command::new("cargo");
+    // The image tests run what `cargo xtask image` builds (a musl build: minutes
+    // the first time), so it is built only when they are selected.
+    if filter.is_none_or(|f| f.contains("image")) {
+        e2e.env(IMAGE_ARCHIVE_ENV, image::build(image::Arch::host()?)?);
+    }
     e2e.args(["test", "--release", "--locked", "-p", "edgevx-tests"])
         .current_dir(&root)
         .env("PATH", tools.path_env())

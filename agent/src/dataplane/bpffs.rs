@@ -1,13 +1,13 @@
 //! The bpffs directory the pins live in: `<bpffs>/v<SCHEMA_VERSION>/{maps,links,progs}`.
 //! A new map layout bumps the version, so an upgrade never reuses a map it
-//! cannot read.
+//! cannot read. The bpffs itself belongs to the host (see [`NotBpffs`]).
 use std::{
     ffi::CString,
     fs,
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use edgevx_common::SCHEMA_VERSION;
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -65,25 +65,33 @@ pub fn is_bpffs(path: &Path) -> bool {
     (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0) && st.f_type as i64 == BPF_FS_MAGIC
 }
 
-/// Makes sure `path` (or a parent) is a bpffs; mounts one at `path` if not.
+/// `--bpffs` is not on a bpffs. edgevx never mounts one itself: that needs
+/// CAP_SYS_ADMIN, and a mount made inside a container or a private mount
+/// namespace would vanish with it, taking the pins along.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error(
+    "--bpffs {}: {} is not a bpffs. The host must mount a bpffs there (systemd mounts /sys/fs/bpf at boot; \
+     otherwise `mount -t bpf bpf /sys/fs/bpf`), and a container gets it as a hostPath",
+    path.display(),
+    found.display()
+)]
+pub struct NotBpffs {
+    pub path: PathBuf,
+    /// The directory that was checked: `path`, or its nearest existing parent.
+    pub found: PathBuf,
+}
+
+/// Whether `path` lies on a bpffs: itself, or the nearest parent that
+/// exists (the pin directories below a bpffs are created as needed).
+pub fn on_bpffs(path: &Path) -> Result<(), NotBpffs> {
+    let found = path.ancestors().find(|d| d.exists()).unwrap_or(path);
+    if is_bpffs(found) { Ok(()) } else { Err(NotBpffs { path: path.to_path_buf(), found: found.to_path_buf() }) }
+}
+
+/// Makes sure `path` is on the host's bpffs and creates it there. It never
+/// mounts one (see [`NotBpffs`]); `edgevx run` checks this before it
+/// changes anything on the host, so this only fails if the mount went away.
 pub fn ensure_mounted(path: &Path) -> Result<()> {
-    let mut p = Some(path);
-    while let Some(dir) = p {
-        if dir.exists() {
-            if is_bpffs(dir) {
-                return Ok(());
-            }
-            break;
-        }
-        p = dir.parent();
-    }
-    fs::create_dir_all(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let target = CString::new(path.as_os_str().as_encoded_bytes()).context("bpffs path has a NUL byte")?;
-    let fstype = c"bpf";
-    // SAFETY: plain mount(2) with valid C strings.
-    let rc = unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
-    if rc != 0 {
-        bail!("cannot mount bpffs at {}: {}", path.display(), std::io::Error::last_os_error());
-    }
-    Ok(())
+    on_bpffs(path)?;
+    fs::create_dir_all(path).with_context(|| format!("cannot create {}", path.display()))
 }

@@ -14,9 +14,38 @@ use aya::{
     },
     sys::SyscallError,
 };
+use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::dataplane::bpffs::PinDir;
+use crate::dataplane::{bpffs::PinDir, clsact};
+
+/// How the programs sit on their interfaces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachMode {
+    /// TCX links pinned in bpffs (kernel 6.6 and later).
+    #[default]
+    Tcx,
+    /// `bpf` filters on a `clsact` qdisc (older kernels; see `clsact.rs`).
+    Clsact,
+}
+
+impl AttachMode {
+    /// The mode this kernel supports best: TCX from 6.6 on.
+    pub fn for_this_kernel() -> Self {
+        match aya::util::KernelVersion::current() {
+            Ok(v) if v >= aya::util::KernelVersion::new(6, 6, 0) => AttachMode::Tcx,
+            _ => AttachMode::Clsact,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AttachMode::Tcx => "tcx",
+            AttachMode::Clsact => "clsact",
+        }
+    }
+}
 
 pub const ENCAP: &str = "edgevx_encap";
 pub const DECAP: &str = "edgevx_decap";
@@ -141,10 +170,46 @@ pub fn attach(ebpf: &mut Ebpf, pins: &PinDir, name: &str, iface: &str, kind: TcA
     Ok(())
 }
 
-/// Whether both pinned links are still attached where they belong.
-pub fn links_attached(pins: &PinDir, vtep: &str, underlay: &str) -> bool {
-    attached_here(&pins.link(ENCAP), vtep, TcAttachType::Egress)
-        && attached_here(&pins.link(DECAP), underlay, TcAttachType::Ingress)
+/// Attaches program `name` to `iface` in `mode`. What the other mode left
+/// of the same program goes first, so it never runs twice on a packet
+/// (encapsulating twice, say) after a node switched modes.
+pub fn attach_as(
+    mode: AttachMode,
+    ebpf: &mut Ebpf,
+    pins: &PinDir,
+    name: &str,
+    iface: &str,
+    kind: TcAttachType,
+) -> Result<()> {
+    match mode {
+        AttachMode::Tcx => {
+            if clsact::detach(name, iface, kind)? {
+                info!(program = name, iface, "removed the clsact filter of an earlier run");
+            }
+            attach(ebpf, pins, name, iface, kind)
+        }
+        AttachMode::Clsact => {
+            if detach_pinned(pins, name)? {
+                info!(program = name, "detached the TCX link of an earlier run");
+            }
+            clsact::attach(ebpf, name, iface, kind)
+        }
+    }
+}
+
+/// Whether program `name` is attached to `iface` in `mode`, as the kernel says.
+pub async fn attached_as(
+    mode: AttachMode,
+    handle: &rtnetlink::Handle,
+    pins: &PinDir,
+    name: &str,
+    iface: &str,
+    kind: TcAttachType,
+) -> bool {
+    match mode {
+        AttachMode::Tcx => attached_here(&pins.link(name), iface, kind),
+        AttachMode::Clsact => clsact::attached(handle, iface, kind).await,
+    }
 }
 
 pub fn remove_pin(path: &Path) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Everything that touches the kernel: bpffs pins, the programs and their
 //! maps, the VTEP device and its routes, and the local pod table.
 pub mod bpffs;
+pub mod clsact;
 pub mod device;
 pub mod loader;
 pub mod local_pods;

@@ -1,9 +1,13 @@
-//! Everything `edgevx run` checks before it touches the host, and the
-//! choice of source. A failure here is a usage error: exit code 2.
+//! Everything `edgevx run` checks before it touches the host (the flags,
+//! the net-conf, the kernel and the bpffs), and the choice of source. A
+//! failure here is a usage error: exit code 2.
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use rtnetlink::Handle;
+use tracing::warn;
+
+use super::kernel::{self, KernelFacts};
 
 use crate::{
     UsageError,
@@ -95,6 +99,19 @@ async fn choose_source(args: &RunArgs) -> Result<Source> {
     if args.etcd_certfile.is_some() != args.etcd_keyfile.is_some() {
         return Err(usage("--etcd-certfile and --etcd-keyfile go together".into()));
     }
+    // the etcd client would refuse this at every connection attempt, in the background, forever
+    let tls_flag = [
+        ("--etcd-cafile", &args.etcd_cafile),
+        ("--etcd-certfile", &args.etcd_certfile),
+        ("--etcd-keyfile", &args.etcd_keyfile),
+    ]
+    .into_iter()
+    .find_map(|(flag, f)| f.as_ref().map(|_| flag));
+    if let (Some(flag), Some(plain)) = (tls_flag, endpoints.iter().find(|e| e.starts_with("http://"))) {
+        return Err(usage(format!(
+            "{flag} asks for TLS, but the etcd endpoint {plain} is plain http://: use https:// endpoints"
+        )));
+    }
     if args.net_conf.is_some() {
         return Err(usage(format!("--net-conf does not apply with etcd: the config is {}/config", args.etcd_prefix)));
     }
@@ -154,6 +171,15 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
         if dir.exists() && !dir.is_dir() {
             return Err(usage(format!("{flag} {} is not a directory", dir.display())));
         }
+    }
+    // last, so a mistyped flag is reported as such on any host
+    let facts = KernelFacts::of_this_host(&args.paths.bpffs);
+    if facts.version.is_none() {
+        warn!("cannot read the kernel version; assuming it has what edgevx needs ({} or later)", kernel::minimum());
+    }
+    let missing = kernel::check(&facts);
+    if !missing.is_empty() {
+        return Err(usage(missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")));
     }
     Ok(Checked { args, node, conf, names, iface, underlay, source })
 }

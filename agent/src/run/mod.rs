@@ -1,7 +1,11 @@
 //! `edgevx run`: validate everything, then bring up the dataplane and keep
 //! it equal to what its source says until told to stop. Stopping leaves
 //! the dataplane in place (pinned), so traffic never notices the agent.
-use std::{net::Ipv4Addr, time::Duration};
+use std::{
+    net::Ipv4Addr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 use tokio::{
@@ -13,6 +17,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     cli::RunArgs,
+    dataplane::bpffs::PinDir,
+    metrics::{self, LoopReport, Stage},
     peer::ClusterView,
     reconcile::Reconciler,
     source::{Desired, LocalVtep, NodeReader, etcd, kube, nodes_file},
@@ -20,6 +26,7 @@ use crate::{
 };
 
 mod check;
+mod kernel;
 mod node;
 
 use check::{Checked, Source, check};
@@ -74,6 +81,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
     tokio::spawn(conn);
     let c = check(args, &handle).await?;
+    // still before anything on the host changes: a port in use exits 2
+    let endpoint = metrics::bind(c.args.metrics_addr)?;
+    let report = Arc::new(LoopReport::new(c.source.name()));
+    metrics::serve(endpoint, report.clone(), PinDir::new(&c.args.paths.bpffs))?;
     let state = StateDir(c.args.paths.state_dir.clone());
 
     let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
@@ -88,9 +99,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut live = true;
     if !matches!(c.source, Source::File(_)) {
         match tokio::time::timeout(CACHE_AFTER, rx.recv()).await {
-            Ok(Some(d)) => desired = Some(d),
+            Ok(Some(d)) => {
+                report.view_from_source();
+                desired = Some(d);
+            }
             _ => match state.load_view() {
                 Ok(Some(cached)) => {
+                    report.view_from_cache(&state);
                     warn!(
                         source = c.source.name(),
                         "control plane not reachable; restoring the dataplane from the cached view and retrying in the background"
@@ -118,12 +133,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // whether `desired` arrived since the last pass: only a new view is logged and cached
     let mut new_view = fresh;
     loop {
+        report.tick();
         if !fresh {
             tokio::select! {
                 Some(d) = rx.recv() => {
                     if !live {
                         info!(source = c.source.name(), "control plane reachable again; reconciling");
                     }
+                    report.view_from_source();
                     desired = Some(d);
                     live = true;
                     new_view = true;
@@ -136,6 +153,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     }
                     // someone deleted the VTEP or detached a program: build it all again
                     warn!("the VTEP device or an attached program is gone; rebuilding the dataplane");
+                    report.rebuilding();
                     node = None;
                     reconciler.distrust();
                     first_pass = true;
@@ -155,6 +173,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let Some(own) = d.view.own.clone() else {
             continue;
         };
+        let pass = Instant::now();
         match node.as_mut() {
             None => match bring_up(&c, &d.conf, own, &state, &handle).await {
                 Ok(n) => {
@@ -163,6 +182,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 }
                 Err(e) => {
                     error!("cannot bring up the dataplane, retrying: {e:#}");
+                    report.pass_failed(Stage::BringUp, pass);
                     continue;
                 }
             },
@@ -170,6 +190,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 warn!(old = %n.own.subnet, new = %own.subnet, "own pod CIDR changed; re-addressing the VTEP");
                 if let Err(e) = readdress(n, &c, &own, &state).await {
                     error!("cannot apply the new pod CIDR: {e:#}");
+                    report.pass_failed(Stage::Readdress, pass);
                     continue;
                 }
                 local_tx.send_replace(Some(n.local_vtep()));
@@ -182,12 +203,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
             if announce && conf_changed {
                 warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
             }
-            n.reconcile(&d.view, &mut reconciler, &state, first_pass).await;
+            let peers_ok = n.reconcile(&d.view, &mut reconciler, &state, first_pass).await;
+            report.set_peers(reconciler.programmed());
             n.enforce_rules();
             first_pass = false;
-            if let Err(e) = n.attach().await {
-                error!("cannot attach the programs, retrying: {e:#}");
-            }
+            let attached = match n.attach().await {
+                Ok(()) => true,
+                Err(e) => {
+                    error!("cannot attach the programs, retrying: {e:#}");
+                    false
+                }
+            };
+            report.pass_done(pass, peers_ok, attached);
             if announce && live && !matches!(c.source, Source::File(_)) {
                 if let Err(e) = state.save_view(d) {
                     warn!("cannot cache the view: {e:#}");

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use anyhow::{Context, Result};
 use aya::programs::TcAttachType;
 use edgevx_common::{
-    maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_STRICT_INNER_SOURCE, LocalPod},
+    maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_ENCAP_NO_L2_ETH, FLAG_STRICT_INNER_SOURCE, LocalPod},
     vxlan::ENCAP_OVERHEAD,
 };
 use ipnet::Ipv4Net;
@@ -35,7 +35,6 @@ pub(super) struct Node {
     pub(super) loaded: Option<aya::Ebpf>,
     /// The pod bridge's ifindex while our program is attached to it.
     pub(super) bridge: Option<u32>,
-    pub(super) pod_bridge: String,
     pub(super) firewall: Option<netfilter::Firewall>,
     pub(super) forward_rules: bool,
     pub(super) pins: bpffs::PinDir,
@@ -74,6 +73,11 @@ pub(super) async fn bring_up(
 
     let mut maps = Maps::open(&pins)?;
     let bypass = c.args.bypass_netfilter;
+    let legacy_encap =
+        c.args.legacy_encap || super::kernel::encap_without_l2_eth(aya::util::KernelVersion::current().ok());
+    if legacy_encap {
+        info!("encapsulating without BPF_F_ADJ_ROOM_ENCAP_L2_ETH (kernel before 5.13, or --legacy-encap)");
+    }
     if bypass {
         if let Some(found) = netfilter::kube_proxy_present() {
             warn!(
@@ -94,7 +98,8 @@ pub(super) async fn bring_up(
         vtep_mac: mac.0,
         port: conf.port,
         flags: if bypass { FLAG_BYPASS_NETFILTER } else { 0 }
-            | if c.args.strict_inner_source { FLAG_STRICT_INNER_SOURCE } else { 0 },
+            | if c.args.strict_inner_source { FLAG_STRICT_INNER_SOURCE } else { 0 }
+            | if legacy_encap { FLAG_ENCAP_NO_L2_ETH } else { 0 },
         vtep_ifindex: vtep_index,
         underlay_ifindex: c.underlay.index,
     })?;
@@ -130,6 +135,12 @@ pub(super) async fn bring_up(
         mtu,
         bypass_netfilter: bypass,
         ip_masq: c.args.ip_masq,
+        attach: match c.args.tc_attach.as_str() {
+            "tcx" => loader::AttachMode::Tcx,
+            "clsact" => loader::AttachMode::Clsact,
+            _ => loader::AttachMode::for_this_kernel(),
+        },
+        pod_bridge: c.args.pod_bridge.clone(),
         subnet_file: c.args.subnet_file.clone(),
         pid: std::process::id(),
     };
@@ -145,7 +156,6 @@ pub(super) async fn bring_up(
         pending: Some(ebpf),
         loaded: None,
         bridge: None,
-        pod_bridge: c.args.pod_bridge.clone(),
         firewall,
         forward_rules,
         pins,
@@ -157,9 +167,10 @@ impl Node {
     /// the VTEP: per-peer arp and fdb entries, now unused.
     pub(super) async fn attach(&mut self) -> Result<()> {
         let Some(mut ebpf) = self.pending.take() else { return Ok(()) };
-        loader::attach(&mut ebpf, &self.pins, loader::ENCAP, &self.record.vtep_device, TcAttachType::Egress)?;
-        loader::attach(&mut ebpf, &self.pins, loader::DECAP, &self.record.iface, TcAttachType::Ingress)?;
-        self.loaded = Some(ebpf); // the pinned links keep the programs; the pinned maps keep their state
+        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
+        loader::attach_as(mode, &mut ebpf, pins, loader::ENCAP, &r.vtep_device, TcAttachType::Egress)?;
+        loader::attach_as(mode, &mut ebpf, pins, loader::DECAP, &r.iface, TcAttachType::Ingress)?;
+        self.loaded = Some(ebpf); // the pinned links (or filters) keep the programs; the pinned maps keep their state
         for old in self.pins.other_versions() {
             loader::retire(&old)?;
         }
@@ -170,19 +181,20 @@ impl Node {
         }
         let r = &self.record;
         info!(device = %r.vtep_device, iface = %r.iface, mac = %r.vtep_mac, public_ip = %r.public_ip, subnet = %r.subnet,
-            bypass_netfilter = r.bypass_netfilter, "dataplane up");
+            bypass_netfilter = r.bypass_netfilter, attach = r.attach.name(), "dataplane up");
         Ok(())
     }
 
     /// Brings peers in line with `view`; on the first pass also removes what
-    /// an earlier run left that nobody accounts for.
+    /// an earlier run left that nobody accounts for. Returns whether every
+    /// step succeeded (for the metrics; failures are logged and retried).
     pub(super) async fn reconcile(
         &mut self,
         rules_view: &ClusterView,
         reconciler: &mut Reconciler,
         state: &StateDir,
         collect: bool,
-    ) {
+    ) -> bool {
         let programmed = reconciler.programmed().map(|p| (p.node.clone(), p.clone())).collect();
         let (accepted, rejected) = reconcile::select(self.own.subnet, &programmed, &rules_view.peers);
         for r in &rejected {
@@ -190,22 +202,31 @@ impl Node {
         }
         let mut table = peers::Programmed { maps: &mut self.maps, handle: &self.handle, vtep_index: self.vtep_index };
         let changed = reconciler.apply(&mut table, &accepted).await;
+        let now: std::collections::BTreeMap<&str, &crate::peer::Peer> =
+            reconciler.programmed().map(|p| (p.node.as_str(), p)).collect();
+        let mut ok = now.len() == accepted.len() && accepted.iter().all(|p| now.get(p.node.as_str()) == Some(&p));
         if collect {
             let keep: Vec<Ipv4Net> = reconciler.programmed().map(|p| p.subnet).collect();
             match peers::collect_stale_routes(&self.handle, self.vtep_index, &keep).await {
                 Ok(gone) if !gone.is_empty() => info!(?gone, "removed stale routes"),
                 Ok(_) => {}
-                Err(e) => warn!("cannot collect stale routes: {e:#}"),
+                Err(e) => {
+                    ok = false;
+                    warn!("cannot collect stale routes: {e:#}");
+                }
             }
             if let Err(e) = self.maps.retain_subnets(&keep) {
+                ok = false;
                 warn!("cannot collect stale map entries: {e:#}");
             }
         }
         if changed || collect {
             if let Err(e) = state.save_peers(reconciler.programmed()) {
+                ok = false;
                 error!("cannot save the peer list: {e:#}");
             }
         }
+        ok
     }
 
     /// What this node publishes about itself (annotations, etcd lease).
@@ -221,31 +242,44 @@ impl Node {
         }
         let device_ok = matches!(device::link_by_name(&self.handle, &self.record.vtep_device).await,
             Ok(Some(l)) if l.header.index == self.vtep_index);
-        device_ok && loader::links_attached(&self.pins, &self.record.vtep_device, &self.record.iface)
+        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
+        device_ok
+            && loader::attached_as(mode, &self.handle, pins, loader::ENCAP, &r.vtep_device, TcAttachType::Egress).await
+            && loader::attached_as(mode, &self.handle, pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await
     }
 
     /// Attaches the bridge program to the pod bridge if it is there and not
     /// attached yet; returns the bridge's ifindex while it is attached.
-    fn ensure_bridge_program(&mut self) -> Option<u32> {
-        let name = std::ffi::CString::new(self.pod_bridge.as_str()).ok()?;
+    async fn ensure_bridge_program(&mut self) -> Option<u32> {
+        let name = std::ffi::CString::new(self.record.pod_bridge.as_str()).ok()?;
         // SAFETY: plain lookup with a valid C string.
         let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
         if index == 0 {
             self.bridge = None;
             return None;
         }
-        let link = self.pins.link(loader::BRIDGE);
-        if self.bridge == Some(index) && loader::attached_here(&link, &self.pod_bridge, TcAttachType::Egress) {
+        let mode = self.record.attach;
+        if self.bridge == Some(index)
+            && loader::attached_as(
+                mode,
+                &self.handle,
+                &self.pins,
+                loader::BRIDGE,
+                &self.record.pod_bridge,
+                TcAttachType::Egress,
+            )
+            .await
+        {
             return Some(index);
         }
         let ebpf = self.loaded.as_mut()?;
-        match loader::attach(ebpf, &self.pins, loader::BRIDGE, &self.pod_bridge, TcAttachType::Egress) {
+        match loader::attach_as(mode, ebpf, &self.pins, loader::BRIDGE, &self.record.pod_bridge, TcAttachType::Egress) {
             Ok(()) => {
                 self.bridge = Some(index);
                 Some(index)
             }
             Err(e) => {
-                warn!(bridge = %self.pod_bridge, "cannot attach to the pod bridge: {e:#}");
+                warn!(bridge = %self.record.pod_bridge, "cannot attach to the pod bridge: {e:#}");
                 self.bridge = None;
                 None
             }
@@ -260,7 +294,7 @@ impl Node {
         if self.pending.is_some() {
             return; // not attached yet
         }
-        let bridge = self.ensure_bridge_program();
+        let bridge = self.ensure_bridge_program().await;
         let bypass = self.record.bypass_netfilter;
         match local_pods::discover(&self.handle, self.own.subnet).await {
             Ok(learned) => {

@@ -18,7 +18,7 @@ use etcd_client::{
 };
 use ipnet::Ipv4Net;
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::{Desired, leases};
 use crate::{
@@ -67,6 +67,28 @@ async fn connect(s: &EtcdSettings) -> Result<Client> {
     Client::connect(&s.endpoints, Some(opts))
         .await
         .with_context(|| format!("cannot connect to etcd at {}", s.endpoints.join(",")))
+}
+
+/// A network config at `<prefix>/config` that edgevx will not run with.
+/// Unlike an unreachable etcd, waiting does not help: [`run`] exits 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct RefusedConfig(String);
+
+/// flannel's network config as read from `key`, refusing what edgevx would
+/// otherwise ignore. It is known only once etcd answers, so this check runs
+/// then, not with the flags.
+fn read_config(text: &str, key: &str) -> Result<(NetConf, leases::SubnetRange), RefusedConfig> {
+    let conf = NetConf::parse(text, key).map_err(|e| RefusedConfig(e.to_string()))?;
+    // the VTEP is sized from --net-conf's MTU or else the underlay's, and
+    // --net-conf is refused with etcd: an MTU here would be silently ignored
+    if let Some(mtu) = conf.mtu {
+        return Err(RefusedConfig(format!(
+            "{key}: Backend.MTU ({mtu}) is not applied in etcd mode; remove it (the VTEP's MTU is the underlay's minus 50)"
+        )));
+    }
+    let range = leases::subnet_range(text, &conf).map_err(|e| RefusedConfig(format!("{key}: {e}")))?;
+    Ok((conf, range))
 }
 
 /// One connected session: our lease and the others.
@@ -119,8 +141,7 @@ impl Session {
             .and_then(|kv| kv.value_str().ok())
             .map(str::to_string)
             .with_context(|| format!("{config_key} does not exist (create it with the etcd v3 API)"))?;
-        let conf = NetConf::parse(&text, &config_key).map_err(anyhow::Error::msg)?;
-        let range = leases::subnet_range(&text, &conf).map_err(anyhow::Error::msg)?;
+        let (conf, range) = read_config(&text, &config_key)?;
         let prefix = format!("{}/subnets/", settings.prefix);
         let (all, revision) = Self::list(&mut client, &prefix).await?;
 
@@ -319,10 +340,44 @@ pub fn run(settings: EtcdSettings, me: LocalNode, tx: mpsc::Sender<Desired>) -> 
                         return;
                     }
                 }
-                Err(e) => warn!("etcd is not usable, retrying in {backoff:?}: {e:#}"),
+                Err(e) => {
+                    if let Some(refused) = e.downcast_ref::<RefusedConfig>() {
+                        // a usage error found late: the same exit as a bad flag. Whatever the
+                        // agent restored from its cache stays in place, as after any stop.
+                        error!("refusing the etcd network config: {refused}");
+                        std::process::exit(2);
+                    }
+                    warn!("etcd is not usable, retrying in {backoff:?}: {e:#}")
+                }
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(10));
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "/coreos.com/network/config";
+
+    #[test]
+    fn config_refuses_what_etcd_mode_would_ignore() {
+        let refused = |text: &str| read_config(text, KEY).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = refused(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":1400}}"#);
+        assert!(e.contains("Backend.MTU") && e.contains(KEY), "{e}");
+        let e = refused(r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"Backend":{"Type":"vxlan"}}"#);
+        assert!(e.contains("EnableIPv6") && e.contains(KEY), "{e}");
+        let e = refused(r#"{"Network":"10.244.0.0/16","SubnetLen":12}"#);
+        assert!(e.contains("SubnetLen") && e.contains(KEY), "{e}");
+    }
+
+    #[test]
+    fn config_accepts_flannels_defaults() {
+        // MTU 0 is flannel's "unset"
+        let (conf, range) =
+            read_config(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":0}}"#, KEY).unwrap();
+        assert_eq!((conf.mtu, range.len), (None, 24));
+    }
 }

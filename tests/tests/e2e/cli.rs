@@ -3,6 +3,7 @@
 use anyhow::Result;
 use edgevx_tests::{
     edgevx_bin,
+    etcd::{ENDPOINT, Etcd, PREFIX},
     nodes::{flannel_node, node_list, write},
     topo::Cluster,
 };
@@ -15,9 +16,14 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
     write(&nodes, &node_list(vec![flannel_node(1, None)]))?;
     let bad_conf = c.dir.join("net-conf.json");
     std::fs::write(&bad_conf, r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":0}}"#)?;
+    let ipv6_conf = c.dir.join("net-conf-ipv6.json");
+    std::fs::write(
+        &ipv6_conf,
+        r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{"Type":"vxlan"}}"#,
+    )?;
     let (state, bpffs) = (h.state_dir(), h.bpffs_dir());
     let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
-    let (nodes, bad_conf) = (s(&nodes), s(&bad_conf));
+    let (nodes, bad_conf, ipv6_conf) = (s(&nodes), s(&bad_conf), s(&ipv6_conf));
 
     // a good command line, then one change each: (flag, value or "" to drop the flag, culprit)
     let good = [("--node-name", "node1"), ("--iface", "eth0"), ("--nodes-file", nodes.as_str())];
@@ -25,6 +31,7 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
         ("--iface", "nosuch0", "nosuch0"),
         ("--nodes-file", "/nonexistent/nodes.json", "/nonexistent/nodes.json"),
         ("--net-conf", &bad_conf, "Backend.VNI"),
+        ("--net-conf", &ipv6_conf, "EnableIPv6"),
         ("--net-conf", "/nonexistent/net-conf.json", "/nonexistent/net-conf.json"),
         ("--kube-annotation-prefix", "a/b/c", "a/b/c"),
         ("--public-ip", "300.1.1.1", "300.1.1.1"),
@@ -76,6 +83,12 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
         (etcd(&["--etcd-cafile", "/nonexistent/ca.pem"]), "/nonexistent/ca.pem"),
         (etcd(&["--net-conf", &bad_conf]), "--net-conf does not apply"),
         (etcd(&["--subnet-lease-ttl", "60", "--subnet-lease-renew-margin-secs", "60"]), "renew-margin"),
+        // TLS files with a plain endpoint: the client would retry (and fail) forever
+        (
+            etcd(&["--etcd-cafile", &nodes]),
+            "--etcd-cafile asks for TLS, but the etcd endpoint http://198.18.0.254:2379",
+        ),
+        (etcd(&["--etcd-certfile", &nodes, "--etcd-keyfile", &nodes]), "--etcd-certfile asks for TLS"),
     ] {
         let out = h.ns.cmd(&s(&edgevx_bin())).args(&args).output()?;
         let err = String::from_utf8_lossy(&out.stderr);
@@ -94,8 +107,51 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
     assert!(err.contains("iptables") && err.contains("--iptables-forward-rules"), "{err}");
+    // every flag right, but no bpffs at --bpffs: edgevx does not mount one, it says so
+    let mut args = vec!["run".to_string()];
+    for (f, v) in good {
+        args.extend([f.to_string(), v.to_string()]);
+    }
+    args.extend(["--state-dir".into(), s(&state), "--bpffs".into(), s(&bpffs)]);
+    let out = h.ns.cmd(&s(&edgevx_bin())).args(&args).output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(&format!("--bpffs {}", bpffs.display())) && err.contains("is not a bpffs"), "{err}");
     assert!(h.ns.ip(&["link", "show", "flannel.1"]).is_err(), "a device was created");
     assert!(!state.exists(), "the state dir was written");
     assert!(!bpffs.exists(), "bpffs was mounted");
+    Ok(())
+}
+
+#[test]
+fn an_etcd_config_with_backend_mtu_exits_2_before_changing_anything() -> Result<()> {
+    // edgevx sizes the VTEP from the underlay; in etcd mode a Backend.MTU
+    // would be ignored, so it is refused. The config is known only once etcd
+    // answers; with no cached view the agent has changed nothing by then.
+    let mut c = Cluster::new(1)?;
+    c.host_mut(1).mount_bpffs()?;
+    let etcd = Etcd::start(&c)?;
+    let h = c.host(1);
+    for (config, culprit) in [
+        (r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":1400}}"#, "Backend.MTU"),
+        (r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"Backend":{"Type":"vxlan"}}"#, "EnableIPv6"),
+    ] {
+        etcd.put(&format!("{PREFIX}/config"), config)?;
+        let out =
+            h.ns.cmd(&edgevx_bin().to_string_lossy())
+                .args(["run", "--node-name", "node1", "--iface", "eth0", "--etcd-endpoints", ENDPOINT, "--state-dir"])
+                .arg(h.state_dir())
+                .arg("--bpffs")
+                .arg(h.bpffs_dir())
+                .arg("--subnet-file")
+                .arg(h.subnet_file())
+                .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{config}: {err}");
+        assert!(err.contains(culprit) && err.contains(&format!("{PREFIX}/config")), "{config}: {err}");
+        assert!(h.ns.ip(&["link", "show", "flannel.1"]).is_err(), "{config}: a device was created");
+        assert!(!h.subnet_file().exists(), "{config}: subnet.env was written");
+        assert!(etcd.get_prefix(&format!("{PREFIX}/subnets/"))?.is_empty(), "{config}: a lease was taken");
+    }
     Ok(())
 }

@@ -43,6 +43,128 @@ fn daemonset_is_hostnetwork_unprivileged_pinned_and_minimal() -> Result<()> {
     Ok(())
 }
 
+/// Every manifest in deploy/, as (file, document).
+fn all_manifests() -> Result<Vec<(String, Value)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(deploy(""))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            out.extend(docs(&name)?.into_iter().map(|d| (name.clone(), d)));
+        }
+    }
+    Ok(out)
+}
+
+#[test]
+fn everything_lives_in_edgevxs_own_namespace() -> Result<()> {
+    // deleting kube-flannel's manifest deletes its namespace and all in it
+    let all = all_manifests()?;
+    let ns = all.iter().find(|(_, d)| d["kind"] == "Namespace").context("no Namespace in deploy/")?;
+    assert_eq!((ns.0.as_str(), &ns.1["metadata"]["name"]), ("namespace.yaml", &Value::from("kube-edgevx")));
+    let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding"];
+    let mut namespaced = 0;
+    for (file, d) in &all {
+        let kind = d["kind"].as_str().unwrap_or_default();
+        if cluster_scoped.contains(&kind) {
+            assert!(d["metadata"]["namespace"].is_null(), "{file}: {kind} is cluster-scoped");
+        } else {
+            assert_eq!(d["metadata"]["namespace"], "kube-edgevx", "{file}: {kind} {}", d["metadata"]["name"]);
+            namespaced += 1;
+        }
+    }
+    assert!(namespaced >= 3, "the DaemonSet, ServiceAccount and ConfigMap: {namespaced}");
+    let binding = all.iter().find(|(_, d)| d["kind"] == "ClusterRoleBinding").context("no ClusterRoleBinding")?;
+    assert_eq!(binding.1["subjects"][0]["namespace"], "kube-edgevx");
+    Ok(())
+}
+
+#[test]
+fn the_bpffs_is_the_hosts_and_apparmor_allows_pinning_in_it() -> Result<()> {
+    let ds = docs("daemonset.yaml")?.remove(0);
+    let spec = &ds["spec"]["template"]["spec"];
+    let agent = &spec["containers"][0];
+    // the profile is stated, not left to the runtime
+    let profile = agent["securityContext"]["appArmorProfile"]["type"].as_str().context("no appArmorProfile")?;
+    let volume = spec["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["hostPath"]["path"] == "/sys/fs/bpf")
+        .context("no hostPath /sys/fs/bpf")?;
+    let mount = agent["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["name"] == volume["name"])
+        .context("the bpffs volume is not mounted")?;
+    let mount_path = mount["mountPath"].as_str().context("mountPath")?;
+    // the runtime's default profile denies writes below /sys/fs (but cgroup)
+    if profile == "RuntimeDefault" {
+        assert!(!mount_path.starts_with("/sys/"), "RuntimeDefault denies pinning below {mount_path}");
+    }
+    let bpffs = agent["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "EDGEVX_BPFFS")
+        .and_then(|e| e["value"].as_str())
+        .context("no EDGEVX_BPFFS")?;
+    assert!(bpffs.starts_with(&format!("{}/", mount_path.trim_end_matches('/'))), "{bpffs} not under {mount_path}");
+    assert_eq!(mount["mountPropagation"], "HostToContainer");
+    Ok(())
+}
+
+#[test]
+fn the_rollback_pod_in_migration_md_runs_cleanup_as_the_daemonset_runs_the_agent() -> Result<()> {
+    let text = std::fs::read_to_string(deploy("MIGRATION.md"))?;
+    let mut pods = Vec::new();
+    for block in text.split("```yaml\n").skip(1).filter_map(|b| b.split("```").next()) {
+        for d in serde_yaml_ng::Deserializer::from_str(block) {
+            let d = Value::deserialize(d)?;
+            if d["kind"] == "Pod" {
+                pods.push(d);
+            }
+        }
+    }
+    let [pod] = pods.as_slice() else { anyhow::bail!("want one Pod in MIGRATION.md, found {}", pods.len()) };
+    let ds = docs("daemonset.yaml")?.remove(0);
+    let (ds_spec, spec) = (&ds["spec"]["template"]["spec"], &pod["spec"]);
+    let (agent, cleanup) = (&ds_spec["containers"][0], &spec["containers"][0]);
+    assert_eq!(pod["metadata"]["namespace"], ds["metadata"]["namespace"]);
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(cleanup["image"], agent["image"]);
+    assert_eq!(cleanup["securityContext"], agent["securityContext"], "the cleanup pod must run as the agent does");
+    assert_eq!(spec["securityContext"], ds_spec["securityContext"]);
+    let args: Vec<&str> = cleanup["args"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    assert_eq!(args, ["cleanup", "--keep-vtep"]);
+    // the same host directories at the same places, and the same --bpffs and --state-dir
+    let env = |c: &Value, name: &str| {
+        c["env"].as_array().into_iter().flatten().find(|e| e["name"] == name).map(|e| e["value"].clone())
+    };
+    for name in ["EDGEVX_BPFFS", "EDGEVX_STATE_DIR"] {
+        assert_eq!(env(cleanup, name), env(agent, name), "{name}");
+    }
+    let host_mounts = |spec: &Value, c: &Value| -> BTreeSet<(String, String)> {
+        let volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
+        c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| {
+                let v = volumes.iter().find(|v| v["name"] == m["name"])?;
+                Some((v["hostPath"]["path"].as_str()?.to_string(), m["mountPath"].as_str()?.to_string()))
+            })
+            .collect()
+    };
+    let (ours, theirs) = (host_mounts(spec, cleanup), host_mounts(ds_spec, agent));
+    assert!(ours.is_subset(&theirs), "{ours:?} not all in the DaemonSet's {theirs:?}");
+    for p in ["/sys/fs/bpf", "/var/lib/edgevx", "/run/xtables.lock"] {
+        assert!(ours.iter().any(|(h, _)| h == p), "the cleanup pod lacks {p}");
+    }
+    Ok(())
+}
+
 #[test]
 fn rbac_grants_only_what_flannels_kube_manager_needs() -> Result<()> {
     let role = docs("rbac.yaml")?.into_iter().find(|d| d["kind"] == "ClusterRole").context("no ClusterRole")?;
@@ -93,5 +215,12 @@ fn systemd_settings_name_real_flags() -> Result<()> {
     let unit = std::fs::read_to_string(deploy("edgevx.service"))?;
     assert!(unit.contains("ExecStart=/usr/local/bin/edgevx run"));
     assert!(unit.contains("EnvironmentFile=/etc/edgevx/edgevx.env"));
+    // the host's bpffs, never one mounted inside the unit's private mount namespace
+    let setting = |key: &str| unit.lines().find_map(|l| l.strip_prefix(&format!("{key}="))).unwrap_or_default();
+    assert_eq!(setting("CapabilityBoundingSet"), "CAP_BPF CAP_NET_ADMIN");
+    assert_eq!(setting("AmbientCapabilities"), "CAP_BPF CAP_NET_ADMIN");
+    assert!(setting("After").contains("sys-fs-bpf.mount"));
+    assert!(setting("ReadWritePaths").split(' ').any(|p| p == "/sys/fs/bpf"));
+    assert_eq!(setting("RestartPreventExitStatus"), "2", "a usage error must not restart forever");
     Ok(())
 }

@@ -47,12 +47,33 @@ fn pod_learned(agent: &Agent) -> Result<()> {
 
 #[test]
 fn default_mode_interoperates_with_kernel_flannel_both_ways() -> Result<()> {
-    let (c, agent) = edgevx_and_kernel(&[])?;
+    interoperates_both_ways(&[], "tcx")
+}
+
+/// The same on a kernel without TCX: filters on a clsact qdisc, forced here.
+#[test]
+fn clsact_fallback_interoperates_with_kernel_flannel_both_ways() -> Result<()> {
+    interoperates_both_ways(&["--tc-attach", "clsact"], "clsact")
+}
+
+/// What a 5.10 to 5.12 kernel runs: clsact filters, and the encap without
+/// the ENCAP_L2_ETH flag (both forced here; the kernel chooses them there).
+#[test]
+fn a_pre_5_13_style_node_interoperates_with_kernel_flannel_both_ways() -> Result<()> {
+    interoperates_both_ways(&["--tc-attach", "clsact", "--legacy-encap"], "clsact")
+}
+
+fn interoperates_both_ways(extra: &[&str], attach: &str) -> Result<()> {
+    let (c, agent) = edgevx_and_kernel(extra)?;
     pod_learned(&agent)?;
     exchange_all_traffic(&c)?;
     let s = agent.status()?;
     assert_eq!(s["delivery"], "host-stack");
-    assert_eq!(s["bridge_attached"], true, "{s:#}");
+    assert_eq!(
+        (&s["attach"], &s["dataplane_attached"], &s["bridge_attached"]),
+        (&attach.into(), &true.into(), &true.into()),
+        "{s:#}"
+    );
     let peer = &s["peers"][0];
     assert!(peer["tx_packets"].as_u64() > Some(1000) && peer["rx_packets"].as_u64() > Some(1000), "{s:#}");
     let counters = &s["counters"];

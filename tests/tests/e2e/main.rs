@@ -7,8 +7,11 @@ mod edgevx_pair;
 mod env;
 mod etcd;
 mod firewall;
+mod image;
 mod interop;
+mod kernel;
 mod kube;
+mod metrics;
 mod migration;
 mod nodes_file;
 mod offline;
@@ -16,6 +19,7 @@ mod privileges;
 mod prog_test_run;
 mod real_node;
 mod restart;
+mod rollback;
 
 use edgevx_tests::traffic::Peer;
 

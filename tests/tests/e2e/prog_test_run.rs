@@ -12,7 +12,8 @@ use aya::{
 use edgevx_common::{
     counters::Counter,
     maps::{
-        self as names, DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_STRICT_INNER_SOURCE, LocalPod, Peer, PeerStats,
+        self as names, DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_ENCAP_NO_L2_ETH, FLAG_STRICT_INNER_SOURCE,
+        LocalPod, Peer, PeerStats,
     },
 };
 use edgevx_tests::{topo::Bpffs, unique};
@@ -192,6 +193,17 @@ fn encap_builds_flannel_compatible_outer_headers() -> Result<()> {
     assert!(ports.len() > 20, "source ports do not spread: {ports:?}");
     assert_eq!(l.peer()?.tx_packets, 40);
     assert_eq!(l.counter(Counter::TxPackets)?, 40);
+    Ok(())
+}
+
+#[test]
+fn encap_for_kernels_before_5_13_puts_the_same_bytes_on_the_wire() -> Result<()> {
+    let input = eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 2, 2]));
+    let (rc, with_l2_flag) = load(0)?.run("edgevx_encap", &input)?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let l = load(FLAG_ENCAP_NO_L2_ETH)?;
+    assert_eq!(l.run("edgevx_encap", &input)?, (rc, with_l2_flag));
+    assert_eq!(l.counter(Counter::DropAdjustRoom)?, 0);
     Ok(())
 }
 

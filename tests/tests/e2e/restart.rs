@@ -44,7 +44,18 @@ fn mac_is_kept_across_restart_and_reboot_with_the_kernel_peer_untouched() -> Res
 
 #[test]
 fn no_ping_is_lost_across_kill_9_and_restart() -> Result<()> {
-    let (c, nodes, mut agent, mac) = setup()?;
+    no_ping_lost_across_kill_9_and_restart(&[], "adopted pinned link")
+}
+
+/// The same on a kernel without TCX: filters on a clsact qdisc, forced here.
+#[test]
+fn no_ping_is_lost_across_kill_9_and_restart_with_clsact_filters() -> Result<()> {
+    no_ping_lost_across_kill_9_and_restart(&["--tc-attach", "clsact"], "replaced the clsact filter in place")
+}
+
+fn no_ping_lost_across_kill_9_and_restart(extra: &[&str], adopted: &str) -> Result<()> {
+    let s = edgevx_and_flannel(extra)?;
+    let (c, nodes, mut agent, mac) = (s.cluster, s.nodes_file, s.agent, s.mac);
     // 400 pings at 10 ms across the kill and the restart, both directions
     let pingers = [(2u8, 1u8), (1, 2)]
         .into_iter()
@@ -60,12 +71,8 @@ fn no_ping_is_lost_across_kill_9_and_restart() -> Result<()> {
     std::thread::sleep(Duration::from_millis(800));
     // the dataplane keeps running with no agent at all
     assert_eq!(ping(&c.host(1).pod, pod_ip(2), 3, "0.05")?.1, 3);
-    let agent = Agent::start(c.host(1), &nodes, &[])?;
-    assert!(
-        agent.log_text().contains("adopted pinned link"),
-        "restart did not adopt the pinned links:\n{}",
-        agent.log_text()
-    );
+    let agent = Agent::start(c.host(1), &nodes, extra)?;
+    assert!(agent.log_text().contains(adopted), "restart did not take over in place:\n{}", agent.log_text());
     assert_eq!(agent.status()?["vtep_mac"], mac.as_str());
     for p in pingers {
         p.expect_no_loss().context("across kill -9 and the restart")?;

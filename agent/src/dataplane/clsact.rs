@@ -1,0 +1,113 @@
+//! The fallback for kernels without TCX (before 6.6): the programs as
+//! direct-action `bpf` filters on a `clsact` qdisc, as `tc` would put them:
+//! `tc qdisc add dev IFACE clsact`, then
+//! `tc filter replace dev IFACE {ingress|egress} prio 1 handle 0xed bpf da obj ...`.
+//!
+//! A filter belongs to the qdisc, not to a process, so it outlives the agent
+//! without a pin. A restarted or upgraded agent replaces the filter at the
+//! same priority and handle in one netlink request, which cls_bpf swaps
+//! atomically: traffic never runs without a program, as with TCX.
+use std::io;
+
+use anyhow::{Context, Result};
+use aya::{
+    Ebpf,
+    programs::{
+        SchedClassifier, TcAttachType,
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
+    },
+};
+use futures::TryStreamExt;
+use rtnetlink::Handle;
+use tracing::info;
+
+/// First in line, like the TCX links (`LinkOrder::first`).
+pub const PRIORITY: u16 = 1;
+/// One filter of ours per interface and direction, so one handle serves all.
+pub const HANDLE: TcHandle = TcHandle::new(0, 0xed);
+
+fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("program {name} is missing from the eBPF object"))?
+        .try_into()
+        .with_context(|| format!("program {name} is not a classifier"))
+}
+
+/// Attaches program `name` to `iface`, replacing in place the filter an
+/// earlier agent left at our priority and handle.
+pub fn attach(ebpf: &mut Ebpf, name: &str, iface: &str, kind: TcAttachType) -> Result<()> {
+    // EEXIST is the normal case after the first start; a real failure shows in the attach below
+    let _ = tc::qdisc_add_clsact(iface);
+    let prog = classifier(ebpf, name)?;
+    let existing = SchedClassifierLink::attached(iface, kind, PRIORITY, HANDLE, None)
+        .with_context(|| format!("no interface {iface}"))?;
+    let id = match prog.attach_to_link(existing) {
+        Ok(id) => {
+            info!(program = name, iface, "replaced the clsact filter in place");
+            id
+        }
+        // nothing at our priority and handle yet: create it
+        Err(_) => {
+            let opts = NlOptions { priority: PRIORITY, handle: HANDLE, classid: None };
+            let id = prog
+                .attach_with_options(iface, kind, TcAttachOptions::Netlink(opts))
+                .with_context(|| format!("cannot attach {name} to {iface} ({kind:?}) as a clsact filter"))?;
+            info!(program = name, iface, "attached as a clsact filter");
+            id
+        }
+    };
+    // the filter stays when this process goes: dropping the link would remove it
+    let link = prog.take_link(id).context("cannot take the clsact link")?;
+    std::mem::forget(link);
+    Ok(())
+}
+
+/// Removes our filters named `name` from `iface`; `false` if there were none.
+pub fn detach(name: &str, iface: &str, kind: TcAttachType) -> Result<bool> {
+    match tc::qdisc_detach_program(iface, kind, name) {
+        Ok(()) => Ok(true),
+        Err(TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        // the interface itself is gone: so is every filter on it
+        Err(_) if ifindex(iface) == 0 => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("cannot remove {name} from {iface} ({kind:?})")),
+    }
+}
+
+fn ifindex(iface: &str) -> u32 {
+    let Ok(name) = std::ffi::CString::new(iface) else { return 0 };
+    // SAFETY: plain lookup with a valid C string.
+    unsafe { libc::if_nametoindex(name.as_ptr()) }
+}
+
+/// Whether our filter sits on `iface` for `kind` (the kernel's word, read
+/// with a filter dump: `tc filter show dev IFACE ingress`).
+pub async fn attached(handle: &Handle, iface: &str, kind: TcAttachType) -> bool {
+    let index = ifindex(iface);
+    if index == 0 {
+        return false;
+    }
+    let req = handle.traffic_filter(index as i32).get();
+    let req = if matches!(kind, TcAttachType::Ingress) { req.ingress() } else { req.egress() };
+    let Ok(filters) = req.execute().try_collect::<Vec<_>>().await else {
+        return false;
+    };
+    filters.iter().any(|f| {
+        let h = f.header.handle;
+        u32::from(h.major) << 16 | u32::from(h.minor) == u32::from(HANDLE) && (f.header.info >> 16) as u16 == PRIORITY
+    })
+}
+
+/// [`attached`] for callers outside the agent's runtime (`edgevx status`):
+/// asked on a thread of its own, with a runtime and a netlink socket of its own.
+pub fn attached_blocking(iface: &str, kind: TcAttachType) -> bool {
+    let iface = iface.to_string();
+    let ask = move || -> Option<bool> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        rt.block_on(async {
+            let (conn, handle, _) = rtnetlink::new_connection().ok()?;
+            tokio::spawn(conn);
+            Some(attached(&handle, &iface, kind).await)
+        })
+    };
+    std::thread::spawn(ask).join().ok().flatten().unwrap_or(false)
+}

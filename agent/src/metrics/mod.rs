@@ -1,0 +1,19 @@
+//! Probes and metrics (`--metrics-addr`): `/healthz` (the run loop ticks),
+//! `/readyz` (subnet.env written, programs attached, first pass done) and
+//! `/metrics` (the programs' counters, the loop's passes, the source).
+//!
+//! - `report`: what the run loop writes (heartbeat, readiness, passes, view);
+//! - `probe`: the answers to `/healthz` and `/readyz`;
+//! - `families`: which metric family and labels each BPF counter becomes;
+//! - `snapshot`: reading the pinned maps at scrape time;
+//! - `exposition`: the Prometheus (OpenMetrics) text;
+//! - `server`: binding the address and serving it off the run loop's thread.
+mod exposition;
+mod families;
+mod probe;
+mod report;
+mod server;
+mod snapshot;
+
+pub use report::{LoopReport, Stage};
+pub use server::{bind, serve};

@@ -1,0 +1,53 @@
+//! `/healthz` and `/readyz`: what the kubelet's liveness and readiness
+//! probes are answered, decided from the loop's report alone.
+use std::time::Duration;
+
+use super::report::Readiness;
+
+/// The run loop ticks at least once a second (it re-learns local pods that
+/// often); ten missed ticks mean it is stuck, not busy. A pass that programs
+/// thousands of routes or waits on the xtables lock takes a few seconds.
+pub const STALE_AFTER: Duration = Duration::from_secs(10);
+
+/// A probe's answer: an HTTP status and a line of text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub ok: bool,
+    pub text: String,
+}
+
+/// Alive while the run loop ticked within [`STALE_AFTER`].
+pub fn liveness(since_tick: Duration) -> Verdict {
+    let secs = since_tick.as_secs_f64();
+    if since_tick <= STALE_AFTER {
+        Verdict { ok: true, text: format!("ok: the run loop ticked {secs:.1}s ago\n") }
+    } else {
+        Verdict { ok: false, text: format!("the run loop has not ticked for {secs:.1}s\n") }
+    }
+}
+
+pub fn readiness(r: Readiness) -> Verdict {
+    Verdict { ok: r == Readiness::Ready, text: format!("{}\n", r.reason()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_heartbeat_is_unhealthy() {
+        assert!(liveness(Duration::from_millis(900)).ok);
+        assert!(liveness(STALE_AFTER).ok);
+        let v = liveness(STALE_AFTER + Duration::from_secs(1));
+        assert!(!v.ok);
+        assert!(v.text.contains("has not ticked for 11.0s"), "{}", v.text);
+    }
+
+    #[test]
+    fn only_ready_is_ready() {
+        for r in [Readiness::Starting, Readiness::NotAttached, Readiness::Rebuilding] {
+            assert!(!readiness(r).ok, "{r:?}");
+        }
+        assert_eq!(readiness(Readiness::Ready), Verdict { ok: true, text: "ready\n".into() });
+    }
+}

@@ -1,0 +1,281 @@
+//! What the run loop reports about itself: a heartbeat, how ready the
+//! dataplane is, its reconcile passes, where its view came from, and the
+//! peers it programmed (for the per-peer labels). The loop writes here with
+//! a few atomic stores per pass; the HTTP thread only reads.
+use std::{
+    net::Ipv4Addr,
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        histogram::{Histogram, exponential_buckets},
+    },
+};
+
+use crate::{cache::VIEW_FILE, peer::Peer, state::StateDir};
+
+/// How far the dataplane is from serving traffic (`/readyz`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// No view names this node with a pod CIDR yet, or the first bring-up
+    /// (device, maps, subnet.env) has not succeeded.
+    Starting,
+    /// Brought up and reconciled, but attaching the programs failed; retried.
+    NotAttached,
+    /// subnet.env is written, the programs are attached and a reconcile
+    /// pass has completed since the last bring-up.
+    Ready,
+    /// The VTEP device or an attached program vanished; the dataplane is
+    /// being built again.
+    Rebuilding,
+}
+
+impl Readiness {
+    /// What `/readyz` says (also when it is 200).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Readiness::Starting => "starting: waiting for this node's pod CIDR and the first bring-up",
+            Readiness::NotAttached => "the programs are not attached yet",
+            Readiness::Ready => "ready",
+            Readiness::Rebuilding => "the dataplane was found broken and is being rebuilt",
+        }
+    }
+}
+
+/// The step of a pass that failed (`edgevx_reconcile_errors_total{stage}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// The device, maps, firewall rules or subnet.env could not be set up.
+    BringUp,
+    /// A new own pod CIDR could not be applied.
+    Readdress,
+    /// A peer could not be programmed or removed, or stale state collected.
+    Peers,
+    /// The programs could not be attached.
+    Attach,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 4] = [Stage::BringUp, Stage::Readdress, Stage::Peers, Stage::Attach];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::BringUp => "bring_up",
+            Stage::Readdress => "readdress",
+            Stage::Peers => "peers",
+            Stage::Attach => "attach",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub stage: &'static str,
+}
+
+/// A programmed peer, as the metrics label it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerKey {
+    pub node: String,
+    pub public_ip: Ipv4Addr,
+}
+
+/// The reconcile counters; registered into every scrape (shared handles).
+#[derive(Clone, Debug)]
+pub struct PassMetrics {
+    pub passes: Counter,
+    pub errors: Family<StageLabels, Counter>,
+    pub duration: Histogram,
+    pub rebuilds: Counter,
+}
+
+#[derive(Debug)]
+pub struct LoopReport {
+    /// The source's name, as the logs say it (`nodes file`, `etcd`, ...).
+    pub source: &'static str,
+    started: Instant,
+    /// Milliseconds from `started` to the loop's last tick.
+    last_tick_ms: AtomicU64,
+    readiness: Mutex<Readiness>,
+    connected: AtomicBool,
+    /// When the view in use arrived from the source (a cached view: when it was cached).
+    view_at: Mutex<Option<SystemTime>>,
+    peers: Mutex<Vec<PeerKey>>,
+    pub pass: PassMetrics,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // the data is plain values: a panic elsewhere cannot leave it half-written
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl LoopReport {
+    pub fn new(source: &'static str) -> Self {
+        let errors = Family::<StageLabels, Counter>::default();
+        for s in Stage::ALL {
+            // every stage shows up at 0, so a rate() has a series to start from
+            let _ = errors.get_or_create(&StageLabels { stage: s.label() });
+        }
+        LoopReport {
+            source,
+            started: Instant::now(),
+            last_tick_ms: AtomicU64::new(0),
+            readiness: Mutex::new(Readiness::Starting),
+            connected: AtomicBool::new(false),
+            view_at: Mutex::new(None),
+            peers: Mutex::new(Vec::new()),
+            pass: PassMetrics {
+                passes: Counter::default(),
+                errors,
+                // 1 ms .. about 16 s
+                duration: Histogram::new(exponential_buckets(0.001, 4.0, 8)),
+                rebuilds: Counter::default(),
+            },
+        }
+    }
+
+    /// The loop is alive: called once per iteration (at least once a second).
+    pub fn tick(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_tick_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long ago the loop last ticked.
+    pub fn since_tick(&self) -> Duration {
+        let last = Duration::from_millis(self.last_tick_ms.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        *lock(&self.readiness)
+    }
+
+    /// The dataplane was found broken; it is rebuilt from the next pass on.
+    pub fn rebuilding(&self) {
+        self.pass.rebuilds.inc();
+        *lock(&self.readiness) = Readiness::Rebuilding;
+    }
+
+    /// A pass that stopped at `stage` (the view is retried later).
+    pub fn pass_failed(&self, stage: Stage, started: Instant) {
+        self.pass.passes.inc();
+        self.pass.errors.get_or_create(&StageLabels { stage: stage.label() }).inc();
+        self.pass.duration.observe(started.elapsed().as_secs_f64());
+    }
+
+    /// A pass that reconciled the peers (`peers_ok`: all of them as desired)
+    /// and then attached the programs, or failed to (`attached`).
+    pub fn pass_done(&self, started: Instant, peers_ok: bool, attached: bool) {
+        self.pass.passes.inc();
+        if !peers_ok {
+            self.pass.errors.get_or_create(&StageLabels { stage: Stage::Peers.label() }).inc();
+        }
+        if !attached {
+            self.pass.errors.get_or_create(&StageLabels { stage: Stage::Attach.label() }).inc();
+        }
+        self.pass.duration.observe(started.elapsed().as_secs_f64());
+        let mut r = lock(&self.readiness);
+        *r = match (*r, attached) {
+            (_, true) => Readiness::Ready,
+            // a rebuild that cannot attach is still a rebuild
+            (Readiness::Rebuilding, false) => Readiness::Rebuilding,
+            (_, false) => Readiness::NotAttached,
+        };
+    }
+
+    /// A complete view arrived from the source just now.
+    pub fn view_from_source(&self) {
+        self.connected.store(true, Ordering::Relaxed);
+        *lock(&self.view_at) = Some(SystemTime::now());
+    }
+
+    /// The source did not answer; the cached view in `state` is used.
+    pub fn view_from_cache(&self, state: &StateDir) {
+        let at = std::fs::metadata(state.path(VIEW_FILE)).and_then(|m| m.modified()).unwrap_or(SystemTime::now());
+        self.connected.store(false, Ordering::Relaxed);
+        *lock(&self.view_at) = Some(at);
+    }
+
+    /// Whether the view in use came from the source (not the cache).
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Age of the view in use, if there is one.
+    pub fn view_age(&self) -> Option<Duration> {
+        lock(&self.view_at).map(|at| SystemTime::now().duration_since(at).unwrap_or_default())
+    }
+
+    /// The peers now programmed (after a pass).
+    pub fn set_peers<'a>(&self, peers: impl Iterator<Item = &'a Peer>) {
+        let list = peers.map(|p| PeerKey { node: p.node.clone(), public_ip: p.public_ip }).collect();
+        *lock(&self.peers) = list;
+    }
+
+    pub fn peers(&self) -> Vec<PeerKey> {
+        lock(&self.peers).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_after_an_attached_pass_and_again_after_a_rebuild() {
+        let r = LoopReport::new("nodes file");
+        assert_eq!(r.readiness(), Readiness::Starting);
+        r.pass_failed(Stage::BringUp, Instant::now());
+        assert_eq!(r.readiness(), Readiness::Starting);
+        r.pass_done(Instant::now(), true, false);
+        assert_eq!(r.readiness(), Readiness::NotAttached);
+        r.pass_done(Instant::now(), true, true);
+        assert_eq!(r.readiness(), Readiness::Ready);
+        r.rebuilding();
+        assert_eq!(r.readiness(), Readiness::Rebuilding);
+        r.pass_failed(Stage::BringUp, Instant::now());
+        r.pass_done(Instant::now(), false, false);
+        assert_eq!(r.readiness(), Readiness::Rebuilding, "still rebuilding until attached");
+        r.pass_done(Instant::now(), false, true);
+        assert_eq!(r.readiness(), Readiness::Ready, "a failed peer does not make the node unready");
+        assert_eq!(r.pass.passes.get(), 6);
+        assert_eq!(r.pass.rebuilds.get(), 1);
+        let errors = |s: Stage| r.pass.errors.get_or_create(&StageLabels { stage: s.label() }).get();
+        assert_eq!((errors(Stage::BringUp), errors(Stage::Peers), errors(Stage::Attach)), (2, 2, 2));
+        assert_eq!(errors(Stage::Readdress), 0);
+    }
+
+    #[test]
+    fn the_view_age_counts_from_the_cache_file() {
+        let dir = std::env::temp_dir().join(format!("edgevx-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let state = StateDir(dir.clone());
+        let r = LoopReport::new("etcd");
+        assert_eq!(r.view_age(), None);
+        std::fs::write(state.path(VIEW_FILE), b"{}").unwrap();
+        let old = SystemTime::now() - Duration::from_secs(3600);
+        std::fs::File::options().write(true).open(state.path(VIEW_FILE)).unwrap().set_modified(old).unwrap();
+        r.view_from_cache(&state);
+        assert!(!r.connected());
+        assert!(r.view_age().unwrap() >= Duration::from_secs(3600));
+        r.view_from_source();
+        assert!(r.connected());
+        assert!(r.view_age().unwrap() < Duration::from_secs(60));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn tick_age_grows_until_the_next_tick() {
+        let r = LoopReport::new("etcd");
+        r.tick();
+        assert!(r.since_tick() < Duration::from_secs(5));
+    }
+}

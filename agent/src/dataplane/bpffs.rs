@@ -91,7 +91,7 @@ pub fn on_bpffs(path: &Path) -> Result<(), NotBpffs> {
 /// Makes sure `path` is on the host's bpffs and creates it there. It never
 /// mounts one (see [`NotBpffs`]); `edgevx run` checks this before it
 /// changes anything on the host, so this only fails if the mount went away.
-pub fn ensure_mounted(path: &Path) -> Result<()> {
+pub fn ensure_dir_on_bpffs(path: &Path) -> Result<()> {
     on_bpffs(path)?;
     fs::create_dir_all(path).with_context(|| format!("cannot create {}", path.display()))
 }

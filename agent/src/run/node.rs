@@ -55,7 +55,7 @@ pub(super) async fn bring_up(
     let (mac, _) = vtep_mac::choose(own.published_mac, state)?;
     let public_ip: Ipv4Addr = c.args.public_ip.or(own.node_public_ip).or(c.underlay.ipv4).context("no public IP")?;
     let mtu = c.conf.mtu.unwrap_or(c.underlay.mtu).saturating_sub(ENCAP_OVERHEAD as u32);
-    bpffs::ensure_mounted(&c.args.paths.bpffs)?;
+    bpffs::ensure_dir_on_bpffs(&c.args.paths.bpffs)?;
     let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
     let ebpf = loader::load(&pins)?;
 

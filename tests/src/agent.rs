@@ -62,14 +62,13 @@ impl Agent {
             .stdout(Stdio::null())
             .stderr(File::create(&log)?);
         let child = cmd.spawn().context("cannot start edgevx")?;
-        let mut agent = Agent {
+        let agent = Agent {
             child: Some(child),
             log,
             state_dir: host.state_dir(),
             bpffs: host.bpffs_dir(),
             netns: host.ns.name.clone(),
         };
-        agent.wait_log("dataplane up", Duration::from_secs(20))?;
         Ok(agent)
     }
 

@@ -1,6 +1,8 @@
 //! What edgevx needs from the kernel, checked on this one (the version
 //! check itself is unit-tested in agent/src/run/kernel.rs, since a test
 //! cannot swap the kernel): kernel BTF is not among it.
+use std::time::Duration;
+
 use anyhow::{Context, Result, ensure};
 use edgevx_tests::{
     agent::Agent,
@@ -37,8 +39,9 @@ fn the_dataplane_comes_up_and_forwards_without_kernel_btf() -> Result<()> {
     let nodes = c.dir.join("nodes.json");
     write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
     let nodes = nodes.to_string_lossy().into_owned();
-    // spawn_via waits for "dataplane up": loading and attaching succeeded
-    let agent = Agent::spawn_via(c.host(1), &WITHOUT_BTF, &["--nodes-file", &nodes])?;
+    let mut agent = Agent::spawn_via(c.host(1), &WITHOUT_BTF, &["--nodes-file", &nodes])?;
+    // loading and attaching succeeded
+    agent.wait_log("dataplane up", Duration::from_secs(20))?;
     let mac = agent.status()?["vtep_mac"].as_str().context("status has no vtep_mac")?.to_string();
     c.host(2).kernel_vtep(KERNEL_MAC)?;
     c.host(2).kernel_add_peer(1, &mac)?;

@@ -9,17 +9,17 @@ use std::{
     net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
     os::fd::AsRawFd,
     path::Path,
-    process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use edgevx_tests::{
+    agent::Agent,
     edgevx_bin,
     netns::Netns,
     nodes::{flannel_node, node_list, write},
     scenario::edgevx_and_flannel,
-    topo::{Cluster, Host, pod_ip, underlay_ip},
+    topo::{Cluster, pod_ip, underlay_ip},
     traffic::BackgroundPing,
 };
 
@@ -240,48 +240,6 @@ fn metrics_move_with_traffic_and_name_the_peer() -> Result<()> {
     Ok(())
 }
 
-/// `edgevx run` with only the common flags, without waiting for anything
-/// (the harness's Agent waits for the dataplane, which is what this test
-/// holds back). Killed on drop.
-struct Spawned {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Spawned {
-    fn start(host: &Host, nodes: &Path) -> Result<Spawned> {
-        let log = host.dir.join("metrics-agent.log");
-        let child = host
-            .ns
-            .cmd(edgevx_bin().to_str().context("bin path")?)
-            .args(["run", "--node-name", &host.name(), "--iface", "eth0", "--nodes-file"])
-            .arg(nodes)
-            .arg("--state-dir")
-            .arg(host.state_dir())
-            .arg("--bpffs")
-            .arg(host.bpffs_dir())
-            .arg("--subnet-file")
-            .arg(host.subnet_file())
-            .env("EDGEVX_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(File::create(&log)?)
-            .spawn()
-            .context("cannot start edgevx")?;
-        Ok(Spawned { child, log })
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn readyz_is_503_until_the_dataplane_is_up_and_while_it_is_rebuilt() -> Result<()> {
     let mut c = Cluster::new(1)?;
@@ -290,13 +248,15 @@ fn readyz_is_503_until_the_dataplane_is_up_and_while_it_is_rebuilt() -> Result<(
     let nodes = c.dir.join("nodes.json");
     // a list that does not name this node yet: the agent runs but cannot bring anything up
     write(&nodes, &node_list(vec![flannel_node(2, Some("02:00:00:00:02:01"))]))?;
-    let agent = Spawned::start(h, &nodes)?;
-    let live = wait_status(&h.ns, "/healthz", 200).with_context(|| agent.log())?;
+    // spawned, not started: the harness's start waits for the dataplane, which this test holds back
+    let nodes_arg = nodes.to_str().context("nodes path")?;
+    let agent = Agent::spawn(h, &["--nodes-file", nodes_arg])?;
+    let live = wait_status(&h.ns, "/healthz", 200).with_context(|| agent.log_text())?;
     assert!(live.body.contains("ticked"), "{}", live.body);
     let not_yet = until("the agent to read the list", Duration::from_secs(30), || {
-        Ok(agent.log().contains("waiting for the nodes file").then_some(()))
+        Ok(agent.log_text().contains("waiting for the nodes file").then_some(()))
     });
-    not_yet.with_context(|| agent.log())?;
+    not_yet.with_context(|| agent.log_text())?;
     let r = get(&h.ns, "/readyz")?;
     assert_eq!(r.status, 503, "ready without its own pod CIDR: {}", r.body);
     assert!(r.body.contains("starting"), "{}", r.body);
@@ -306,14 +266,14 @@ fn readyz_is_503_until_the_dataplane_is_up_and_while_it_is_rebuilt() -> Result<(
 
     // now it is named: subnet.env, the programs and a pass make it ready
     write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some("02:00:00:00:02:01"))]))?;
-    wait_status(&h.ns, "/readyz", 200).with_context(|| agent.log())?;
+    wait_status(&h.ns, "/readyz", 200).with_context(|| agent.log_text())?;
     assert!(h.subnet_file().is_file());
 
     // break it so that the rebuild cannot finish: subnet.env cannot be written
     std::fs::remove_file(h.subnet_file())?;
     std::fs::create_dir(h.subnet_file())?;
     h.ns.ip(&["link", "del", "flannel.1"])?;
-    let r = wait_status(&h.ns, "/readyz", 503).with_context(|| agent.log())?;
+    let r = wait_status(&h.ns, "/readyz", 503).with_context(|| agent.log_text())?;
     assert!(r.body.contains("rebuilt"), "{}", r.body);
     until("a failed bring-up to be counted", Duration::from_secs(30), || {
         let m = Scrape::take(&h.ns)?;
@@ -332,7 +292,7 @@ fn readyz_is_503_until_the_dataplane_is_up_and_while_it_is_rebuilt() -> Result<(
         flannel_node(3, Some("02:00:00:00:03:01")),
     ];
     write(&nodes, &node_list(peers))?;
-    wait_status(&h.ns, "/readyz", 200).with_context(|| agent.log())?;
+    wait_status(&h.ns, "/readyz", 200).with_context(|| agent.log_text())?;
     assert!(h.subnet_file().is_file());
     Ok(())
 }

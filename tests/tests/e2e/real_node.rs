@@ -196,16 +196,23 @@ fn pod_to_pod_under_kube_proxy_invalid_drop(setup: Setup) -> Result<()> {
     let rc = setup.start()?;
     rc.kube_proxy(Mode::Iptables, &[])?;
     rc.check(|rc| {
-        let peer = testpeer();
         for n in [1, 2] {
-            let (a, b) = (rc.pod(n, 0), rc.pod(other(n), 0));
-            ensure!(ping(&a.netns, b.ip, 10, "0.05")? == (10, 10), "ICMP {} -> {}", a.ip, b.ip);
-            peer.tcp_transfer(&a.netns, &b.netns, b.ip, 4 * MIB)?;
-            let got = peer.udp_datagrams(&a.netns, &b.netns, b.ip, 300, 1400)?;
-            ensure!(got == 300, "UDP {} -> {}: {got} of 300 datagrams", a.ip, b.ip);
+            pod_to_pod_across_nodes(rc, n)?;
         }
         Ok(())
     })
+}
+
+/// ICMP (10 of 10), a 4 MiB TCP transfer by digest and 300 UDP datagrams from
+/// node `n`'s first pod to the other node's.
+fn pod_to_pod_across_nodes(rc: &RealCluster, n: u8) -> Result<()> {
+    let (a, b) = (rc.pod(n, 0), rc.pod(other(n), 0));
+    ensure!(ping(&a.netns, b.ip, 10, "0.05")? == (10, 10), "ICMP {} -> {}", a.ip, b.ip);
+    let peer = testpeer();
+    peer.tcp_transfer(&a.netns, &b.netns, b.ip, 4 * MIB)?;
+    let got = peer.udp_datagrams(&a.netns, &b.netns, b.ip, 300, 1400)?;
+    ensure!(got == 300, "UDP {} -> {}: {got} of 300 datagrams", a.ip, b.ip);
+    Ok(())
 }
 
 /// Pod to pod, the server sees the client pod's own address (with
@@ -242,13 +249,9 @@ fn forward_policy_drop(setup: Setup) -> Result<()> {
     let rc = setup.start()?;
     rc.forward_policy_drop()?;
     rc.check(|rc| {
-        let peer = testpeer();
         for n in [1, 2] {
-            let (a, b) = (rc.pod(n, 0), rc.pod(other(n), 0));
-            ensure!(ping(&a.netns, b.ip, 10, "0.05")? == (10, 10), "ICMP {} -> {}", a.ip, b.ip);
-            peer.tcp_transfer(&a.netns, &b.netns, b.ip, 4 * MIB)?;
-            let got = peer.udp_datagrams(&a.netns, &b.netns, b.ip, 300, 1400)?;
-            ensure!(got == 300, "UDP {} -> {}: {got} of 300", a.ip, b.ip);
+            pod_to_pod_across_nodes(rc, n)?;
+            let a = rc.pod(n, 0);
             let neighbour = rc.pod(n, 1);
             ensure!(ping(&a.netns, neighbour.ip, 5, "0.05")? == (5, 5), "same node {} -> {}", a.ip, neighbour.ip);
             tcp_exchange(&a.netns, at(INTERNET_IP, 8080), &rc.internet, 8080, 64 * 1024)?;

@@ -1,31 +1,10 @@
 //! edgevx: an eBPF VXLAN dataplane that stands in for flanneld's vxlan
 //! backend, node by node, and keeps its VTEP MAC across reboots.
-mod annotations;
-mod cache;
-mod cleanup;
-mod cli;
-mod dataplane;
-mod mac;
-mod metrics;
-mod netconf;
-mod netfilter;
-mod peer;
-mod reconcile;
-mod run;
-mod source;
-mod state;
-mod status;
-mod subnet_env;
-mod vtep_mac;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-
-/// A bad flag or config value: exit code 2, before the host is changed.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
+use edgevx::{UsageError, cleanup, cli, run, status};
 
 fn raise_memlock() {
     let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };

@@ -1,0 +1,27 @@
+//! edgevx: an eBPF VXLAN dataplane that stands in for flanneld's vxlan
+//! backend, node by node, and keeps its VTEP MAC across reboots.
+//!
+//! A library as well as the `edgevx` binary so that the fuzz targets and
+//! benches can drive the parsers and the reconciler directly.
+pub mod annotations;
+pub mod cache;
+pub mod cleanup;
+pub mod cli;
+pub mod dataplane;
+pub mod mac;
+pub mod metrics;
+pub mod netconf;
+pub mod netfilter;
+pub mod peer;
+pub mod reconcile;
+pub mod run;
+pub mod source;
+pub mod state;
+pub mod status;
+pub mod subnet_env;
+pub mod vtep_mac;
+
+/// A bad flag or config value: exit code 2, before the host is changed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);

@@ -179,8 +179,13 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
             }
         }
     }
+    // flanneld's per-peer routes, then away with our single route for the Network
+    for p in &peers {
+        device::route_replace(handle, index, p.subnet).await?;
+    }
+    device::route_del(handle, index, rec.network, Some(crate::reconcile::VTEP_GATEWAY)).await?;
     info!(device = %rec.vtep_device, peers = peers.len(), arp_kept = flanneld.len(), arp_added = arp.len() - flanneld.len(),
-        fdb_added = fdb, "the kernel has flanneld's arp and fdb entries for every peer");
+        fdb_added = fdb, "the kernel has flanneld's arp and fdb entries and routes for every peer");
     Ok(Some(index))
 }
 

@@ -8,6 +8,7 @@ pub mod cache;
 pub mod cleanup;
 pub mod cli;
 pub mod dataplane;
+pub mod events;
 pub mod mac;
 pub mod metrics;
 pub mod netconf;

@@ -36,6 +36,7 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         None => Value::Null,
     };
     let programmed = maps.as_ref().map(|m| m.subnets()).transpose()?.unwrap_or_default();
+    let accepted = maps.as_ref().map(|m| m.accepted()).transpose()?.unwrap_or_default();
     let peers: Vec<Value> = peers
         .iter()
         .map(|p| {
@@ -45,7 +46,11 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
                 "subnet": p.subnet.to_string(),
                 "public_ip": p.public_ip.to_string(),
                 "vtep_mac": p.vtep_mac.to_string(),
-                "in_dataplane": programmed.iter().any(|(net, e)| *net == p.subnet && e.vtep_mac == p.vtep_mac.0),
+                // read from the kernel: the LPM entry and the accepted address
+                "in_dataplane": programmed.iter().any(|(net, e)| *net == p.subnet
+                    && e.vtep_mac == p.vtep_mac.0
+                    && e.public_ip == p.public_ip.octets())
+                    && accepted.contains(&p.public_ip),
                 "tx_packets": s.tx_packets,
                 "tx_bytes": s.tx_bytes,
                 "rx_packets": s.rx_packets,

@@ -115,6 +115,19 @@ impl Agent {
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
+    /// Waits for the agent to exit on its own; its exit code (`None`: killed by a signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<i32>> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                self.child = None;
+                return Ok(status.code());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("agent still running after {timeout:?}:\n{}", self.log_text())
+    }
+
     /// SIGKILL: no chance to clean anything up.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -38,3 +38,29 @@ pub fn write(path: &Path, list: &Value) -> Result<()> {
     fs::rename(&tmp, path)?;
     Ok(())
 }
+
+/// A net-conf whose Network holds tens of thousands of /24 node subnets.
+pub const WIDE_NET_CONF: &str = r#"{"Network":"10.0.0.0/8","Backend":{"Type":"vxlan"}}"#;
+
+/// `n` synthetic flannel peers for scale runs: subnet 10.<1+k/256>.<k%256>.0/24
+/// (clear of the test nodes' 10.244.x.0/24), public IP 198.19.<k/256>.<k%256>,
+/// a distinct VtepMAC each. Up to 60,000.
+pub fn synthetic_peers(n: u32, first: u32) -> Vec<Value> {
+    (first..first + n)
+        .map(|k| {
+            let (hi, lo) = (k / 256, k % 256);
+            let mac = format!("02:5c:{:02x}:{:02x}:{:02x}:01", (k >> 16) & 0xff, hi & 0xff, lo);
+            json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": format!("scale-{k}"), "annotations": {
+                    format!("{P}/kube-subnet-manager"): "true",
+                    format!("{P}/backend-type"): "vxlan",
+                    format!("{P}/public-ip"): format!("198.19.{hi}.{lo}"),
+                    format!("{P}/backend-data"): format!("{{\"VNI\":1,\"VtepMAC\":\"{mac}\"}}"),
+                }},
+                "spec": {"podCIDR": format!("10.{}.{lo}.0/24", 1 + hi), "podCIDRs": [format!("10.{}.{lo}.0/24", 1 + hi)]},
+            })
+        })
+        .collect()
+}

@@ -1,5 +1,6 @@
 //! `cargo xtask <job>`: everything a fresh machine needs, in one place.
 mod bench;
+mod bench_scale;
 mod build;
 mod demo;
 mod exec;
@@ -53,6 +54,9 @@ enum Job {
         /// Rounds over all setups; each figure is the median.
         #[arg(long, default_value_t = 3)]
         rounds: u32,
+        /// Instead: N peers from a nodes file (programming time, RSS, kernel state vs flannel's).
+        #[arg(long, value_name = "N")]
+        scale: Option<u32>,
     },
 }
 
@@ -72,7 +76,8 @@ fn main() -> ExitCode {
         Job::Image { arch } => arch.map_or_else(image::Arch::host, Ok).and_then(image::build).map(|_| ()),
         Job::Seccomp => seccomp::write(),
         Job::Demo => demo::run(),
-        Job::Bench { seconds, rounds } => bench::run(seconds, rounds),
+        Job::Bench { scale: Some(n), .. } => bench_scale::run(n),
+        Job::Bench { seconds, rounds, scale: None } => bench::run(seconds, rounds),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,7 +1,7 @@
 //! The VTEP device and its routes, set up the way flannel sets them up:
 //! `flannel.<VNI>` is a kernel VXLAN device (nolearning, our VNI, port and
-//! source address) carrying our MAC and `<subnet network>/32`, with a route
-//! per remote subnet through it. Unlike flannel it gets no fdb and no arp
+//! source address) carrying our MAC and `<subnet network>/32`, with one route
+//! for the whole Network through it (flanneld adds one per remote subnet). Unlike flannel it gets no fdb and no arp
 //! entries: the TC program on its egress encapsulates from the BPF maps.
 //! It is NOARP, so the kernel never tries to resolve the on-link gateways.
 use std::net::{IpAddr, Ipv4Addr};
@@ -225,38 +225,46 @@ pub async fn ensure_address(handle: &Handle, index: u32, subnet: Ipv4Net, networ
     Ok(())
 }
 
-fn route_message(index: u32, subnet: Ipv4Net) -> RouteMessage {
-    RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(subnet.network(), subnet.prefix_len())
-        .gateway(subnet.network())
+fn route_message(index: u32, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> RouteMessage {
+    let b = RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(dst.network(), dst.prefix_len())
         .output_interface(index)
-        .protocol(RouteProtocol::Boot)
-        .onlink()
-        .build()
-}
-
-/// `ip route replace SUBNET via SUBNET.network dev flannel.<VNI> onlink`
-pub async fn route_replace(handle: &Handle, index: u32, subnet: Ipv4Net) -> Result<()> {
-    handle
-        .route()
-        .add(route_message(index, subnet))
-        .replace()
-        .execute()
-        .await
-        .with_context(|| format!("cannot add route {subnet} via the VTEP"))
-}
-
-/// `ip route del SUBNET dev flannel.<VNI>`; a route already gone is fine.
-pub async fn route_del(handle: &Handle, index: u32, subnet: Ipv4Net) -> Result<()> {
-    match handle.route().del(route_message(index, subnet)).execute().await {
-        Ok(()) => Ok(()),
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("cannot delete route {subnet}")),
+        .protocol(RouteProtocol::Boot);
+    match gateway {
+        Some(gw) => b.gateway(gw).onlink().build(),
+        None => b.build(),
     }
 }
 
-/// Destinations of the IPv4 routes through `index` in the main table.
-pub async fn routes_via(handle: &Handle, index: u32) -> Result<Vec<Ipv4Net>> {
+/// `ip route replace DST [via GATEWAY onlink] dev flannel.<VNI>`
+pub async fn route_put(handle: &Handle, index: u32, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> Result<()> {
+    handle
+        .route()
+        .add(route_message(index, dst, gateway))
+        .replace()
+        .execute()
+        .await
+        .with_context(|| format!("cannot add route {dst} through the VTEP"))
+}
+
+/// flanneld's route for a peer: `ip route replace SUBNET via SUBNET.network
+/// dev flannel.<VNI> onlink` (used when handing the VTEP back to it).
+pub async fn route_replace(handle: &Handle, index: u32, subnet: Ipv4Net) -> Result<()> {
+    route_put(handle, index, subnet, Some(subnet.network())).await
+}
+
+/// `ip route del DST [via GATEWAY] dev flannel.<VNI>`; a route already gone is fine.
+pub async fn route_del(handle: &Handle, index: u32, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> Result<()> {
+    match handle.route().del(route_message(index, dst, gateway)).execute().await {
+        Ok(()) => Ok(()),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("cannot delete route {dst}")),
+    }
+}
+
+/// The IPv4 routes through `index` in the main table: destination and
+/// gateway (`ip route show dev flannel.<VNI>`).
+pub async fn routes_via(handle: &Handle, index: u32) -> Result<Vec<(Ipv4Net, Option<Ipv4Addr>)>> {
     let mut out = Vec::new();
     let filter = RouteMessageBuilder::<Ipv4Addr>::new().build();
     let mut routes = handle.route().get(filter).execute();
@@ -264,16 +272,20 @@ pub async fn routes_via(handle: &Handle, index: u32) -> Result<Vec<Ipv4Net>> {
         if r.header.address_family != AddressFamily::Inet || r.header.table != 254 {
             continue;
         }
-        let oif = r.attributes.iter().find_map(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None });
-        let dst = r
-            .attributes
-            .iter()
-            .find_map(|a| if let RouteAttribute::Destination(RouteAddress::Inet(ip)) = a { Some(*ip) } else { None });
-        if let (Some(i), Some(dst)) = (oif, dst) {
-            if i == index {
-                if let Ok(net) = Ipv4Net::new(dst, r.header.destination_prefix_length) {
-                    out.push(net);
-                }
+        let mut oif = None;
+        let mut dst = Ipv4Addr::UNSPECIFIED;
+        let mut gateway = None;
+        for a in &r.attributes {
+            match a {
+                RouteAttribute::Oif(i) => oif = Some(*i),
+                RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
+                RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
+                _ => {}
+            }
+        }
+        if oif == Some(index) {
+            if let Ok(net) = Ipv4Net::new(dst, r.header.destination_prefix_length) {
+                out.push((net, gateway));
             }
         }
     }

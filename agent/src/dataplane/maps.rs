@@ -102,7 +102,7 @@ impl Maps {
         self.remove_stats(peer.public_ip)
     }
 
-    fn remove_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
+    pub fn remove_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
         match self.subnets.remove(&lpm_key(subnet)) {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
             Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
@@ -172,5 +172,41 @@ impl Maps {
             }
         }
         Ok(())
+    }
+}
+
+/// Key-by-key writes for the reconciler (`crate::reconcile::Dataplane`).
+impl Maps {
+    /// `subnet` → the peer at `public_ip` with `vtep_mac` (overwrites in place).
+    pub fn put_subnet(&mut self, subnet: Ipv4Net, public_ip: Ipv4Addr, vtep_mac: [u8; 6]) -> Result<()> {
+        let entry = PeerEntry { public_ip: public_ip.octets(), vtep_mac, _pad: [0; 2] };
+        self.subnets.insert(&lpm_key(subnet), entry, 0).with_context(|| format!("cannot add peer subnet {subnet}"))
+    }
+
+    /// Accepts VXLAN from `ip` (a zeroed counter set; existing counters stay).
+    pub fn put_accept(&mut self, ip: Ipv4Addr) -> Result<()> {
+        if self.stats.get(&ip.octets(), 0).is_ok() {
+            return Ok(());
+        }
+        let zeros = PerCpuValues::try_from(vec![PeerStats::default(); aya::util::nr_cpus().map_err(|(_, e)| e)?])
+            .context("cannot size per-CPU counters")?;
+        match self.stats.insert(ip.octets(), zeros, NOEXIST) {
+            Ok(()) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("cannot accept VXLAN from {ip}")),
+        }
+    }
+
+    pub fn remove_accept(&mut self, ip: Ipv4Addr) -> Result<()> {
+        self.remove_stats(ip)
+    }
+
+    /// The peer addresses whose VXLAN the programs accept.
+    pub fn accepted(&self) -> Result<Vec<Ipv4Addr>> {
+        let mut out = Vec::new();
+        for key in self.stats.keys() {
+            out.push(Ipv4Addr::from(key.context("cannot read the accepted peer addresses")?));
+        }
+        Ok(out)
     }
 }

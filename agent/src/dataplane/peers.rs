@@ -1,14 +1,14 @@
-//! The production `PeerTable`: a peer is a BPF map entry plus a route.
-//! Maps are written before the route appears and after it is gone, so the
-//! kernel never routes to a subnet the program does not know.
+//! The production [`Dataplane`]: the pinned BPF maps plus the routes
+//! through the VTEP. Observing reads both back from the kernel.
+use std::net::Ipv4Addr;
+
 use anyhow::Result;
 use ipnet::Ipv4Net;
 use rtnetlink::Handle;
 
 use crate::{
     dataplane::{device, maps::Maps},
-    peer::Peer,
-    reconcile::PeerTable,
+    reconcile::{Accept, Contents, Dataplane, Tunnel},
 };
 
 pub struct Programmed<'a> {
@@ -17,31 +17,41 @@ pub struct Programmed<'a> {
     pub vtep_index: u32,
 }
 
-impl PeerTable for Programmed<'_> {
-    async fn put(&mut self, old: Option<&Peer>, new: &Peer) -> Result<()> {
-        self.maps.put_peer(old, new)?;
-        device::route_replace(self.handle, self.vtep_index, new.subnet).await?;
-        if let Some(old) = old.filter(|o| o.subnet != new.subnet) {
-            device::route_del(self.handle, self.vtep_index, old.subnet).await?;
-        }
-        Ok(())
+impl Dataplane for Programmed<'_> {
+    async fn observe(&mut self) -> Result<Contents> {
+        Ok(Contents {
+            subnets: self
+                .maps
+                .subnets()?
+                .into_iter()
+                .map(|(net, e)| (net, Tunnel { public_ip: e.public_ip.into(), vtep_mac: e.vtep_mac }))
+                .collect(),
+            accept: self.maps.accepted()?.into_iter().map(|ip| (ip, Accept::default())).collect(),
+            routes: device::routes_via(self.handle, self.vtep_index).await?.into_iter().collect(),
+        })
     }
 
-    async fn delete(&mut self, peer: &Peer) -> Result<()> {
-        device::route_del(self.handle, self.vtep_index, peer.subnet).await?;
-        self.maps.delete_peer(peer)
+    async fn put_accept(&mut self, ip: Ipv4Addr, _: Accept) -> Result<()> {
+        self.maps.put_accept(ip)
     }
-}
 
-/// Removes routes through the VTEP that no programmed peer accounts for
-/// (e.g. a node deleted while the agent was down: flannel#2554).
-pub async fn collect_stale_routes(handle: &Handle, vtep_index: u32, keep: &[Ipv4Net]) -> Result<Vec<Ipv4Net>> {
-    let mut removed = Vec::new();
-    for net in device::routes_via(handle, vtep_index).await? {
-        if net.prefix_len() < 32 && !keep.contains(&net) {
-            device::route_del(handle, vtep_index, net).await?;
-            removed.push(net);
-        }
+    async fn put_subnet(&mut self, subnet: Ipv4Net, t: Tunnel) -> Result<()> {
+        self.maps.put_subnet(subnet, t.public_ip, t.vtep_mac)
     }
-    Ok(removed)
+
+    async fn put_route(&mut self, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> Result<()> {
+        device::route_put(self.handle, self.vtep_index, dst, gateway).await
+    }
+
+    async fn del_route(&mut self, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> Result<()> {
+        device::route_del(self.handle, self.vtep_index, dst, gateway).await
+    }
+
+    async fn del_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
+        self.maps.remove_subnet(subnet)
+    }
+
+    async fn del_accept(&mut self, ip: Ipv4Addr) -> Result<()> {
+        self.maps.remove_accept(ip)
+    }
 }

@@ -7,6 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tokio::time::sleep_until;
+
 use anyhow::{Context, Result};
 use tokio::{
     signal::unix::{SignalKind, signal},
@@ -20,26 +22,34 @@ use crate::{
     dataplane::bpffs::PinDir,
     metrics::{self, LoopReport, Stage},
     peer::ClusterView,
-    reconcile::Reconciler,
     source::{Desired, LocalVtep, NodeReader, etcd, kube, nodes_file},
     state::StateDir,
 };
 
 mod check;
+pub mod config;
 mod kernel;
+pub mod lock;
 mod node;
+mod warned;
 
 use check::{Checked, Source, check};
 use node::{Node, bring_up, readdress};
+use warned::Warned;
 
-/// How often local pods are re-learned and failed peers retried.
-const LEARN_EVERY: Duration = Duration::from_secs(1);
-const RESYNC_EVERY: Duration = Duration::from_secs(30);
+use crate::{dataplane::device, events::kernel::KernelEvent};
 
-fn log_view(view: &ClusterView) {
-    for r in &view.rejected {
-        warn!(node = %r.node, "skipping malformed node: {}", r.reason);
-    }
+/// The safety net behind the events: the dataplane is read back and
+/// repaired, the VTEP and the underlay re-checked, this often.
+const RESYNC_EVERY: Duration = Duration::from_secs(10);
+/// A failed pass is retried this soon.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Kernel events come in bursts (a pod's veth, addresses, neighbours):
+/// one pass after the burst settles.
+const SETTLE: Duration = Duration::from_millis(30);
+
+fn log_view(view: &ClusterView, warned: &mut Warned) {
+    warned.malformed(&view.rejected);
     for r in &view.ignored {
         debug!(node = %r.node, "not a peer: {}", r.reason);
     }
@@ -68,7 +78,7 @@ fn start_source(
         ],
         Source::Etcd(settings) => {
             let me = etcd::LocalNode {
-                public_ip: c.args.public_ip.or(c.underlay.ipv4).unwrap_or(Ipv4Addr::UNSPECIFIED),
+                public_ip: config::public_ip(c.args.public_ip, None, &c.underlay).unwrap_or(Ipv4Addr::UNSPECIFIED),
                 state: state.clone(),
                 subnet_file: c.args.subnet_file.clone(),
             };
@@ -77,15 +87,74 @@ fn start_source(
     }
 }
 
+/// Where the view in force came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// The source sent it (the control plane is reachable).
+    Source,
+    /// The cached last good view, restored while the source is unreachable.
+    Cache,
+}
+
+/// The state of the dataplane.
+enum Phase {
+    /// Nothing is set up yet: no usable view, or bring-up failed (retried).
+    Down,
+    /// The VTEP, the maps and the programs are up.
+    Up(Box<Node>),
+}
+
+/// What is due, and when; the loop sleeps until the earliest.
+#[derive(Default)]
+struct Due {
+    pass: Option<Instant>,
+    learn: Option<Instant>,
+    check: Option<Instant>,
+}
+
+impl Due {
+    fn soon(slot: &mut Option<Instant>, after: Duration) {
+        let at = Instant::now() + after;
+        if slot.is_none_or(|t| at < t) {
+            *slot = Some(at);
+        }
+    }
+
+    fn next(&self) -> Option<Instant> {
+        [self.pass, self.learn, self.check].into_iter().flatten().min()
+    }
+}
+
+/// How the underlay differs from what the dataplane was built on, if it does.
+async fn underlay_drift(c: &Checked, handle: &rtnetlink::Handle) -> Option<String> {
+    let was = &c.underlay;
+    match device::underlay(handle, &c.iface).await {
+        Err(e) => Some(format!("{e:#}")),
+        Ok(now) if now.index != was.index => {
+            Some(format!("it was re-created (ifindex {} -> {})", was.index, now.index))
+        }
+        Ok(now) if now.ipv4 != was.ipv4 => Some(format!(
+            "its address changed ({} -> {})",
+            was.ipv4.map(|a| a.to_string()).unwrap_or_else(|| "none".into()),
+            now.ipv4.map(|a| a.to_string()).unwrap_or_else(|| "none".into())
+        )),
+        Ok(now) if now.mtu != was.mtu => Some(format!("its MTU changed ({} -> {})", was.mtu, now.mtu)),
+        Ok(_) => None,
+    }
+}
+
 pub async fn run(args: RunArgs) -> Result<()> {
     let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
     tokio::spawn(conn);
     let c = check(args, &handle).await?;
+    // one agent per node: the first thing that touches the host (the checks only read)
+    let _lock = lock::acquire(&c.args.paths.state_dir)?;
     // still before anything on the host changes: a port in use exits 2
     let endpoint = metrics::bind(c.args.metrics_addr)?;
     let report = Arc::new(LoopReport::new(c.source.name()));
     metrics::serve(endpoint, report.clone(), PinDir::new(&c.args.paths.bpffs))?;
     let state = StateDir(c.args.paths.state_dir.clone());
+    let mut kernel = crate::events::kernel::subscribe()?;
 
     let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
@@ -96,11 +165,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     // a control plane that does not answer at once: bring back the last good view
     let mut desired: Option<Desired> = None;
-    let mut live = true;
+    let mut origin = Origin::Source;
+    let mut warned = Warned::default();
+    let mut due = Due::default();
     if !matches!(c.source, Source::File(_)) {
         match tokio::time::timeout(CACHE_AFTER, rx.recv()).await {
             Ok(Some(d)) => {
                 report.view_from_source();
+                log_view(&d.view, &mut warned);
                 desired = Some(d);
             }
             _ => match state.load_view() {
@@ -111,7 +183,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                         "control plane not reachable; restoring the dataplane from the cached view and retrying in the background"
                     );
                     desired = Some(cached);
-                    live = false;
+                    origin = Origin::Cache;
                 }
                 Ok(None) => {
                     warn!(source = c.source.name(), "control plane not reachable and no cached view; waiting for it")
@@ -119,108 +191,146 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 Err(e) => warn!("cannot read the cached view: {e:#}"),
             },
         }
+        if desired.is_some() {
+            due.pass = Some(Instant::now());
+        }
     }
 
-    let mut node: Option<Node> = None;
-    let mut reconciler = Reconciler::adopt(state.load_peers().unwrap_or_else(|e| {
-        warn!("ignoring the saved peer list: {e:#}");
-        Vec::new()
-    }));
-    let mut learn = tokio::time::interval(LEARN_EVERY);
+    let mut phase = Phase::Down;
     let mut resync = tokio::time::interval(RESYNC_EVERY);
-    let mut first_pass = true;
-    let mut fresh = desired.is_some();
-    // whether `desired` arrived since the last pass: only a new view is logged and cached
-    let mut new_view = fresh;
+    resync.tick().await;
+    // whether the view in force has been cached since it arrived
+    let mut cached = origin == Origin::Cache;
     loop {
         report.tick();
-        if !fresh {
-            tokio::select! {
-                Some(d) = rx.recv() => {
-                    if !live {
-                        info!(source = c.source.name(), "control plane reachable again; reconciling");
-                    }
-                    report.view_from_source();
-                    desired = Some(d);
-                    live = true;
-                    new_view = true;
+        let next = due.next();
+        tokio::select! {
+            Some(d) = rx.recv() => {
+                report.view_from_source();
+                if origin == Origin::Cache {
+                    info!(source = c.source.name(), "control plane reachable again; reconciling");
+                    origin = Origin::Source;
                 }
-                _ = learn.tick() => {
-                    let Some(n) = node.as_mut() else { continue };
-                    if n.intact().await {
-                        n.learn_pods().await;
-                        continue;
-                    }
+                // an identical view (a heartbeat of an unrelated Node) does nothing at all
+                if desired.as_ref() != Some(&d) {
+                    log_view(&d.view, &mut warned);
+                    desired = Some(d);
+                    cached = false;
+                    due.pass = Some(Instant::now());
+                }
+            }
+            Some(ev) = kernel.recv() => {
+                let Phase::Up(n) = &phase else { continue };
+                match ev {
+                    KernelEvent::Route { oif, .. } if oif == Some(n.vtep_index) => Due::soon(&mut due.pass, SETTLE),
+                    KernelEvent::Link { index, .. } | KernelEvent::Address { index }
+                        if index == c.underlay.index => Due::soon(&mut due.check, SETTLE),
+                    KernelEvent::Link { index, .. } if index == n.vtep_index => Due::soon(&mut due.check, SETTLE),
+                    KernelEvent::Link { .. } | KernelEvent::Neighbour { .. } => Due::soon(&mut due.learn, SETTLE),
+                    _ => {}
+                }
+            }
+            _ = async { if let Some(t) = next { sleep_until(t.into()).await } else { std::future::pending::<()>().await } } => {}
+            _ = resync.tick() => {
+                due.pass = Some(Instant::now());
+                due.check = Some(Instant::now());
+                due.learn = Some(Instant::now());
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+        let now = Instant::now();
+        let ripe = |slot: &mut Option<Instant>| {
+            let r = slot.is_some_and(|t| t <= now);
+            if r {
+                *slot = None;
+            }
+            r
+        };
+        if ripe(&mut due.check) {
+            if let Some(what) = underlay_drift(&c, &handle).await {
+                anyhow::bail!(
+                    "the underlay {} changed: {what}; exiting so that the supervisor restarts edgevx on the new \
+                     underlay (the dataplane stays in place meanwhile)",
+                    c.iface
+                );
+            }
+            if let Phase::Up(n) = &phase {
+                if !n.intact().await {
                     // someone deleted the VTEP or detached a program: build it all again
                     warn!("the VTEP device or an attached program is gone; rebuilding the dataplane");
                     report.rebuilding();
-                    node = None;
-                    reconciler.distrust();
-                    first_pass = true;
+                    phase = Phase::Down;
+                    due.pass = Some(now);
                 }
-                _ = resync.tick() => {}
-                _ = term.recv() => break,
-                _ = int.recv() => break,
             }
         }
-        fresh = false;
-        let Some(d) = desired.as_ref() else { continue };
-        // kept until a pass completes, so a failed bring-up still caches the view later
-        let announce = new_view;
-        if live && announce {
-            log_view(&d.view);
+        if ripe(&mut due.learn) {
+            if let Phase::Up(n) = &mut phase {
+                n.learn_pods().await;
+            }
         }
+        if !ripe(&mut due.pass) {
+            continue;
+        }
+        let Some(d) = desired.as_ref() else { continue };
         let Some(own) = d.view.own.clone() else {
             continue;
         };
         let pass = Instant::now();
-        match node.as_mut() {
-            None => match bring_up(&c, &d.conf, own, &state, &handle).await {
+        match &mut phase {
+            Phase::Down => match bring_up(&c, &d.conf, own, &state, &handle).await {
                 Ok(n) => {
                     local_tx.send_replace(Some(n.local_vtep()));
-                    node = Some(n);
+                    phase = Phase::Up(Box::new(n));
                 }
                 Err(e) => {
                     error!("cannot bring up the dataplane, retrying: {e:#}");
                     report.pass_failed(Stage::BringUp, pass);
+                    Due::soon(&mut due.pass, RETRY_AFTER);
                     continue;
                 }
             },
-            Some(n) if n.own.subnet != own.subnet => {
+            Phase::Up(n) if n.own.subnet != own.subnet => {
                 warn!(old = %n.own.subnet, new = %own.subnet, "own pod CIDR changed; re-addressing the VTEP");
                 if let Err(e) = readdress(n, &c, &own, &state).await {
                     error!("cannot apply the new pod CIDR: {e:#}");
                     report.pass_failed(Stage::Readdress, pass);
+                    Due::soon(&mut due.pass, RETRY_AFTER);
                     continue;
                 }
                 local_tx.send_replace(Some(n.local_vtep()));
             }
-            Some(_) => {}
+            Phase::Up(_) => {}
         }
-        if let Some(n) = node.as_mut() {
-            let conf_changed =
-                d.conf.vni != n.record.vni || d.conf.port != n.record.port || d.conf.network != n.record.network;
-            if announce && conf_changed {
-                warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
+        let Phase::Up(n) = &mut phase else { continue };
+        let conf_changed =
+            d.conf.vni != n.record.vni || d.conf.port != n.record.port || d.conf.network != n.record.network;
+        if conf_changed && !cached {
+            warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
+        }
+        let peers_ok = n.reconcile(&d.view, &state, &mut warned).await;
+        report.set_peers(n.accepted.iter());
+        n.enforce_rules();
+        let attached = match n.attach().await {
+            Ok(()) => true,
+            Err(e) => {
+                error!("cannot attach the programs, retrying: {e:#}");
+                false
             }
-            let peers_ok = n.reconcile(&d.view, &mut reconciler, &state, first_pass).await;
-            report.set_peers(reconciler.programmed());
-            n.enforce_rules();
-            first_pass = false;
-            let attached = match n.attach().await {
-                Ok(()) => true,
-                Err(e) => {
-                    error!("cannot attach the programs, retrying: {e:#}");
-                    false
-                }
-            };
-            report.pass_done(pass, peers_ok, attached);
-            if announce && live && !matches!(c.source, Source::File(_)) {
-                if let Err(e) = state.save_view(d) {
-                    warn!("cannot cache the view: {e:#}");
-                }
+        };
+        if attached {
+            n.learn_pods().await;
+        }
+        report.pass_done(pass, peers_ok, attached);
+        if !(peers_ok && attached) {
+            Due::soon(&mut due.pass, RETRY_AFTER);
+        }
+        if !cached && origin == Origin::Source && !matches!(c.source, Source::File(_)) {
+            match state.save_view(d) {
+                Ok(()) => cached = true,
+                Err(e) => warn!("cannot cache the view: {e:#}"),
             }
-            new_view = false;
         }
     }
     for t in tasks {

@@ -4,21 +4,19 @@ use std::net::Ipv4Addr;
 
 use anyhow::{Context, Result};
 use aya::programs::TcAttachType;
-use edgevx_common::{
-    maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_ENCAP_NO_L2_ETH, FLAG_STRICT_INNER_SOURCE, LocalPod},
-    vxlan::ENCAP_OVERHEAD,
+use edgevx_common::maps::{
+    DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_ENCAP_NO_L2_ETH, FLAG_STRICT_INNER_SOURCE, LocalPod,
 };
-use ipnet::Ipv4Net;
 use rtnetlink::Handle;
 use tracing::{error, info, warn};
 
-use super::check::Checked;
+use super::{check::Checked, warned::Warned};
 use crate::{
     dataplane::{bpffs, device, loader, local_pods, maps::Maps, peers},
     netconf::NetConf,
     netfilter,
     peer::{ClusterView, OwnNode},
-    reconcile::{self, Reconciler},
+    reconcile::{self, Dataplane},
     source::LocalVtep,
     state::{AgentRecord, StateDir},
     subnet_env, vtep_mac,
@@ -43,6 +41,8 @@ pub(super) struct Node {
     pub(super) vtep_index: u32,
     pub(super) own: OwnNode,
     pub(super) record: AgentRecord,
+    /// The peers the last pass chose (for the metrics and the peer list).
+    pub(super) accepted: Vec<crate::peer::Peer>,
 }
 
 pub(super) async fn bring_up(
@@ -53,8 +53,9 @@ pub(super) async fn bring_up(
     handle: &Handle,
 ) -> Result<Node> {
     let (mac, _) = vtep_mac::choose(own.published_mac, state)?;
-    let public_ip: Ipv4Addr = c.args.public_ip.or(own.node_public_ip).or(c.underlay.ipv4).context("no public IP")?;
-    let mtu = c.conf.mtu.unwrap_or(c.underlay.mtu).saturating_sub(ENCAP_OVERHEAD as u32);
+    let public_ip: Ipv4Addr =
+        super::config::public_ip(c.args.public_ip, own.node_public_ip, &c.underlay).context("no public IP")?;
+    let mtu = super::config::vtep_mtu(conf, &c.underlay);
     bpffs::ensure_dir_on_bpffs(&c.args.paths.bpffs)?;
     let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
     let ebpf = loader::load(&pins)?;
@@ -159,6 +160,7 @@ pub(super) async fn bring_up(
         firewall,
         forward_rules,
         pins,
+        accepted: Vec::new(),
     })
 }
 
@@ -185,46 +187,32 @@ impl Node {
         Ok(())
     }
 
-    /// Brings peers in line with `view`; on the first pass also removes what
-    /// an earlier run left that nobody accounts for. Returns whether every
-    /// step succeeded (for the metrics; failures are logged and retried).
-    pub(super) async fn reconcile(
-        &mut self,
-        rules_view: &ClusterView,
-        reconciler: &mut Reconciler,
-        state: &StateDir,
-        collect: bool,
-    ) -> bool {
-        let programmed = reconciler.programmed().map(|p| (p.node.clone(), p.clone())).collect();
-        let (accepted, rejected) = reconcile::select(self.own.subnet, &programmed, &rules_view.peers);
-        for r in &rejected {
-            warn!(node = %r.node, "skipping conflicting node: {}", r.reason);
-        }
-        let mut table = peers::Programmed { maps: &mut self.maps, handle: &self.handle, vtep_index: self.vtep_index };
-        let changed = reconciler.apply(&mut table, &accepted).await;
-        let now: std::collections::BTreeMap<&str, &crate::peer::Peer> =
-            reconciler.programmed().map(|p| (p.node.as_str(), p)).collect();
-        let mut ok = now.len() == accepted.len() && accepted.iter().all(|p| now.get(p.node.as_str()) == Some(&p));
-        if collect {
-            let keep: Vec<Ipv4Net> = reconciler.programmed().map(|p| p.subnet).collect();
-            match peers::collect_stale_routes(&self.handle, self.vtep_index, &keep).await {
-                Ok(gone) if !gone.is_empty() => info!(?gone, "removed stale routes"),
-                Ok(_) => {}
-                Err(e) => {
-                    ok = false;
-                    warn!("cannot collect stale routes: {e:#}");
-                }
+    /// Brings the dataplane in line with `view`, starting from what the
+    /// kernel really holds. Returns whether every write succeeded (failures
+    /// are logged and retried on the next pass).
+    pub(super) async fn reconcile(&mut self, view: &ClusterView, state: &StateDir, warned: &mut Warned) -> bool {
+        let network = self.record.network;
+        let mut dp = peers::Programmed { maps: &mut self.maps, handle: &self.handle, vtep_index: self.vtep_index };
+        let observed = match dp.observe().await {
+            Ok(o) => o,
+            Err(e) => {
+                warn!("cannot read back the dataplane: {e:#}");
+                return false;
             }
-            if let Err(e) = self.maps.retain_subnets(&keep) {
-                ok = false;
-                warn!("cannot collect stale map entries: {e:#}");
-            }
-        }
-        if changed || collect {
-            if let Err(e) = state.save_peers(reconciler.programmed()) {
+        };
+        let (accepted, rejected) = reconcile::select(self.own.subnet, &observed, &view.peers);
+        warned.conflicts(&rejected);
+        let changes = reconcile::diff(&reconcile::plan(&accepted, network), &observed);
+        let outcome = reconcile::apply(&mut dp, &changes).await;
+        let mut ok = outcome.ok();
+        if accepted != self.accepted {
+            // names for `edgevx status` and the hand-over to flanneld; not a
+            // record of what is programmed (the maps are)
+            if let Err(e) = state.save_peers(accepted.iter()) {
                 ok = false;
                 error!("cannot save the peer list: {e:#}");
             }
+            self.accepted = accepted;
         }
         ok
     }

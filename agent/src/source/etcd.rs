@@ -79,14 +79,8 @@ struct RefusedConfig(String);
 /// otherwise ignore. It is known only once etcd answers, so this check runs
 /// then, not with the flags.
 fn read_config(text: &str, key: &str) -> Result<(NetConf, leases::SubnetRange), RefusedConfig> {
+    // Backend.MTU is applied: the run loop sizes the VTEP from this config
     let conf = NetConf::parse(text, key).map_err(|e| RefusedConfig(e.to_string()))?;
-    // the VTEP is sized from --net-conf's MTU or else the underlay's, and
-    // --net-conf is refused with etcd: an MTU here would be silently ignored
-    if let Some(mtu) = conf.mtu {
-        return Err(RefusedConfig(format!(
-            "{key}: Backend.MTU ({mtu}) is not applied in etcd mode; remove it (the VTEP's MTU is the underlay's minus 50)"
-        )));
-    }
     let range = leases::subnet_range(text, &conf).map_err(|e| RefusedConfig(format!("{key}: {e}")))?;
     Ok((conf, range))
 }
@@ -365,8 +359,6 @@ mod tests {
     #[test]
     fn config_refuses_what_etcd_mode_would_ignore() {
         let refused = |text: &str| read_config(text, KEY).err().map(|e| e.to_string()).unwrap_or_default();
-        let e = refused(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":1400}}"#);
-        assert!(e.contains("Backend.MTU") && e.contains(KEY), "{e}");
         let e = refused(r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"Backend":{"Type":"vxlan"}}"#);
         assert!(e.contains("EnableIPv6") && e.contains(KEY), "{e}");
         let e = refused(r#"{"Network":"10.244.0.0/16","SubnetLen":12}"#);
@@ -379,5 +371,8 @@ mod tests {
         let (conf, range) =
             read_config(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":0}}"#, KEY).unwrap();
         assert_eq!((conf.mtu, range.len), (None, 24));
+        let (conf, _) =
+            read_config(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":1400}}"#, KEY).unwrap();
+        assert_eq!(conf.mtu, Some(1400), "Backend.MTU is applied");
     }
 }

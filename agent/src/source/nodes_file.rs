@@ -1,20 +1,35 @@
 //! The nodes file: a Kubernetes NodeList as `kubectl get nodes -o json|yaml`
-//! prints it. Polled for changes; a file that does not parse as a whole is
-//! reported and the last good list stays in force.
+//! prints it. Re-read when inotify says its directory changed (editors that
+//! replace the file, `kubectl`-style atomic renames and ConfigMap `..data`
+//! swaps all show up there), with a slow stat as a safety net. A file that
+//! does not parse as a whole is reported and the last good list stays in
+//! force.
 use std::{
+    fmt,
+    fs::File,
+    io::BufReader,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     time::Duration,
 };
 
-use serde_json::Value;
+use serde::{
+    Deserialize, Deserializer,
+    de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor},
+};
+use serde_json::{Map, Value};
 use tokio::sync::mpsc;
+use tracing::{error, info, warn};
 
 use super::{Desired, NodeReader};
-use tracing::{error, info};
+use crate::events::file::DirWatch;
 
-/// How often the file's metadata is checked; edits reach the maps well within 2 s.
-const POLL: Duration = Duration::from_millis(400);
+/// The safety net behind inotify (e.g. a file on a filesystem without it).
+const STAT_EVERY: Duration = Duration::from_secs(10);
+/// Edits arrive as bursts of events; one read after the burst settles.
+const SETTLE: Duration = Duration::from_millis(20);
+/// YAML is parsed from memory; JSON is streamed item by item, without a limit.
+pub const MAX_YAML_BYTES: u64 = 32 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodesFileError {
@@ -22,30 +37,154 @@ pub enum NodesFileError {
     Syntax { path: String, reason: String },
     #[error("nodes file {path}: {reason}")]
     Shape { path: String, reason: String },
+    #[error(
+        "nodes file {path} is YAML of {size} bytes; YAML is limited to {MAX_YAML_BYTES} bytes (write it as JSON, \
+         `kubectl get nodes -o json`, which is read as a stream without a limit)"
+    )]
+    TooBig { path: String, size: u64 },
+    #[error("cannot read nodes file {path}: {reason}")]
+    Read { path: String, reason: String },
 }
 
-/// Parses a NodeList (kind `NodeList` or `List`) into its items.
-pub fn parse(text: &str, path: &str) -> Result<Vec<Value>, NodesFileError> {
-    let trimmed = text.trim_start();
-    let doc: Value = if trimmed.starts_with('{') {
-        serde_json::from_str(text).map_err(|e| NodesFileError::Syntax { path: path.into(), reason: e.to_string() })?
-    } else {
-        serde_yaml_ng::from_str(text)
-            .map_err(|e| NodesFileError::Syntax { path: path.into(), reason: e.to_string() })?
-    };
+/// Keeps only what flannel's rules read from a Node (name, annotations,
+/// podCIDR(s)): the status with its image list is most of a Node's size.
+fn slim(node: Value) -> Value {
+    let Value::Object(mut node) = node else { return node };
+    let mut out = Map::new();
+    if let Some(Value::Object(mut meta)) = node.remove("metadata") {
+        let mut kept = Map::new();
+        for key in ["name", "annotations"] {
+            if let Some(v) = meta.remove(key) {
+                kept.insert(key.into(), v);
+            }
+        }
+        out.insert("metadata".into(), Value::Object(kept));
+    }
+    if let Some(Value::Object(mut spec)) = node.remove("spec") {
+        let mut kept = Map::new();
+        for key in ["podCIDR", "podCIDRs"] {
+            if let Some(v) = spec.remove(key) {
+                kept.insert(key.into(), v);
+            }
+        }
+        out.insert("spec".into(), Value::Object(kept));
+    }
+    Value::Object(out)
+}
+
+/// `items`, slimmed one by one as they are read.
+struct Items(Option<Vec<Value>>);
+
+impl<'de> Deserialize<'de> for Items {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Items;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("\"items\" as a list")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Items, E> {
+                Ok(Items(None))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Items, E> {
+                Ok(Items(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Items, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(node) = seq.next_element::<Value>()? {
+                    out.push(slim(node));
+                }
+                Ok(Items(Some(out)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The top level of a NodeList: `kind` and `items`, the rest skipped.
+struct List {
+    kind: Option<Value>,
+    items: Option<Items>,
+}
+
+impl<'de> Deserialize<'de> for List {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = List;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a NodeList object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<List, A::Error> {
+                let mut list = List { kind: None, items: None };
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "kind" => list.kind = Some(map.next_value()?),
+                        "items" => list.items = Some(map.next_value()?),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(list)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+fn check(list: List, path: &str) -> Result<Vec<Value>, NodesFileError> {
     let shape = |reason: &str| NodesFileError::Shape { path: path.into(), reason: reason.into() };
-    let kind = doc.get("kind").and_then(Value::as_str).ok_or_else(|| shape("no \"kind\" (want NodeList)"))?;
+    let kind = list.kind.as_ref().and_then(Value::as_str).ok_or_else(|| shape("no \"kind\" (want NodeList)"))?;
     if kind != "NodeList" && kind != "List" {
         return Err(shape(&format!("kind is {kind:?}, want NodeList")));
     }
-    match doc.get("items") {
-        Some(Value::Array(items)) => Ok(items.clone()),
-        Some(Value::Null) | None => Ok(Vec::new()),
-        Some(_) => Err(shape("\"items\" is not a list")),
-    }
+    Ok(list.items.and_then(|i| i.0).unwrap_or_default())
 }
 
-#[derive(PartialEq, Eq, Clone, Copy)]
+fn syntax(path: &str, e: impl fmt::Display) -> NodesFileError {
+    let reason = e.to_string();
+    if reason.contains("\"items\" as a list") {
+        return NodesFileError::Shape { path: path.into(), reason: "\"items\" is not a list".into() };
+    }
+    NodesFileError::Syntax { path: path.into(), reason }
+}
+
+/// Parses a NodeList (kind `NodeList` or `List`) into its items, each cut
+/// down to the fields flannel's rules read.
+pub fn parse(text: &str, path: &str) -> Result<Vec<Value>, NodesFileError> {
+    let list: List = if text.trim_start().starts_with('{') {
+        serde_json::from_str(text).map_err(|e| syntax(path, e))?
+    } else {
+        serde_yaml_ng::from_str(text).map_err(|e| syntax(path, e))?
+    };
+    check(list, path)
+}
+
+/// Reads and parses the file at `path`: JSON as a stream (memory stays near
+/// the size of the slimmed nodes), YAML from memory up to [`MAX_YAML_BYTES`].
+pub fn read(path: &Path) -> Result<Vec<Value>, NodesFileError> {
+    let name = path.display().to_string();
+    let io = |e: std::io::Error| NodesFileError::Read { path: name.clone(), reason: e.to_string() };
+    let mut file = BufReader::new(File::open(path).map_err(io)?);
+    let first = {
+        use std::io::BufRead;
+        let buf = file.fill_buf().map_err(io)?;
+        buf.iter().copied().find(|b| !b.is_ascii_whitespace())
+    };
+    if first == Some(b'{') {
+        let list: List = serde_json::from_reader(file).map_err(|e| syntax(&name, e))?;
+        return check(list, &name);
+    }
+    let size = file.get_ref().metadata().map_err(io)?.len();
+    if size > MAX_YAML_BYTES {
+        return Err(NodesFileError::TooBig { path: name, size });
+    }
+    let text = std::io::read_to_string(file).map_err(io)?;
+    parse(&text, &name)
+}
+
+#[derive(PartialEq, Eq, Clone, Copy, Debug)]
 struct Stamp {
     ino: u64,
     len: u64,
@@ -60,30 +199,41 @@ fn stamp(path: &Path) -> Option<Stamp> {
 /// Sends the desired view now and after every change that parses.
 pub fn watch(path: PathBuf, reader: NodeReader, tx: mpsc::Sender<Desired>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let mut dir = match DirWatch::new(&path) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                warn!("{e:#}; checking {} every {}s instead", path.display(), STAT_EVERY.as_secs());
+                None
+            }
+        };
         let mut last: Option<Stamp> = None;
         let mut first = true;
-        let mut last_text: Option<String> = None;
         loop {
             let now = stamp(&path);
             if first || now != last {
                 first = false;
                 last = now;
-                match std::fs::read_to_string(&path) {
-                    Ok(text) if Some(&text) == last_text.as_ref() => {}
-                    Ok(text) => match parse(&text, &path.display().to_string()) {
-                        Ok(nodes) => {
-                            info!(path = %path.display(), nodes = nodes.len(), "nodes file loaded");
-                            last_text = Some(text);
-                            if tx.send(reader.desired(&nodes)).await.is_err() {
-                                return;
-                            }
+                match read(&path) {
+                    Ok(nodes) => {
+                        info!(path = %path.display(), nodes = nodes.len(), "nodes file loaded");
+                        let desired = reader.desired(&nodes);
+                        drop(nodes);
+                        if tx.send(desired).await.is_err() {
+                            return;
                         }
-                        Err(e) => error!("{e}; keeping the last good node list"),
-                    },
-                    Err(e) => error!("cannot read nodes file {}: {e}; keeping the last good node list", path.display()),
+                    }
+                    Err(e) => error!("{e}; keeping the last good node list"),
                 }
             }
-            tokio::time::sleep(POLL).await;
+            match dir.as_mut() {
+                Some(w) => {
+                    if tokio::time::timeout(STAT_EVERY, w.changed()).await.is_ok() {
+                        tokio::time::sleep(SETTLE).await;
+                        w.drain();
+                    }
+                }
+                None => tokio::time::sleep(STAT_EVERY).await,
+            }
         }
     })
 }

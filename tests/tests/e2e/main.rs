@@ -18,6 +18,7 @@ mod offline;
 mod privileges;
 mod prog_test_run;
 mod real_node;
+mod reconcile;
 mod restart;
 mod rollback;
 

@@ -88,7 +88,7 @@ fn a_deleted_vtep_is_rebuilt_with_the_same_mac() -> Result<()> {
     wait_reachable(&c.host(1).pod, pod_ip(2), 10)?;
     assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?, (5, 5));
     assert!(c.host(1).ns.ip(&["link", "show", "flannel.1"])?.contains(&mac), "rebuilt with another MAC");
-    assert!(c.host(1).ns.ip(&["route"])?.contains("10.244.2.0/24 via 10.244.2.0 dev flannel.1"));
+    assert!(c.host(1).ns.ip(&["route"])?.contains("10.244.0.0/16 via 169.254.1.1 dev flannel.1"));
     Ok(())
 }
 

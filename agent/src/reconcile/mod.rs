@@ -1,0 +1,20 @@
+//! The reconciler, kube-rs style: the kernel is the truth.
+//!
+//! - [`select`] decides which candidates become peers (pure).
+//! - [`plan`] turns the chosen peers into the dataplane contents they need:
+//!   LPM entries, accepted peer addresses, routes (pure).
+//! - [`observe`](Dataplane::observe) reads back what is really in the maps and
+//!   the routing table.
+//! - [`apply`] writes the difference, adding first and deleting last, so no
+//!   swap, rename or chain of moves ever removes something still wanted.
+//!
+//! Nothing here keeps a record of what it programmed: every pass starts
+//! from what the kernel holds, so drift (a route deleted by hand, a map
+//! entry changed under us, a second writer) is repaired by the next pass.
+mod apply;
+mod plan;
+mod select;
+
+pub use apply::{Dataplane, Outcome, apply};
+pub use plan::{Accept, Changes, Contents, Tunnel, VTEP_GATEWAY, diff, plan};
+pub use select::select;

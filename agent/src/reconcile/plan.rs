@@ -1,0 +1,172 @@
+//! Desired peers → the dataplane contents they need, and the difference
+//! between two such contents. Pure: tested without a kernel.
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use ipnet::Ipv4Net;
+
+use crate::peer::Peer;
+
+/// The one next hop every route through the VTEP uses. A route without a
+/// gateway would make one neighbour entry per destination address (and
+/// `gc_thresh3` is 1024 by default); per-peer gateways, as flanneld uses,
+/// make one per peer. A single on-link gateway keeps the neighbour table at
+/// one entry, whatever the number of peers: the LPM map, not the routing
+/// table, decides the peer. Link-local, so it never collides with a pod or
+/// node address (Calico routes through 169.254.1.1 the same way).
+pub const VTEP_GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+
+/// An LPM entry: where frames for one pod subnet go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tunnel {
+    pub public_ip: Ipv4Addr,
+    pub vtep_mac: [u8; 6],
+}
+
+/// An accepted peer address: VXLAN from it is taken in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Accept {}
+
+/// What the dataplane holds for the peers (or should hold).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Contents {
+    /// The LPM map: remote pod subnet → tunnel.
+    pub subnets: BTreeMap<Ipv4Net, Tunnel>,
+    /// The accepted peer addresses.
+    pub accept: BTreeMap<Ipv4Addr, Accept>,
+    /// Routes in the main table through the VTEP: destination → gateway
+    /// (`None` for a route without one).
+    pub routes: BTreeMap<Ipv4Net, Option<Ipv4Addr>>,
+}
+
+/// The contents `peers` need: one LPM entry and one accepted address per
+/// peer, and a single route for the whole `network` through the VTEP.
+/// The route is there with no peers too: traffic to a subnet nobody owns
+/// meets the encap program's counted drop rather than the default route.
+pub fn plan(peers: &[Peer], network: Ipv4Net) -> Contents {
+    Contents {
+        subnets: peers.iter().map(|p| (p.subnet, Tunnel { public_ip: p.public_ip, vtep_mac: p.vtep_mac.0 })).collect(),
+        accept: peers.iter().map(|p| (p.public_ip, Accept::default())).collect(),
+        routes: BTreeMap::from([(network, Some(VTEP_GATEWAY))]),
+    }
+}
+
+/// The writes that turn `have` into `want`, in the order they must run:
+/// every `put_*` before any `del_*`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub put_accept: Vec<(Ipv4Addr, Accept)>,
+    pub put_subnets: Vec<(Ipv4Net, Tunnel)>,
+    pub put_routes: Vec<(Ipv4Net, Option<Ipv4Addr>)>,
+    pub del_routes: Vec<(Ipv4Net, Option<Ipv4Addr>)>,
+    pub del_subnets: Vec<Ipv4Net>,
+    pub del_accept: Vec<Ipv4Addr>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn len(&self) -> usize {
+        self.put_accept.len()
+            + self.put_subnets.len()
+            + self.put_routes.len()
+            + self.del_routes.len()
+            + self.del_subnets.len()
+            + self.del_accept.len()
+    }
+}
+
+/// Entries to put and entries to delete.
+type PutsAndDeletes<K, V> = (Vec<(K, V)>, Vec<(K, V)>);
+
+/// Keys whose value differs or is missing in `have` (to put), and keys of
+/// `have` that `want` lacks (to delete), each in key order.
+fn diff_map<K: Ord + Copy, V: PartialEq + Copy>(want: &BTreeMap<K, V>, have: &BTreeMap<K, V>) -> PutsAndDeletes<K, V> {
+    let put = want.iter().filter(|(k, v)| have.get(k) != Some(v)).map(|(k, v)| (*k, *v)).collect();
+    let del = have.iter().filter(|(k, _)| !want.contains_key(k)).map(|(k, v)| (*k, *v)).collect();
+    (put, del)
+}
+
+/// Key by key: an entry whose value changed is overwritten in place (a
+/// put), never deleted and re-added.
+pub fn diff(want: &Contents, have: &Contents) -> Changes {
+    let (put_accept, del_accept) = diff_map(&want.accept, &have.accept);
+    let (put_subnets, del_subnets) = diff_map(&want.subnets, &have.subnets);
+    let (put_routes, del_routes) = diff_map(&want.routes, &have.routes);
+    Changes {
+        put_accept,
+        put_subnets,
+        put_routes,
+        del_routes,
+        del_subnets: del_subnets.into_iter().map(|(k, _)| k).collect(),
+        del_accept: del_accept.into_iter().map(|(k, _)| k).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(node: &str, subnet: &str, ip: &str) -> Peer {
+        Peer {
+            node: node.into(),
+            subnet: subnet.parse().unwrap(),
+            public_ip: ip.parse().unwrap(),
+            vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
+        }
+    }
+    fn net() -> Ipv4Net {
+        "10.244.0.0/16".parse().unwrap()
+    }
+
+    #[test]
+    fn a_name_swap_changes_nothing() {
+        let before = plan(&[peer("a", "10.244.2.0/24", "198.18.0.2"), peer("b", "10.244.3.0/24", "198.18.0.3")], net());
+        let after = plan(&[peer("b", "10.244.2.0/24", "198.18.0.2"), peer("a", "10.244.3.0/24", "198.18.0.3")], net());
+        assert!(diff(&after, &before).is_empty());
+    }
+
+    #[test]
+    fn a_chain_shift_overwrites_in_place_and_deletes_only_what_left() {
+        // node2 .2 -> .3, node3 .3 -> .4 in one edit
+        let before =
+            plan(&[peer("n2", "10.244.2.0/24", "198.18.0.2"), peer("n3", "10.244.3.0/24", "198.18.0.3")], net());
+        let after =
+            plan(&[peer("n2", "10.244.2.0/24", "198.18.0.3"), peer("n3", "10.244.3.0/24", "198.18.0.4")], net());
+        let c = diff(&after, &before);
+        assert_eq!(c.put_accept.iter().map(|(ip, _)| ip.to_string()).collect::<Vec<_>>(), ["198.18.0.4"]);
+        assert_eq!(c.put_subnets.len(), 2);
+        assert!(c.del_subnets.is_empty());
+        assert_eq!(c.del_accept, ["198.18.0.2".parse::<Ipv4Addr>().unwrap()]);
+        assert!(c.put_routes.is_empty() && c.del_routes.is_empty());
+    }
+
+    #[test]
+    fn one_route_for_the_network_whatever_the_number_of_peers() {
+        let peers: Vec<Peer> = (0..1000)
+            .map(|i| peer(&format!("n{i}"), &format!("10.{}.{}.0/24", 100 + i / 256, i % 256), "198.18.0.2"))
+            .collect();
+        let c = plan(&peers, "10.96.0.0/11".parse().unwrap());
+        assert_eq!(c.routes.len(), 1);
+        assert_eq!(c.subnets.len(), 1000);
+    }
+
+    #[test]
+    fn drift_and_strays_are_repaired() {
+        let want = plan(&[peer("a", "10.244.2.0/24", "198.18.0.2")], net());
+        let mut have = want.clone();
+        have.routes.clear(); // deleted by hand
+        have.routes.insert("10.244.9.0/24".parse().unwrap(), Some("10.244.9.0".parse().unwrap())); // flanneld's
+        have.subnets.insert(
+            "10.244.2.0/24".parse().unwrap(),
+            Tunnel { public_ip: "198.18.0.9".parse().unwrap(), vtep_mac: [0; 6] },
+        );
+        let c = diff(&want, &have);
+        assert_eq!(c.put_routes.len(), 1);
+        assert_eq!(c.del_routes.len(), 1);
+        assert_eq!(c.put_subnets.len(), 1);
+        assert!(c.del_subnets.is_empty());
+        assert_eq!(c.len(), 3);
+    }
+}

@@ -1,0 +1,48 @@
+//! The node's own VTEP settings, each decided in exactly one place,
+//! whichever source is in use.
+use std::net::Ipv4Addr;
+
+use edgevx_common::vxlan::ENCAP_OVERHEAD;
+
+use crate::{dataplane::device::Underlay, netconf::NetConf};
+
+/// The VTEP's source address: `--public-ip`, else the Node's
+/// `node-public-ip` (when a view has one), else the underlay's address.
+pub fn public_ip(flag: Option<Ipv4Addr>, node_public_ip: Option<Ipv4Addr>, underlay: &Underlay) -> Option<Ipv4Addr> {
+    flag.or(node_public_ip).or(underlay.ipv4)
+}
+
+/// The VTEP MTU, as flanneld's vxlan backend sets it at start: the path MTU
+/// (`Backend.MTU` when the network config has one, etcd's config included,
+/// else the underlay's) less the VXLAN overhead.
+pub fn vtep_mtu(conf: &NetConf, underlay: &Underlay) -> u32 {
+    conf.mtu.unwrap_or(underlay.mtu).saturating_sub(ENCAP_OVERHEAD as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn underlay(mtu: u32) -> Underlay {
+        Underlay { index: 2, mtu, ipv4: Some(Ipv4Addr::new(198, 18, 0, 1)) }
+    }
+
+    #[test]
+    fn backend_mtu_wins_over_the_underlay() {
+        let mut conf = NetConf::default();
+        assert_eq!(vtep_mtu(&conf, &underlay(1500)), 1450);
+        assert_eq!(vtep_mtu(&conf, &underlay(1400)), 1350, "follows a lowered underlay");
+        conf.mtu = Some(1400);
+        assert_eq!(vtep_mtu(&conf, &underlay(1500)), 1350);
+    }
+
+    #[test]
+    fn public_ip_precedence() {
+        let u = underlay(1500);
+        let flag = Some(Ipv4Addr::new(198, 18, 0, 9));
+        let node = Some(Ipv4Addr::new(198, 18, 0, 8));
+        assert_eq!(public_ip(flag, node, &u), flag);
+        assert_eq!(public_ip(None, node, &u), node);
+        assert_eq!(public_ip(None, None, &u), u.ipv4);
+    }
+}

@@ -1,0 +1,76 @@
+//! One agent per node: an exclusive `flock` on `<state dir>/agent.lock`,
+//! held for the life of the process. A second `edgevx run` on the same
+//! state dir exits 2 at once, naming the first one's pid, before it
+//! changes anything.
+use std::{
+    fs::{File, OpenOptions},
+    io::{Read, Seek, Write},
+    os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
+    path::Path,
+};
+
+use anyhow::{Context, Result};
+
+use crate::UsageError;
+
+pub const LOCK_FILE: &str = "agent.lock";
+
+/// Held while the agent runs; the kernel drops the lock when the process
+/// ends, however it ends.
+pub struct AgentLock {
+    _file: File,
+}
+
+pub fn acquire(state_dir: &Path) -> Result<AgentLock> {
+    std::fs::create_dir_all(state_dir)
+        .with_context(|| format!("cannot create the state dir {}", state_dir.display()))?;
+    let path = state_dir.join(LOCK_FILE);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .with_context(|| format!("cannot open the agent lock {}", path.display()))?;
+    // SAFETY: flock on a file descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(err).with_context(|| format!("cannot lock {}", path.display()));
+        }
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = holder.trim();
+        let who = if holder.is_empty() { "another edgevx".to_string() } else { format!("edgevx pid {holder}") };
+        return Err(UsageError(format!(
+            "{who} already runs on state dir {} (it holds {}); one agent per node: stop it first",
+            state_dir.display(),
+            path.display()
+        ))
+        .into());
+    }
+    file.set_len(0).and_then(|()| file.rewind()).with_context(|| format!("cannot write {}", path.display()))?;
+    writeln!(file, "{}", std::process::id()).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(AgentLock { _file: file })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_holder_is_refused_with_the_first_ones_pid() {
+        let dir = std::env::temp_dir().join(format!("edgevx-lock-{}", std::process::id()));
+        let _first = acquire(&dir).unwrap();
+        // flock locks belong to the open file description: a second open
+        // in the same process conflicts just as another process would
+        let e = acquire(&dir).err().unwrap().to_string();
+        assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
+        assert!(e.contains("already runs"), "{e}");
+        drop(_first);
+        assert!(acquire(&dir).is_ok(), "free again once the first is gone");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,169 @@
+//! `cargo xtask bench --scale N`: N peers from a nodes file. Measures start
+//! to all-programmed, edit (100 more) to programmed, the agent's RSS, and
+//! the kernel state it leaves (routes, neighbours, fdb entries on the VTEP,
+//! after traffic to every peer subnet); then the same kernel state the way
+//! flanneld writes it (one arp, one fdb and one route per peer, installed
+//! with `ip -batch`/`bridge -batch`), as the reference. Asserts nothing.
+use std::{
+    fs,
+    path::Path,
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use edgevx_tests::{
+    agent::Agent,
+    netns::Netns,
+    nodes::{WIDE_NET_CONF, flannel_node, node_list, synthetic_peers, write},
+    topo::Cluster,
+};
+
+use crate::{build, exec, packages, toolchain};
+
+const EDIT: u32 = 100;
+
+fn count_lines(ns: &Netns, args: &[&str], needle: &str) -> Result<usize> {
+    Ok(ns.run(args)?.lines().filter(|l| l.contains(needle)).count())
+}
+
+struct KernelState {
+    routes: usize,
+    neighbours: usize,
+    fdb: usize,
+}
+
+/// One UDP datagram to a host in each of `n` peer subnets (makes whatever
+/// neighbour entries the routes lead to), then the counts on flannel.1.
+fn kernel_state(ns: &Netns, n: u32) -> Result<KernelState> {
+    let script = format!(
+        "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+         for k in range({n}):\n  \
+           try: s.sendto(b'x',('10.%d.%d.9'%(1+k//256,k%256),9))\n  \
+           except OSError: pass\n"
+    );
+    ns.run(&["python3", "-c", &script])?;
+    Ok(KernelState {
+        routes: count_lines(ns, &["ip", "route", "show", "dev", "flannel.1"], "")?,
+        neighbours: count_lines(ns, &["ip", "neigh", "show", "dev", "flannel.1"], "")?,
+        fdb: count_lines(ns, &["bridge", "fdb", "show", "dev", "flannel.1"], "dst")?,
+    })
+}
+
+fn rss_kib(pid: u32) -> Result<(u64, u64)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok((field("VmRSS:"), field("VmHWM:")))
+}
+
+/// Waits until the agent's log has `n` "peer entries written" lines.
+fn wait_updates(agent: &Agent, n: usize, timeout: Duration) -> Result<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if agent.log_text().matches("peer entries written").count() >= n {
+            return Ok(start.elapsed());
+        }
+        sleep(Duration::from_millis(5));
+    }
+    bail!("no dataplane update #{n} within {timeout:?}:\n{}", agent.log_text())
+}
+
+fn edgevx(n: u32) -> Result<()> {
+    let mut c = Cluster::new(1)?;
+    c.host_mut(1).mount_bpffs()?;
+    let conf = c.dir.join("net-conf.json");
+    fs::write(&conf, WIDE_NET_CONF)?;
+    let nodes = c.dir.join("nodes.json");
+    let mut list = vec![flannel_node(1, None)];
+    list.extend(synthetic_peers(n, 0));
+    write(&nodes, &node_list(list.clone()))?;
+    let size = fs::metadata(&nodes)?.len();
+    let t = Instant::now();
+    let agent = Agent::spawn(c.host(1), &["--nodes-file", path(&nodes)?, "--net-conf", path(&conf)?])?;
+    wait_updates(&agent, 1, Duration::from_secs(120))?;
+    let start = t.elapsed();
+    sleep(Duration::from_millis(500));
+    list.extend(synthetic_peers(EDIT, n));
+    let t = Instant::now();
+    write(&nodes, &node_list(list))?;
+    wait_updates(&agent, 2, Duration::from_secs(60))?;
+    let edit = t.elapsed();
+    sleep(Duration::from_millis(500));
+    let (rss, peak) = rss_kib(agent.pid().context("agent pid")?)?;
+    let k = kernel_state(&c.host(1).ns, n + EDIT)?;
+    println!("edgevx, {n} peers (nodes file {:.1} MB):", size as f64 / 1e6);
+    println!("  start to all programmed     {:>8.0} ms", start.as_secs_f64() * 1e3);
+    println!("  edit (+{EDIT}) to programmed  {:>8.0} ms", edit.as_secs_f64() * 1e3);
+    println!("  agent RSS                   {:>8.1} MiB (peak {:.1} MiB)", rss as f64 / 1024.0, peak as f64 / 1024.0);
+    println!("  kernel: routes {}, neighbours {}, fdb entries {} on flannel.1", k.routes, k.neighbours, k.fdb);
+    Ok(())
+}
+
+fn flannel_reference(n: u32) -> Result<()> {
+    let c = Cluster::new(1)?;
+    let ns = &c.host(1).ns;
+    ns.ip(&[
+        "link",
+        "add",
+        "flannel.1",
+        "mtu",
+        "1450",
+        "type",
+        "vxlan",
+        "id",
+        "1",
+        "dev",
+        "eth0",
+        "local",
+        "198.18.0.1",
+        "dstport",
+        "8472",
+        "nolearning",
+    ])?;
+    ns.ip(&["link", "set", "flannel.1", "up"])?;
+    let (mut ip, mut fdb) = (String::new(), String::new());
+    for k in 0..n {
+        let (hi, lo) = (k / 256, k % 256);
+        let mac = format!("02:5c:{:02x}:{:02x}:{:02x}:01", (k >> 16) & 0xff, hi & 0xff, lo);
+        let gw = format!("10.{}.{lo}.0", 1 + hi);
+        ip.push_str(&format!("neigh replace {gw} lladdr {mac} dev flannel.1 nud permanent\n"));
+        ip.push_str(&format!("route replace {gw}/24 via {gw} dev flannel.1 onlink\n"));
+        fdb.push_str(&format!("fdb append {mac} dev flannel.1 dst 198.19.{hi}.{lo} self permanent\n"));
+    }
+    let (ip_file, fdb_file) = (c.dir.join("ip.batch"), c.dir.join("fdb.batch"));
+    fs::write(&ip_file, ip)?;
+    fs::write(&fdb_file, fdb)?;
+    let t = Instant::now();
+    ns.run(&["ip", "-batch", path(&ip_file)?])?;
+    ns.run(&["bridge", "-batch", path(&fdb_file)?])?;
+    let took = t.elapsed();
+    let k = kernel_state(ns, n)?;
+    println!("flannel-style kernel state, {n} peers (reference):");
+    println!("  ip -batch + bridge -batch   {:>8.0} ms", took.as_secs_f64() * 1e3);
+    println!("  kernel: routes {}, neighbours {}, fdb entries {} on flannel.1", k.routes, k.neighbours, k.fdb);
+    Ok(())
+}
+
+fn path(p: &Path) -> Result<&str> {
+    p.to_str().context("non-UTF-8 path")
+}
+
+pub fn run(n: u32) -> Result<()> {
+    if n == 0 || n > 60_000 {
+        bail!("--scale {n}: use 1 to 60000 peers");
+    }
+    packages::ensure()?;
+    let tools = toolchain::ensure()?;
+    build::agent(&tools)?;
+    let root = exec::workspace_root();
+    // SAFETY: single-threaded here; the harness reads it.
+    unsafe { std::env::set_var("EDGEVX_BIN", root.join("target/release/edgevx")) };
+    edgevx(n)?;
+    flannel_reference(n)
+}

@@ -58,7 +58,7 @@ impl Agent {
             .arg("--subnet-file")
             .arg(host.subnet_file())
             .args(args)
-            .env("EDGEVX_LOG", "info")
+            .env("EDGEVX_LOG", std::env::var("EDGEVX_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::null())
             .stderr(File::create(&log)?);
         let child = cmd.spawn().context("cannot start edgevx")?;

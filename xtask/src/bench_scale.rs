@@ -45,7 +45,8 @@ fn kernel_state(ns: &Netns, n: u32) -> Result<KernelState> {
     ns.run(&["python3", "-c", &script])?;
     Ok(KernelState {
         routes: count_lines(ns, &["ip", "route", "show", "dev", "flannel.1"], "")?,
-        neighbours: count_lines(ns, &["ip", "neigh", "show", "dev", "flannel.1"], "")?,
+        // `nud all`: NOARP entries (what a NOARP device's routes make) too
+        neighbours: count_lines(ns, &["ip", "neigh", "show", "nud", "all", "dev", "flannel.1"], "")?,
         fdb: count_lines(ns, &["bridge", "fdb", "show", "dev", "flannel.1"], "dst")?,
     })
 }
@@ -90,10 +91,16 @@ fn edgevx(n: u32) -> Result<()> {
     let start = t.elapsed();
     sleep(Duration::from_millis(500));
     list.extend(synthetic_peers(EDIT, n));
+    // the new list is serialised beforehand: the clock starts at the rename
+    let next = c.dir.join("next.json");
+    write(&next, &node_list(list))?;
     let t = Instant::now();
-    write(&nodes, &node_list(list))?;
+    fs::rename(&next, &nodes)?;
     wait_updates(&agent, 2, Duration::from_secs(60))?;
     let edit = t.elapsed();
+    if std::env::var_os("EDGEVX_BENCH_LOG").is_some() {
+        eprintln!("{}", agent.log_text());
+    }
     sleep(Duration::from_millis(500));
     let (rss, peak) = rss_kib(agent.pid().context("agent pid")?)?;
     let k = kernel_state(&c.host(1).ns, n + EDIT)?;
@@ -102,6 +109,43 @@ fn edgevx(n: u32) -> Result<()> {
     println!("  edit (+{EDIT}) to programmed  {:>8.0} ms", edit.as_secs_f64() * 1e3);
     println!("  agent RSS                   {:>8.1} MiB (peak {:.1} MiB)", rss as f64 / 1024.0, peak as f64 / 1024.0);
     println!("  kernel: routes {}, neighbours {}, fdb entries {} on flannel.1", k.routes, k.neighbours, k.fdb);
+    Ok(())
+}
+
+/// The same peers in a nodes file padded to ~100 MB with what real Nodes
+/// carry (`status.images`): the agent's peak and settled RSS against the
+/// file's size.
+fn huge_file(n: u32) -> Result<()> {
+    const TARGET: usize = 100_000_000;
+    let mut c = Cluster::new(1)?;
+    c.host_mut(1).mount_bpffs()?;
+    let conf = c.dir.join("net-conf.json");
+    fs::write(&conf, WIDE_NET_CONF)?;
+    let per_node = TARGET / (n as usize + 1);
+    let image = "x".repeat(200);
+    let images: Vec<serde_json::Value> = (0..per_node / 230)
+        .map(|i| serde_json::json!({"names": [format!("registry.example/{image}:{i}")], "sizeBytes": 1}))
+        .collect();
+    let mut list = vec![flannel_node(1, None)];
+    list.extend(synthetic_peers(n, 0));
+    for node in &mut list {
+        node["status"] = serde_json::json!({"images": images});
+    }
+    let nodes = c.dir.join("nodes.json");
+    write(&nodes, &node_list(list))?;
+    let size = fs::metadata(&nodes)?.len();
+    let agent = Agent::spawn(c.host(1), &["--nodes-file", path(&nodes)?, "--net-conf", path(&conf)?])?;
+    wait_updates(&agent, 1, Duration::from_secs(300))?;
+    sleep(Duration::from_secs(2));
+    let (rss, peak) = rss_kib(agent.pid().context("agent pid")?)?;
+    let mb = size as f64 / 1e6;
+    println!("edgevx, the same {n} peers in a nodes file padded to {mb:.0} MB:");
+    println!(
+        "  peak RSS {:.1} MiB ({:.2}x the file), settled RSS {:.1} MiB",
+        peak as f64 / 1024.0,
+        peak as f64 * 1024.0 / size as f64,
+        rss as f64 / 1024.0
+    );
     Ok(())
 }
 
@@ -165,5 +209,6 @@ pub fn run(n: u32) -> Result<()> {
     // SAFETY: single-threaded here; the harness reads it.
     unsafe { std::env::set_var("EDGEVX_BIN", root.join("target/release/edgevx")) };
     edgevx(n)?;
-    flannel_reference(n)
+    flannel_reference(n)?;
+    huge_file(n)
 }

@@ -21,14 +21,29 @@ pub struct AgentLock {
     _file: File,
 }
 
+/// Takes the lock if its file is already there (an agent ran on this state
+/// dir before), without creating anything: a second agent is refused before
+/// it so much as binds its metrics port. `None` when there is no lock file.
+pub fn acquire_existing(state_dir: &Path) -> Result<Option<AgentLock>> {
+    if !state_dir.join(LOCK_FILE).exists() {
+        return Ok(None);
+    }
+    lock(state_dir, false).map(Some)
+}
+
+/// Takes the lock, creating the state dir and the lock file if need be.
 pub fn acquire(state_dir: &Path) -> Result<AgentLock> {
     std::fs::create_dir_all(state_dir)
         .with_context(|| format!("cannot create the state dir {}", state_dir.display()))?;
+    lock(state_dir, true)
+}
+
+fn lock(state_dir: &Path, create: bool) -> Result<AgentLock> {
     let path = state_dir.join(LOCK_FILE);
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
+        .create(create)
         .truncate(false)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
@@ -66,7 +81,7 @@ mod tests {
         let _first = acquire(&dir).unwrap();
         // flock locks belong to the open file description: a second open
         // in the same process conflicts just as another process would
-        let e = acquire(&dir).err().unwrap().to_string();
+        let e = acquire_existing(&dir).err().unwrap().to_string();
         assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
         assert!(e.contains("already runs"), "{e}");
         drop(_first);

@@ -42,6 +42,8 @@ use crate::{dataplane::device, events::kernel::KernelEvent};
 /// The safety net behind the events: the dataplane is read back and
 /// repaired, the VTEP and the underlay re-checked, this often.
 const RESYNC_EVERY: Duration = Duration::from_secs(10);
+/// How often the loop wakes when nothing happens (the liveness probe's tick).
+const HEARTBEAT: Duration = Duration::from_secs(1);
 /// A failed pass is retried this soon.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Kernel events come in bursts (a pod's veth, addresses, neighbours):
@@ -147,10 +149,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
     tokio::spawn(conn);
     let c = check(args, &handle).await?;
-    // one agent per node: the first thing that touches the host (the checks only read)
-    let _lock = lock::acquire(&c.args.paths.state_dir)?;
+    // one agent per node: a second one is refused here, naming the first
+    let early = lock::acquire_existing(&c.args.paths.state_dir)?;
     // still before anything on the host changes: a port in use exits 2
     let endpoint = metrics::bind(c.args.metrics_addr)?;
+    // the first thing that touches the host (the checks and the bind only read)
+    let _lock = match early {
+        Some(l) => l,
+        None => lock::acquire(&c.args.paths.state_dir)?,
+    };
     let report = Arc::new(LoopReport::new(c.source.name()));
     metrics::serve(endpoint, report.clone(), PinDir::new(&c.args.paths.bpffs))?;
     let state = StateDir(c.args.paths.state_dir.clone());
@@ -199,6 +206,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut phase = Phase::Down;
     let mut resync = tokio::time::interval(RESYNC_EVERY);
     resync.tick().await;
+    // the loop's heartbeat for /healthz: it ticks at least this often
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
     // whether the view in force has been cached since it arrived
     let mut cached = origin == Origin::Cache;
     loop {
@@ -220,9 +229,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 }
             }
             Some(ev) = kernel.recv() => {
-                let Phase::Up(n) = &phase else { continue };
+                let Phase::Up(n) = &mut phase else { continue };
                 match ev {
-                    KernelEvent::Route { oif, .. } if oif == Some(n.vtep_index) => Due::soon(&mut due.pass, SETTLE),
+                    KernelEvent::Route { oif, .. } if oif == Some(n.vtep_index) => {
+                        n.observed = None;
+                        Due::soon(&mut due.pass, SETTLE)
+                    }
                     KernelEvent::Link { index, .. } | KernelEvent::Address { index }
                         if index == c.underlay.index => Due::soon(&mut due.check, SETTLE),
                     KernelEvent::Link { index, .. } if index == n.vtep_index => Due::soon(&mut due.check, SETTLE),
@@ -231,7 +243,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 }
             }
             _ = async { if let Some(t) = next { sleep_until(t.into()).await } else { std::future::pending::<()>().await } } => {}
+            _ = heartbeat.tick() => {}
             _ = resync.tick() => {
+                // the safety net: read the kernel back, whatever we think it holds
+                if let Phase::Up(n) = &mut phase {
+                    n.observed = None;
+                }
                 due.pass = Some(Instant::now());
                 due.check = Some(Instant::now());
                 due.learn = Some(Instant::now());

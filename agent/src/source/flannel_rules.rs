@@ -1,6 +1,6 @@
 //! flannel's rules for reading Node objects (pkg/subnet/kube/kube.go,
 //! pkg/backend/vxlan): which nodes are peers, and what each peer is.
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use serde_json::Value;
@@ -23,19 +23,28 @@ enum Verdict {
     Ignored(String),
 }
 
-fn annotations(node: &Value) -> Result<BTreeMap<String, String>, String> {
-    let mut out = BTreeMap::new();
-    match node.pointer("/metadata/annotations") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(map)) => {
-            for (k, v) in map {
-                let v = v.as_str().ok_or_else(|| format!("annotation {k} is not a string"))?;
-                out.insert(k.clone(), v.to_string());
-            }
-        }
-        Some(_) => return Err("metadata.annotations is not a map".into()),
+/// A Node's annotations, borrowed: a node list of 10,000 Nodes is read
+/// without copying a single annotation.
+#[derive(Default)]
+struct Annotations<'a>(Option<&'a serde_json::Map<String, Value>>);
+
+impl<'a> Annotations<'a> {
+    fn get(&self, key: &str) -> Option<&'a str> {
+        self.0?.get(key).and_then(Value::as_str)
     }
-    Ok(out)
+}
+
+fn annotations(node: &Value) -> Result<Annotations<'_>, String> {
+    match node.pointer("/metadata/annotations") {
+        None | Some(Value::Null) => Ok(Annotations(None)),
+        Some(Value::Object(map)) => {
+            if let Some((k, _)) = map.iter().find(|(_, v)| !v.is_string()) {
+                return Err(format!("annotation {k} is not a string"));
+            }
+            Ok(Annotations(Some(map)))
+        }
+        Some(_) => Err("metadata.annotations is not a map".into()),
+    }
 }
 
 /// The first IPv4 pod CIDR: `spec.podCIDRs`, else `spec.podCIDR`.
@@ -66,13 +75,20 @@ fn pod_cidr(node: &Value) -> Result<Ipv4Net, String> {
 }
 
 fn vtep_mac(backend_data: &str) -> Result<VtepMac, String> {
-    let v: Value =
-        serde_json::from_str(backend_data).map_err(|e| format!("backend-data is not JSON ({e}): {backend_data:?}"))?;
-    let mac = v
-        .get("VtepMAC")
-        .ok_or_else(|| format!("backend-data has no VtepMAC: {backend_data}"))?
-        .as_str()
-        .ok_or_else(|| format!("backend-data VtepMAC is not a string: {backend_data}"))?;
+    /// The part of flannel's vxlan backend data we read (`VNI` is not used).
+    #[derive(serde::Deserialize)]
+    struct BackendData<'a> {
+        #[serde(rename = "VtepMAC", borrow, default)]
+        vtep_mac: Option<std::borrow::Cow<'a, str>>,
+    }
+    let data: BackendData = serde_json::from_str(backend_data).map_err(|e| {
+        if e.is_data() && e.to_string().contains("VtepMAC") {
+            format!("backend-data VtepMAC is not a string: {backend_data}")
+        } else {
+            format!("backend-data is not JSON ({e}): {backend_data:?}")
+        }
+    })?;
+    let mac = data.vtep_mac.ok_or_else(|| format!("backend-data has no VtepMAC: {backend_data}"))?;
     mac.parse().map_err(|e| format!("backend-data has a bad VtepMAC: {e}"))
 }
 
@@ -84,10 +100,10 @@ impl Rules<'_> {
     fn peer(&self, name: &str, node: &Value) -> Result<Verdict, String> {
         let ann = annotations(node)?;
         let n = self.names;
-        if ann.get(&n.subnet_manager).map(String::as_str) != Some("true") {
+        if ann.get(&n.subnet_manager) != Some("true") {
             return Ok(Verdict::Ignored(format!("{} is not \"true\"", n.subnet_manager)));
         }
-        match ann.get(&n.backend_type).map(String::as_str) {
+        match ann.get(&n.backend_type) {
             Some("vxlan") => {}
             other => {
                 return Ok(Verdict::Ignored(format!("backend type {other:?} is not \"vxlan\"")));

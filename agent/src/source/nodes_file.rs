@@ -46,31 +46,71 @@ pub enum NodesFileError {
     Read { path: String, reason: String },
 }
 
-/// Keeps only what flannel's rules read from a Node (name, annotations,
-/// podCIDR(s)): the status with its image list is most of a Node's size.
-fn slim(node: Value) -> Value {
-    let Value::Object(mut node) = node else { return node };
-    let mut out = Map::new();
-    if let Some(Value::Object(mut meta)) = node.remove("metadata") {
-        let mut kept = Map::new();
-        for key in ["name", "annotations"] {
-            if let Some(v) = meta.remove(key) {
-                kept.insert(key.into(), v);
-            }
-        }
-        out.insert("metadata".into(), Value::Object(kept));
+/// An object with only `keep` of its fields (each as a [`Value`]); the rest
+/// are skipped as they are read, without being built.
+struct Fields(&'static [&'static str]);
+
+impl<'de> de::DeserializeSeed<'de> for Fields {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
     }
-    if let Some(Value::Object(mut spec)) = node.remove("spec") {
-        let mut kept = Map::new();
-        for key in ["podCIDR", "podCIDRs"] {
-            if let Some(v) = spec.remove(key) {
-                kept.insert(key.into(), v);
-            }
-        }
-        out.insert("spec".into(), Value::Object(kept));
-    }
-    Value::Object(out)
 }
+
+impl<'de> Visitor<'de> for Fields {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if self.0.contains(&key.as_str()) {
+                let v = match key.as_str() {
+                    "metadata" => map.next_value_seed(Fields(&["name", "annotations"]))?,
+                    "spec" => map.next_value_seed(Fields(&["podCIDR", "podCIDRs"]))?,
+                    _ => map.next_value::<Value>()?,
+                };
+                out.insert(key, v);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(Value::Object(out))
+    }
+    // anything but an object is of no use to flannel's rules (a node that is
+    // not an object is rejected there by its missing name)
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Value::Null)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+}
+
+/// What flannel's rules read from a Node: its name, annotations and pod
+/// CIDRs. The status with its image list, most of a Node's size, is never
+/// built.
+const NODE_FIELDS: Fields = Fields(&["metadata", "spec"]);
 
 /// `items`, slimmed one by one as they are read.
 struct Items(Option<Vec<Value>>);
@@ -91,8 +131,8 @@ impl<'de> Deserialize<'de> for Items {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Items, A::Error> {
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
-                while let Some(node) = seq.next_element::<Value>()? {
-                    out.push(slim(node));
+                while let Some(node) = seq.next_element_seed(NODE_FIELDS)? {
+                    out.push(node);
                 }
                 Ok(Items(Some(out)))
             }
@@ -216,8 +256,10 @@ pub fn watch(path: PathBuf, reader: NodeReader, tx: mpsc::Sender<Desired>) -> to
                 match read(&path) {
                     Ok(nodes) => {
                         info!(path = %path.display(), nodes = nodes.len(), "nodes file loaded");
+                        let t = std::time::Instant::now();
                         let desired = reader.desired(&nodes);
                         drop(nodes);
+                        tracing::debug!(ms = t.elapsed().as_millis() as u64, "nodes read with flannel's rules");
                         if tx.send(desired).await.is_err() {
                             return;
                         }
@@ -241,6 +283,22 @@ pub fn watch(path: PathBuf, reader: NodeReader, tx: mpsc::Sender<Desired>) -> to
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nodes_keep_only_what_flannels_rules_read() {
+        let json = r#"{"kind":"NodeList","items":[{"apiVersion":"v1","metadata":{"name":"a","labels":{"x":"y"},
+            "annotations":{"k":"v"}},"spec":{"podCIDR":"10.0.0.0/24","taints":[]},"status":{"images":[{"names":["i"]}]}},
+            "garbage", 3]}"#;
+        let nodes = parse(json, "f").unwrap();
+        assert_eq!(
+            nodes,
+            vec![
+                serde_json::json!({"metadata":{"name":"a","annotations":{"k":"v"}},"spec":{"podCIDR":"10.0.0.0/24"}}),
+                Value::Null,
+                Value::Null
+            ]
+        );
+    }
 
     #[test]
     fn json_and_yaml_node_lists_parse_the_same() {

@@ -1,0 +1,193 @@
+//! ADD: one address per range set, the pod's own when it has one.
+//!
+//! For each range set, in order:
+//! 1. the attachment already holds an address there (a retried ADD): that;
+//! 2. the pod (namespace/name) has a record there: that address, when it
+//!    is free or still held by the pod's previous sandbox, whose DEL never
+//!    came (the node rebooted);
+//! 3. otherwise host-local's round-robin from `last_reserved_ip.<n>`,
+//!    passing over addresses retained for other pods;
+//! 4. only when nothing else is free, the address retained longest ago,
+//!    with a line on stderr.
+//!
+//! Writes per address: the pod record, then the reservation file, then
+//! `last_reserved_ip.<n>`. A crash after the record alone leaves the
+//! address unreserved but retained for the pod (see [`crate::ledger`]).
+use std::net::IpAddr;
+
+use crate::{
+    env::Attachment,
+    identity::{PodRecord, PodRef},
+    ledger::{Ledger, held_by_record, log},
+    range::RangeSet,
+    store::{StoreError, crash_point},
+    wire::{CniError, Code, IpConfig},
+};
+
+/// Addresses for every range set; on failure, those given so far are
+/// released again (as host-local does).
+pub fn add(
+    ledger: &mut Ledger<'_>,
+    sets: &[RangeSet],
+    pod: &PodRef,
+    att: &Attachment,
+) -> Result<Vec<IpConfig>, CniError> {
+    let mut given: Vec<IpConfig> = Vec::new();
+    for (index, set) in sets.iter().enumerate() {
+        match assign(ledger, index, set, pod, att) {
+            Ok(ip) => {
+                let range = set.range_of(ip).ok_or_else(|| {
+                    CniError::new(Code::CorruptStore, "address outside its range set", format!("{ip} not in {set}"))
+                })?;
+                given.push(IpConfig { address: ip, prefix: range.prefix, gateway: Some(range.gateway) });
+            }
+            Err(e) => {
+                for ip in &given {
+                    let _ = ledger.release(ip.address);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(given)
+}
+
+fn assign(
+    ledger: &mut Ledger<'_>,
+    index: usize,
+    set: &RangeSet,
+    pod: &PodRef,
+    att: &Attachment,
+) -> Result<IpAddr, CniError> {
+    // 1. a retried ADD
+    let held = ledger.reservations.iter().find(|(ip, h)| set.contains(**ip) && h.is(&att.container_id, &att.ifname));
+    if let Some((&ip, _)) = held {
+        record(ledger, ip, pod, att)?;
+        return Ok(ip);
+    }
+
+    // 2. the pod's own address
+    let mine: Vec<IpAddr> =
+        ledger.records.iter().filter(|(ip, r)| r.pod == *pod && set.contains(**ip)).map(|(ip, _)| *ip).collect();
+    for ip in mine {
+        let Some(rec) = ledger.records.get(&ip).cloned() else { continue };
+        match ledger.reservations.get(&ip) {
+            None => {
+                record(ledger, ip, pod, att)?;
+                if ledger.store.reserve(ip, &att.container_id, &att.ifname)? {
+                    crash_point("add-reservation");
+                    note_reserved(ledger, ip, att);
+                    return Ok(ip);
+                }
+            }
+            holder if held_by_record(holder, &rec) => {
+                log(format_args!(
+                    "{ip} goes back to pod {pod}: its previous sandbox {} was never deleted",
+                    rec.container_id
+                ));
+                let previous = ledger.reservations.get(&ip).and_then(|h| h.container_id()).map(str::to_string);
+                let taking_over = PodRecord { previous_container_id: previous, ..live(pod, att) };
+                ledger.save(ip, taking_over)?;
+                crash_point("takeover-record");
+                ledger.store.reassign(ip, &att.container_id, &att.ifname)?;
+                crash_point("takeover-reservation");
+                note_reserved(ledger, ip, att);
+                record(ledger, ip, pod, att)?;
+                return Ok(ip);
+            }
+            Some(_) => {
+                log(format_args!("{ip}, kept for pod {pod}, is held by another container: the pod gets a new address"));
+                ledger.forget(ip)?;
+            }
+        }
+    }
+
+    // 3. round-robin, passing over retained addresses
+    let last = ledger.store.last_reserved(index)?;
+    let mut oldest: Option<(u64, IpAddr)> = None;
+    let candidates: Vec<IpAddr> = {
+        let mut out = Vec::new();
+        for ip in set.walk(last) {
+            if ledger.reservations.contains_key(&ip) {
+                continue;
+            }
+            if let Some(r) = ledger.records.get(&ip) {
+                let at = r.released_at_ns.unwrap_or(ledger.now);
+                if oldest.is_none_or(|(o, _)| at < o) {
+                    oldest = Some((at, ip));
+                }
+                continue;
+            }
+            out.push(ip);
+            break;
+        }
+        out
+    };
+    for ip in candidates {
+        if take(ledger, index, ip, pod, att)? {
+            return Ok(ip);
+        }
+    }
+
+    // 4. reclaim the address retained longest ago
+    if let Some((at, ip)) = oldest {
+        if let Some(r) = ledger.records.get(&ip) {
+            log(format_args!(
+                "range set {set} has no free address: reclaiming {ip}, retained for pod {} for {}s (the oldest)",
+                r.pod,
+                ledger.now.saturating_sub(at) / 1_000_000_000
+            ));
+        }
+        ledger.forget(ip)?;
+        if take(ledger, index, ip, pod, att)? {
+            return Ok(ip);
+        }
+    }
+    Err(CniError::new(
+        Code::NoAddress,
+        "no IP addresses available",
+        format!("no IP addresses available in range set {set} (index {index}) of {}", ledger.store.dir().display()),
+    ))
+}
+
+/// A fresh address: record, reservation, then last_reserved_ip.
+fn take(ledger: &mut Ledger<'_>, index: usize, ip: IpAddr, pod: &PodRef, att: &Attachment) -> Result<bool, StoreError> {
+    record(ledger, ip, pod, att)?;
+    if !ledger.store.reserve(ip, &att.container_id, &att.ifname)? {
+        // a writer that ignores the lock got there first
+        ledger.forget(ip)?;
+        return Ok(false);
+    }
+    crash_point("add-reservation");
+    note_reserved(ledger, ip, att);
+    ledger.store.set_last_reserved(index, ip)?;
+    crash_point("add-last-reserved");
+    Ok(true)
+}
+
+fn live(pod: &PodRef, att: &Attachment) -> PodRecord {
+    PodRecord {
+        pod: pod.clone(),
+        container_id: att.container_id.clone(),
+        ifname: att.ifname.clone(),
+        previous_container_id: None,
+        released_at_ns: None,
+    }
+}
+
+/// Writes the attachment's live record for `ip` unless it is there.
+fn record(ledger: &mut Ledger<'_>, ip: IpAddr, pod: &PodRef, att: &Attachment) -> Result<(), StoreError> {
+    let want = live(pod, att);
+    if ledger.records.get(&ip) != Some(&want) {
+        ledger.save(ip, want)?;
+        crash_point("add-record");
+    }
+    Ok(())
+}
+
+fn note_reserved(ledger: &mut Ledger<'_>, ip: IpAddr, att: &Attachment) {
+    ledger.reservations.insert(
+        ip,
+        crate::store::Holder::Attachment { container_id: att.container_id.clone(), ifname: Some(att.ifname.clone()) },
+    );
+}

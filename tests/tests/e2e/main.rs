@@ -9,6 +9,7 @@ mod etcd;
 mod firewall;
 mod image;
 mod interop;
+mod ipam;
 mod kernel;
 mod kube;
 mod metrics;

@@ -20,12 +20,13 @@ use crate::{
     identity::{PodRecord, PodRef},
     ledger::{Ledger, held_by_record, log},
     range::RangeSet,
-    store::{StoreError, crash_point},
+    store::StoreError,
     wire::{CniError, Code, IpConfig},
 };
 
-/// Addresses for every range set; on failure, those given so far are
-/// released again (as host-local does).
+/// Addresses for every range set. Every write is staged: on failure
+/// nothing is committed, so nothing given so far stays given (host-local
+/// releases them again).
 pub fn add(
     ledger: &mut Ledger<'_>,
     sets: &[RangeSet],
@@ -34,20 +35,11 @@ pub fn add(
 ) -> Result<Vec<IpConfig>, CniError> {
     let mut given: Vec<IpConfig> = Vec::new();
     for (index, set) in sets.iter().enumerate() {
-        match assign(ledger, index, set, pod, att) {
-            Ok(ip) => {
-                let range = set.range_of(ip).ok_or_else(|| {
-                    CniError::new(Code::CorruptStore, "address outside its range set", format!("{ip} not in {set}"))
-                })?;
-                given.push(IpConfig { address: ip, prefix: range.prefix, gateway: Some(range.gateway) });
-            }
-            Err(e) => {
-                for ip in &given {
-                    let _ = ledger.release(ip.address);
-                }
-                return Err(e);
-            }
-        }
+        let ip = assign(ledger, index, set, pod, att)?;
+        let range = set.range_of(ip).ok_or_else(|| {
+            CniError::new(Code::CorruptStore, "address outside its range set", format!("{ip} not in {set}"))
+        })?;
+        given.push(IpConfig { address: ip, prefix: range.prefix, gateway: Some(range.gateway) });
     }
     Ok(given)
 }
@@ -73,9 +65,9 @@ fn assign(
         let Some(rec) = ledger.records.get(&ip).cloned() else { continue };
         match ledger.reservations.get(&ip) {
             None => {
-                record(ledger, ip, pod, att)?;
-                if ledger.store.reserve(ip, &att.container_id, &att.ifname)? {
-                    crash_point("add-reservation");
+                if !ledger.store.is_taken(ip) {
+                    record(ledger, ip, pod, att)?;
+                    ledger.store.reserve(ip, &att.container_id, &att.ifname, "add-reservation")?;
                     note_reserved(ledger, ip, att);
                     return Ok(ip);
                 }
@@ -87,17 +79,14 @@ fn assign(
                 ));
                 let previous = ledger.reservations.get(&ip).and_then(|h| h.container_id()).map(str::to_string);
                 let taking_over = PodRecord { previous_container_id: previous, ..live(pod, att) };
-                ledger.save(ip, taking_over)?;
-                crash_point("takeover-record");
-                ledger.store.reassign(ip, &att.container_id, &att.ifname)?;
-                crash_point("takeover-reservation");
+                ledger.save(ip, taking_over, "takeover-record")?;
+                ledger.store.reassign(ip, &att.container_id, &att.ifname, "takeover-reservation")?;
                 note_reserved(ledger, ip, att);
-                record(ledger, ip, pod, att)?;
                 return Ok(ip);
             }
             Some(_) => {
                 log(format_args!("{ip}, kept for pod {pod}, is held by another container: the pod gets a new address"));
-                ledger.forget(ip)?;
+                ledger.forget(ip);
             }
         }
     }
@@ -138,7 +127,7 @@ fn assign(
                 ledger.now.saturating_sub(at) / 1_000_000_000
             ));
         }
-        ledger.forget(ip)?;
+        ledger.forget(ip);
         if take(ledger, index, ip, pod, att)? {
             return Ok(ip);
         }
@@ -152,16 +141,14 @@ fn assign(
 
 /// A fresh address: record, reservation, then last_reserved_ip.
 fn take(ledger: &mut Ledger<'_>, index: usize, ip: IpAddr, pod: &PodRef, att: &Attachment) -> Result<bool, StoreError> {
-    record(ledger, ip, pod, att)?;
-    if !ledger.store.reserve(ip, &att.container_id, &att.ifname)? {
+    if ledger.store.is_taken(ip) {
         // a writer that ignores the lock got there first
-        ledger.forget(ip)?;
         return Ok(false);
     }
-    crash_point("add-reservation");
+    record(ledger, ip, pod, att)?;
+    ledger.store.reserve(ip, &att.container_id, &att.ifname, "add-reservation")?;
     note_reserved(ledger, ip, att);
-    ledger.store.set_last_reserved(index, ip)?;
-    crash_point("add-last-reserved");
+    ledger.store.set_last_reserved(index, ip, "add-last-reserved")?;
     Ok(true)
 }
 
@@ -179,8 +166,7 @@ fn live(pod: &PodRef, att: &Attachment) -> PodRecord {
 fn record(ledger: &mut Ledger<'_>, ip: IpAddr, pod: &PodRef, att: &Attachment) -> Result<(), StoreError> {
     let want = live(pod, att);
     if ledger.records.get(&ip) != Some(&want) {
-        ledger.save(ip, want)?;
-        crash_point("add-record");
+        ledger.save(ip, want, "add-record")?;
     }
     Ok(())
 }

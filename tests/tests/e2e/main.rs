@@ -10,6 +10,7 @@ mod firewall;
 mod image;
 mod interop;
 mod ipam;
+mod ipam_deploy;
 mod ipam_reboot;
 mod kernel;
 mod kube;

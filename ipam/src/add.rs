@@ -94,25 +94,17 @@ fn assign(
     // 3. round-robin, passing over retained addresses
     let last = ledger.store.last_reserved(index)?;
     let mut oldest: Option<(u64, IpAddr)> = None;
-    let candidates: Vec<IpAddr> = {
-        let mut out = Vec::new();
-        for ip in set.walk(last) {
-            if ledger.reservations.contains_key(&ip) {
-                continue;
-            }
-            if let Some(r) = ledger.records.get(&ip) {
-                let at = r.released_at_ns.unwrap_or(ledger.now);
-                if oldest.is_none_or(|(o, _)| at < o) {
-                    oldest = Some((at, ip));
-                }
-                continue;
-            }
-            out.push(ip);
-            break;
+    for ip in set.walk(last) {
+        if ledger.reservations.contains_key(&ip) {
+            continue;
         }
-        out
-    };
-    for ip in candidates {
+        if let Some(r) = ledger.records.get(&ip) {
+            let at = r.released_at_ns.unwrap_or(ledger.now);
+            if oldest.is_none_or(|(o, _)| at < o) {
+                oldest = Some((at, ip));
+            }
+            continue;
+        }
         if take(ledger, index, ip, pod, att)? {
             return Ok(ip);
         }

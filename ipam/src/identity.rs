@@ -85,12 +85,33 @@ pub fn load(store: &Store) -> Result<BTreeMap<IpAddr, PodRecord>, StoreError> {
         let Ok(ip) = name.parse::<IpAddr>() else {
             return Err(StoreError::Corrupt { path, why: "not named by an IP address".into() });
         };
-        let bytes = fs::read(&path).map_err(|source| StoreError::Io { path: path.clone(), source })?;
-        let record = serde_json::from_slice(&bytes)
-            .map_err(|e| StoreError::Corrupt { path: path.clone(), why: format!("not a pod record: {e}") })?;
-        out.insert(ip, record);
+        if let Some(record) = read(&path)? {
+            out.insert(ip, record);
+        }
     }
     Ok(out)
+}
+
+/// Only the records of `ips` (DEL needs no others).
+pub fn load_some(store: &Store, ips: &[IpAddr]) -> Result<BTreeMap<IpAddr, PodRecord>, StoreError> {
+    let dir = store.dir().join(PODS_DIR);
+    let mut out = BTreeMap::new();
+    for ip in ips {
+        if let Some(record) = read(&dir.join(ip.to_string()))? {
+            out.insert(*ip, record);
+        }
+    }
+    Ok(out)
+}
+
+fn read(path: &std::path::Path) -> Result<Option<PodRecord>, StoreError> {
+    let bytes = match fs::read(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        r => r.map_err(|source| StoreError::Io { path: path.to_path_buf(), source })?,
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| StoreError::Corrupt { path: path.to_path_buf(), why: format!("not a pod record: {e}") })
 }
 
 /// Stages writing `ip`'s record; `step` names the moment after it for the crash hook.

@@ -60,6 +60,16 @@ impl<'a> Ledger<'a> {
     }
 
     /// Stages `ip`'s record (placed at [`Store::commit`]).
+    /// The ledger DEL needs: the reservations, and the records of only the
+    /// addresses the attachment holds (settling is left to ADD and GC).
+    pub fn for_release(store: &'a Store, container_id: &str, ifname: &str) -> Result<Self, StoreError> {
+        let reservations = store.reservations()?;
+        let held: Vec<IpAddr> =
+            reservations.iter().filter(|(_, h)| h.is(container_id, ifname)).map(|(ip, _)| *ip).collect();
+        let records = identity::load_some(store, &held)?;
+        Ok(Ledger { store, reservations, records, now: now_ns() })
+    }
+
     pub fn save(&mut self, ip: IpAddr, record: PodRecord, step: &'static str) -> Result<(), StoreError> {
         identity::save(self.store, ip, &record, step)?;
         self.records.insert(ip, record);

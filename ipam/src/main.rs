@@ -106,7 +106,7 @@ fn run(get: &impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<ser
         Command::Del => {
             let att = env::attachment(get, false)?;
             let store = Store::open_locked(&conf.store_dir())?;
-            let mut ledger = Ledger::load(&store, conf.retain)?;
+            let mut ledger = Ledger::for_release(&store, &att.container_id, &att.ifname)?;
             release::del(&mut ledger, &att)?;
             store.commit()?;
             Ok(None)

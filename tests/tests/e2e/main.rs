@@ -11,6 +11,7 @@ mod image;
 mod interop;
 mod ipam;
 mod ipam_deploy;
+mod ipam_image;
 mod ipam_reboot;
 mod kernel;
 mod kube;

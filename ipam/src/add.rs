@@ -10,9 +10,10 @@
 //! 4. only when nothing else is free, the address retained longest ago,
 //!    with a line on stderr.
 //!
-//! Writes per address: the pod record, then the reservation file, then
-//! `last_reserved_ip.<n>`. A crash after the record alone leaves the
-//! address unreserved but retained for the pod (see [`crate::ledger`]).
+//! Writes per address, staged and committed in this order: the pod record,
+//! the reservation file, `last_reserved_ip.<n>`. A crash after the record
+//! alone leaves the address unreserved but retained for the pod (see
+//! [`crate::ledger`]).
 use std::net::IpAddr;
 
 use crate::{

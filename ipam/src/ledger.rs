@@ -1,5 +1,6 @@
 //! The store read under the lock: reservations (host-local's files) and pod
-//! records (ours), brought into agreement before any command acts.
+//! records (ours), brought into agreement before ADD and GC act (DEL only
+//! reads the records of what it releases, [`Ledger::for_release`]).
 //!
 //! Settling, in order:
 //! 1. OpenYurt markers become records ([`identity::migrate_openyurt`]);

@@ -1,6 +1,7 @@
 //! What deploy/ ships for edgevx-ipam: the ConfigMap's conflist hands the
 //! flannel CNI plugin an `ipam` block naming it, and the DaemonSet's init
-//! container installs it beside the flannel plugin. Both are run, not only read.
+//! container installs it beside the flannel plugin. Both are run, not only read;
+//! so is the OpenYurt-style route (the binary named `host-local`).
 use std::{fs, path::PathBuf};
 
 use anyhow::{Context, Result, ensure};
@@ -71,5 +72,47 @@ fn ipam_init_container_installs_the_plugin() -> Result<()> {
     ensure!(fs::read(&installed)? == fs::read(edgevx_ipam_bin())?, "the installed copy differs");
     let version = std::process::Command::new(&installed).env("CNI_COMMAND", "VERSION").output()?;
     ensure!(String::from_utf8_lossy(&version.stdout).contains("supportedVersions"), "{version:?}");
+    Ok(())
+}
+
+/// The OpenYurt-style route: the binary installed under the name
+/// `host-local`, which the flannel plugin's delegate runs by default.
+#[test]
+fn ipam_installed_as_host_local_keeps_addresses() -> Result<()> {
+    let dir = DataDir::new("ipamashl")?;
+    let out = std::process::Command::new(edgevx_ipam_bin()).arg("install").arg(&dir.0).output()?;
+    ensure!(out.status.success(), "install failed: {}", String::from_utf8_lossy(&out.stderr));
+    let as_host_local = dir.0.join("host-local");
+    fs::rename(dir.0.join("edgevx-ipam"), &as_host_local)?;
+    // a conflist without an ipam block: the flannel plugin's delegate names host-local
+    let env = SubnetEnv::parse(
+        "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.7.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n",
+    )?;
+    let data = DataDir::new("ipamashldata")?;
+    let ipam = serde_json::json!({"dataDir": data.0});
+    let delegate = flannel_delegate_with_ipam(&env, &ipam);
+    ensure!(delegate["ipam"]["type"] == "host-local");
+    let add = |id: &str| -> Result<Value> {
+        let mut child = std::process::Command::new(&as_host_local)
+            .env_clear()
+            .envs([
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_CONTAINERID", id),
+                ("CNI_NETNS", "/run/netns/x"),
+                ("CNI_IFNAME", "eth0"),
+            ])
+            .env("CNI_ARGS", edgevx_tests::ipam::pod_args("default", "web-0"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        std::io::Write::write_all(&mut child.stdin.take().context("stdin")?, &serde_json::to_vec(&delegate)?)?;
+        let out = child.wait_with_output()?;
+        ensure!(out.status.success(), "ADD {id}: {}", String::from_utf8_lossy(&out.stdout));
+        Ok(serde_json::from_slice::<Value>(&out.stdout)?["ips"][0]["address"].clone())
+    };
+    let first = add("sandbox-1")?;
+    // a reboot: no DEL
+    ensure!(add("sandbox-2")? == first, "web-0 lost {first} under the name host-local");
     Ok(())
 }

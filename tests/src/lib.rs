@@ -6,6 +6,8 @@
 pub mod agent;
 pub mod cni;
 pub mod etcd;
+pub mod ipam;
+pub mod ipam_pod;
 pub mod kube_proxy;
 pub mod kubeapi;
 pub mod netns;

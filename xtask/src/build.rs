@@ -38,6 +38,32 @@ pub fn agent(tools: &Tools) -> Result<()> {
     Ok(())
 }
 
+/// `target/release/edgevx-ipam`, the CNI IPAM plugin (no eBPF inside).
+pub fn ipam() -> Result<PathBuf> {
+    let root = exec::workspace_root();
+    exec::run(
+        Command::new("cargo").args(["build", "--release", "--locked", "--package", "edgevx-ipam"]).current_dir(&root),
+    )?;
+    let bin = root.join("target/release/edgevx-ipam");
+    eprintln!("xtask: built {}", bin.display());
+    Ok(bin)
+}
+
+/// A statically linked edgevx-ipam for `target` (a musl target), for the
+/// image; `env` as for [`agent_static`].
+pub fn ipam_static(target: &str, env: &[(&str, &str)]) -> Result<PathBuf> {
+    let root = exec::workspace_root();
+    exec::run(
+        Command::new("cargo")
+            .args(["build", "--release", "--locked", "--package", "edgevx-ipam", "--target", target])
+            .current_dir(&root)
+            .envs(env.iter().copied()),
+    )?;
+    let bin = root.join("target").join(target).join("release/edgevx-ipam");
+    eprintln!("xtask: built {}", bin.display());
+    Ok(bin)
+}
+
 /// A statically linked edgevx for `target` (a musl target), eBPF object
 /// embedded: aya-build takes `bpf_target_arch` from that target. `env` names
 /// the C compiler for ring and psm (`CC_<target>`) and, across

@@ -73,6 +73,9 @@ impl Arch {
 enum Source {
     /// The static (musl) edgevx built for the image's architecture.
     Agent,
+    /// The static (musl) edgevx-ipam, which the DaemonSet's init container
+    /// copies to the node's CNI plugin directory.
+    Ipam,
     /// A dynamically linked program of the host's, with the shared libraries
     /// and the loader that `ldd` names for it.
     Program(String),
@@ -98,6 +101,11 @@ fn contents(arch: Arch) -> Vec<Item> {
     let xtables = format!("/usr/lib/{}/xtables", arch.multiarch());
     vec![
         Item { from: Source::Agent, to: "/usr/local/bin/edgevx".into(), why: "the agent, statically linked (musl)" },
+        Item {
+            from: Source::Ipam,
+            to: "/usr/local/bin/edgevx-ipam".into(),
+            why: "the CNI IPAM plugin (musl), installed on the node by the DaemonSet's init container",
+        },
         Item {
             from: Source::Program("/usr/sbin/xtables-nft-multi".into()),
             to: "/usr/sbin/xtables-nft-multi".into(),
@@ -153,6 +161,7 @@ pub fn build(arch: Arch) -> Result<PathBuf> {
     let tools = toolchain::ensure()?;
     ensure_rust_target(arch.rust_target())?;
     let agent = build::agent_static(&tools, arch.rust_target(), &musl_env(arch))?;
+    let ipam = build::ipam_static(arch.rust_target(), &musl_env(arch))?;
 
     // the work directories are this run's own, so two builds do not collide
     let dir = dir();
@@ -160,7 +169,7 @@ pub fn build(arch: Arch) -> Result<PathBuf> {
     let rootfs = work.join(format!("rootfs-{}", arch.oci()));
     let archive = archive(arch);
     let partial = work.join("image.oci.tar");
-    let built = stage(arch, &agent, &rootfs).and_then(|staged| {
+    let built = stage(arch, &agent, &ipam, &rootfs).and_then(|staged| {
         commit(arch, &rootfs, &work.join("buildah"), &partial)?;
         fs::rename(&partial, &archive).with_context(|| format!("cannot write {}", archive.display()))?;
         Ok(staged)
@@ -275,7 +284,7 @@ impl Staged {
 }
 
 /// Builds the image's root filesystem in `rootfs` from [`contents`].
-fn stage(arch: Arch, agent: &Path, rootfs: &Path) -> Result<Vec<Staged>> {
+fn stage(arch: Arch, agent: &Path, ipam: &Path, rootfs: &Path) -> Result<Vec<Staged>> {
     fs::create_dir_all(rootfs).with_context(|| format!("cannot create {}", rootfs.display()))?;
     let mut staged = Vec::new();
     // libraries ldd names: path in the image -> which program needed it first
@@ -283,6 +292,7 @@ fn stage(arch: Arch, agent: &Path, rootfs: &Path) -> Result<Vec<Staged>> {
     for item in contents(arch) {
         match &item.from {
             Source::Agent => staged.push(put(agent, rootfs, &item.to, item.why)?),
+            Source::Ipam => staged.push(put(ipam, rootfs, &item.to, item.why)?),
             Source::Program(from) | Source::File(from) => {
                 let from = Path::new(from);
                 if matches!(item.from, Source::Program(_)) {

@@ -1,5 +1,6 @@
 //! `cargo xtask <job>`: everything a fresh machine needs, in one place.
 mod bench;
+mod bench_ipam;
 mod bench_scale;
 mod build;
 mod demo;
@@ -29,7 +30,7 @@ enum Job {
     Packages,
     /// Install rust-src and bpf-linker if missing (cached), then build the eBPF object.
     BuildEbpf,
-    /// Build target/release/edgevx with the eBPF object embedded.
+    /// Build target/release/edgevx with the eBPF object embedded, and target/release/edgevx-ipam.
     Build,
     /// Run every test: unit tests, BPF_PROG_TEST_RUN, and namespace tests (root).
     Test {
@@ -55,8 +56,11 @@ enum Job {
         #[arg(long, default_value_t = 3)]
         rounds: u32,
         /// Instead: N peers from a nodes file (programming time, RSS, kernel state vs flannel's).
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", conflicts_with = "ipam")]
         scale: Option<u32>,
+        /// Instead: 1,000 ADD/DEL cycles of edgevx-ipam against the real host-local.
+        #[arg(long)]
+        ipam: bool,
     },
 }
 
@@ -71,13 +75,17 @@ fn main() -> ExitCode {
             Ok(())
         }
         Job::BuildEbpf => packages::ensure_build().and_then(|_| toolchain::ensure()).and_then(|t| build::ebpf(&t)),
-        Job::Build => packages::ensure_build().and_then(|_| toolchain::ensure()).and_then(|t| build::agent(&t)),
+        Job::Build => packages::ensure_build()
+            .and_then(|_| toolchain::ensure())
+            .and_then(|t| build::agent(&t))
+            .and_then(|_| build::ipam().map(|_| ())),
         Job::Test { filter } => test::run(filter.as_deref()),
         Job::Image { arch } => arch.map_or_else(image::Arch::host, Ok).and_then(image::build).map(|_| ()),
         Job::Seccomp => seccomp::write(),
         Job::Demo => demo::run(),
         Job::Bench { scale: Some(n), .. } => bench_scale::run(n),
-        Job::Bench { seconds, rounds, scale: None } => bench::run(seconds, rounds),
+        Job::Bench { ipam: true, .. } => bench_ipam::run(),
+        Job::Bench { seconds, rounds, .. } => bench::run(seconds, rounds),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

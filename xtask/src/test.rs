@@ -14,11 +14,24 @@ pub fn run(filter: Option<&str>) -> Result<()> {
     let tools = toolchain::ensure()?;
     build::ebpf(&tools)?;
     build::agent(&tools)?;
+    let ipam = build::ipam()?;
     let root = exec::workspace_root();
     let mut unit = Command::new("cargo");
-    unit.args(["test", "--release", "--locked", "-p", "edgevx-common", "-p", "edgevx", "-p", "xtask"])
-        .current_dir(&root)
-        .env("PATH", tools.path_env());
+    unit.args([
+        "test",
+        "--release",
+        "--locked",
+        "-p",
+        "edgevx-common",
+        "-p",
+        "edgevx",
+        "-p",
+        "edgevx-ipam",
+        "-p",
+        "xtask",
+    ])
+    .current_dir(&root)
+    .env("PATH", tools.path_env());
     if let Some(f) = filter {
         unit.arg("--").arg(f);
     }
@@ -39,6 +52,7 @@ pub fn run(filter: Option<&str>) -> Result<()> {
         .current_dir(&root)
         .env("PATH", tools.path_env())
         .env("EDGEVX_BIN", root.join("target/release/edgevx"))
+        .env("EDGEVX_IPAM_BIN", ipam)
         .env("EDGEVX_EBPF_OBJECT", root.join("target/bpfel-unknown-none/release/edgevx"))
         .arg("--")
         .arg("--test-threads=1");

@@ -1,0 +1,99 @@
+//! The store read under the lock: reservations (host-local's files) and pod
+//! records (ours), brought into agreement before ADD and GC act (DEL only
+//! reads the records of what it releases, [`Ledger::for_release`]).
+//!
+//! Settling, in order:
+//! 1. OpenYurt markers become records ([`identity::migrate_openyurt`]);
+//! 2. a live record whose attachment no longer holds the address (host-local
+//!    released it, or a crash came between our two writes) is retained
+//!    from now;
+//! 3. a retained record older than `retain` is dropped.
+use std::{collections::BTreeMap, net::IpAddr, time::Duration};
+
+use crate::{
+    identity::{self, PodRecord, now_ns},
+    store::{Holder, Store, StoreError},
+};
+
+pub struct Ledger<'a> {
+    pub store: &'a Store,
+    pub reservations: BTreeMap<IpAddr, Holder>,
+    pub records: BTreeMap<IpAddr, PodRecord>,
+    pub now: u64,
+}
+
+/// Whether `holder` is the attachment `record` names, or the one it is
+/// taking over from (by container ID: a bare-ID file from host-local
+/// before v0.8.0 or OpenYurt has no ifname).
+pub fn held_by_record(holder: Option<&Holder>, record: &PodRecord) -> bool {
+    let Some(id) = holder.and_then(Holder::container_id) else { return false };
+    (!record.container_id.is_empty() && id == record.container_id)
+        || record.previous_container_id.as_deref() == Some(id)
+}
+
+pub fn log(line: std::fmt::Arguments<'_>) {
+    eprintln!("edgevx-ipam: {line}");
+}
+
+impl<'a> Ledger<'a> {
+    pub fn load(store: &'a Store, retain: Duration) -> Result<Self, StoreError> {
+        let reservations = store.reservations()?;
+        let mut records = identity::load(store)?;
+        for (ip, pod) in identity::migrate_openyurt(store, &mut records, &reservations)? {
+            log(format_args!("migrated OpenYurt record {ip} of pod {pod}"));
+        }
+        let now = now_ns();
+        let mut ledger = Ledger { store, reservations, records, now };
+        let ips: Vec<IpAddr> = ledger.records.keys().copied().collect();
+        for ip in ips {
+            let Some(record) = ledger.records.get(&ip) else { continue };
+            let held = held_by_record(ledger.reservations.get(&ip), record);
+            if record.released_at_ns.is_none() && !held {
+                let mut r = record.clone();
+                r.released_at_ns = Some(now);
+                ledger.save(ip, r, "settle-record")?;
+            } else if !held && record.expired(retain, now) {
+                log(format_args!("retention of {ip} for pod {} expired", record.pod));
+                ledger.forget(ip);
+            }
+        }
+        Ok(ledger)
+    }
+
+    /// Stages `ip`'s record (placed at [`Store::commit`]).
+    /// The ledger DEL needs: the reservations, and the records of only the
+    /// addresses the attachment holds (settling is left to ADD and GC).
+    pub fn for_release(store: &'a Store, container_id: &str, ifname: &str) -> Result<Self, StoreError> {
+        let reservations = store.reservations()?;
+        let held: Vec<IpAddr> =
+            reservations.iter().filter(|(_, h)| h.is(container_id, ifname)).map(|(ip, _)| *ip).collect();
+        let records = identity::load_some(store, &held)?;
+        Ok(Ledger { store, reservations, records, now: now_ns() })
+    }
+
+    pub fn save(&mut self, ip: IpAddr, record: PodRecord, step: &'static str) -> Result<(), StoreError> {
+        identity::save(self.store, ip, &record, step)?;
+        self.records.insert(ip, record);
+        Ok(())
+    }
+
+    pub fn forget(&mut self, ip: IpAddr) {
+        identity::remove(self.store, ip);
+        self.records.remove(&ip);
+    }
+
+    /// Stages the release of `ip`'s reservation; its record, if the
+    /// holder's, is retained from now. The record is placed first: a
+    /// crash between the two leaves the address reserved and the pod's.
+    pub fn release(&mut self, ip: IpAddr) -> Result<(), StoreError> {
+        let live = self.records.get(&ip).filter(|r| r.released_at_ns.is_none());
+        if let Some(record) = live.filter(|r| held_by_record(self.reservations.get(&ip), r)) {
+            let mut r = record.clone();
+            r.released_at_ns = Some(self.now);
+            self.save(ip, r, "release-record")?;
+        }
+        self.store.release(ip, "release-reservation");
+        self.reservations.remove(&ip);
+        Ok(())
+    }
+}

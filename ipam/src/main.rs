@@ -1,0 +1,141 @@
+//! `edgevx-ipam`: a CNI 1.1 IPAM plugin that reads host-local's config and
+//! shares host-local's store, and gives a pod (namespace/name) its address
+//! back under a new sandbox, also after a reboot with no DEL.
+//!
+//! The runtime (or the bridge plugin, delegating) runs it as any plugin:
+//! the CNI_* variables, the network config on stdin, the result or a CNI
+//! error object on stdout, logs on stderr.
+//!
+//! `edgevx-ipam install DIR` copies the binary to `DIR/edgevx-ipam` (the
+//! DaemonSet's init container).
+mod add;
+mod config;
+mod dns;
+mod env;
+mod identity;
+mod inspect;
+mod install;
+mod ledger;
+mod range;
+mod release;
+mod store;
+mod wire;
+
+use std::{
+    io::{Read, Write},
+    process::ExitCode,
+};
+
+use config::NetConf;
+use env::Command;
+use ledger::Ledger;
+use store::Store;
+use wire::{CniError, Code, IpamResult};
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if let [_, verb, dir] = argv.as_slice() {
+        if verb != "install" {
+            eprintln!("edgevx-ipam: usage: edgevx-ipam install DIR (or run as a CNI plugin)");
+            return ExitCode::FAILURE;
+        }
+        return match install::install(std::path::Path::new(dir)) {
+            Ok(at) => {
+                eprintln!("edgevx-ipam: installed {}", at.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("edgevx-ipam: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let mut stdin = Vec::new();
+    let read = std::io::stdin().read_to_end(&mut stdin);
+    let version = config::version_of(&stdin)
+        .filter(|v| wire::SUPPORTED_VERSIONS.contains(&v.as_str()))
+        .unwrap_or_else(|| wire::LATEST.to_string());
+    let get = |k: &str| std::env::var(k).ok();
+    let outcome = match read {
+        Err(e) => Err(CniError::new(Code::Io, "cannot read the network config", format!("stdin: {e}"))),
+        Ok(_) => run(&get, &stdin),
+    };
+    let (json, code) = match outcome {
+        Ok(None) => return ExitCode::SUCCESS,
+        Ok(Some(json)) => (json, ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("edgevx-ipam: {e}");
+            (e.to_json(&version), ExitCode::FAILURE)
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let text = json.to_string();
+    if writeln!(out, "{text}").is_err() {
+        return ExitCode::FAILURE;
+    }
+    code
+}
+
+/// One invocation; the JSON to print, if the command prints any.
+fn run(get: &impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<serde_json::Value>, CniError> {
+    let command = env::command(get)?;
+    if command == Command::Version {
+        let asked = config::version_of(stdin).unwrap_or_else(|| wire::LATEST.to_string());
+        return Ok(Some(wire::version_json(&asked)));
+    }
+    let conf = NetConf::parse(stdin)?;
+    if matches!(command, Command::Gc | Command::Status) && !wire::has_gc_and_status(&conf.cni_version) {
+        return Err(CniError::new(
+            Code::IncompatibleVersion,
+            "incompatible CNI version",
+            format!("{command:?} needs cniVersion 1.1.0, the config has {}", conf.cni_version),
+        ));
+    }
+    match command {
+        Command::Add => {
+            let att = env::attachment(get, true)?;
+            let pod = env::pod(get)?;
+            // before the lock, so a bad path costs no reservation
+            let dns = conf.resolv_conf.as_deref().map(dns::read).transpose()?.unwrap_or_default();
+            let store = Store::open_locked(&conf.store_dir())?;
+            let mut ledger = Ledger::load(&store, conf.retain)?;
+            let ips = add::add(&mut ledger, &conf.range_sets, &pod, &att)?;
+            store.commit()?;
+            Ok(Some(IpamResult { ips, routes: conf.routes.clone(), dns }.to_json(&conf.cni_version)))
+        }
+        Command::Del => {
+            let att = env::attachment(get, false)?;
+            let store = Store::open_locked(&conf.store_dir())?;
+            let mut ledger = Ledger::for_release(&store, &att.container_id, &att.ifname)?;
+            release::del(&mut ledger, &att)?;
+            store.commit()?;
+            Ok(None)
+        }
+        Command::Check => {
+            let att = env::attachment(get, true)?;
+            let store = Store::open_locked(&conf.store_dir())?;
+            inspect::check(&store.reservations()?, &conf.range_sets, &att)?;
+            Ok(None)
+        }
+        Command::Gc => {
+            let valid = conf.valid_attachments.clone().ok_or_else(|| {
+                CniError::new(Code::InvalidConfig, "invalid network config", "GC without cni.dev/valid-attachments")
+            })?;
+            let store = Store::open_locked(&conf.store_dir())?;
+            let mut ledger = Ledger::load(&store, conf.retain)?;
+            let released = release::gc(&mut ledger, &valid)?;
+            store.commit()?;
+            for ip in released {
+                ledger::log(format_args!("GC released {ip}"));
+            }
+            Ok(None)
+        }
+        Command::Status => {
+            let store = Store::open_read_only(&conf.store_dir());
+            inspect::status(&store.reservations()?, &conf.range_sets)?;
+            Ok(None)
+        }
+        // answered before the config is parsed
+        Command::Version => Ok(Some(wire::version_json(&conf.cni_version))),
+    }
+}

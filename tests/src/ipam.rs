@@ -1,0 +1,245 @@
+//! Driving IPAM plugins as a runtime (or the bridge plugin, delegating)
+//! drives them: `edgevx-ipam` under test, and Debian's real `host-local`
+//! as the reference. An IPAM plugin touches no namespace, so these calls
+//! run directly:
+//!
+//! ```sh
+//! CNI_COMMAND=ADD CNI_CONTAINERID=ID CNI_NETNS=/run/netns/x CNI_IFNAME=eth0 CNI_PATH=/usr/lib/cni \
+//!   CNI_ARGS='IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod' edgevx-ipam < net.json
+//! ```
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::Write,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::{Value, json};
+
+use crate::{cni::PLUGIN_DIR, unique};
+
+/// The `edgevx-ipam` under test (`EDGEVX_IPAM_BIN`, else target/release/edgevx-ipam).
+pub fn edgevx_ipam_bin() -> PathBuf {
+    std::env::var_os("EDGEVX_IPAM_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/edgevx-ipam"))
+}
+
+/// edgevx-ipam's test hook: abort right after the named write.
+pub const CRASH_ENV: &str = "EDGEVX_IPAM_CRASH_AT";
+
+/// The network name both plugins use for the store's directory.
+pub const NETWORK: &str = "cbr0";
+
+/// A CNI version both plugins speak (Debian's host-local 1.1.1 stops at 1.0.0).
+pub const SHARED_VERSION: &str = "1.0.0";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plugin {
+    EdgevxIpam,
+    HostLocal,
+}
+
+impl Plugin {
+    pub fn bin(self) -> PathBuf {
+        match self {
+            Plugin::EdgevxIpam => edgevx_ipam_bin(),
+            Plugin::HostLocal => Path::new(PLUGIN_DIR).join("host-local"),
+        }
+    }
+}
+
+/// A data directory (`ipam.dataDir`) removed on drop.
+pub struct DataDir(pub PathBuf);
+
+impl DataDir {
+    pub fn new(tag: &str) -> Result<Self> {
+        let p = std::env::temp_dir().join(unique(tag));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p)?;
+        Ok(DataDir(p))
+    }
+
+    /// `<dataDir>/cbr0`, the store both plugins share.
+    pub fn store(&self) -> PathBuf {
+        self.0.join(NETWORK)
+    }
+
+    /// Every reservation file: address -> content.
+    pub fn reservations(&self) -> Result<BTreeMap<IpAddr, String>> {
+        let mut out = BTreeMap::new();
+        for e in fs::read_dir(self.store())? {
+            let e = e?;
+            if let Some(ip) = e.file_name().to_str().and_then(|n| n.parse().ok()) {
+                out.insert(ip, fs::read_to_string(e.path())?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every file under the store, path -> content (for before/after equality).
+    pub fn snapshot(&self) -> Result<BTreeMap<PathBuf, Vec<u8>>> {
+        fn walk(dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) -> Result<()> {
+            for e in fs::read_dir(dir)? {
+                let p = e?.path();
+                if p.is_dir() {
+                    walk(&p, out)?;
+                } else {
+                    out.insert(p.clone(), fs::read(&p)?);
+                }
+            }
+            Ok(())
+        }
+        let mut out = BTreeMap::new();
+        if self.store().exists() {
+            walk(&self.store(), &mut out)?;
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The config a plugin gets: `ipam` with `ranges` and `dataDir`, plus `extra` ipam keys.
+pub fn config(plugin: Plugin, version: &str, data: &DataDir, ranges: Value, extra: Value) -> Value {
+    let mut ipam = json!({
+        "type": plugin.bin().file_name().and_then(|n| n.to_str()).unwrap_or_default(),
+        "ranges": ranges,
+        "routes": [{"dst": "10.244.0.0/16"}],
+        "dataDir": data.0,
+    });
+    if let (Some(ipam), Some(extra)) = (ipam.as_object_mut(), extra.as_object()) {
+        ipam.extend(extra.clone());
+    }
+    json!({"cniVersion": version, "name": NETWORK, "type": "bridge", "ipam": ipam})
+}
+
+/// The one-range IPv4 set flannel hands over for node 1.
+pub fn v4_ranges() -> Value {
+    json!([[{"subnet": "10.244.1.0/24"}]])
+}
+
+/// CNI_ARGS as containerd sends them.
+pub fn pod_args(namespace: &str, name: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=x")
+}
+
+/// What a plugin run printed, and whether it succeeded.
+#[derive(Debug)]
+pub struct Reply {
+    pub ok: bool,
+    pub stdout: Value,
+    pub stderr: String,
+}
+
+impl Reply {
+    /// The addresses of a successful ADD.
+    pub fn ips(&self) -> Result<Vec<IpAddr>> {
+        ensure!(self.ok, "the plugin failed: {} {}", self.stdout, self.stderr);
+        let ips = self.stdout["ips"].as_array().with_context(|| format!("no ips in {}", self.stdout))?;
+        ips.iter()
+            .map(|ip| {
+                let a = ip["address"].as_str().context("no address")?;
+                let (addr, _) = a.split_once('/').context("address without prefix")?;
+                addr.parse().with_context(|| format!("bad address {a}"))
+            })
+            .collect()
+    }
+
+    /// The CNI error code of a failed run.
+    pub fn code(&self) -> Option<u64> {
+        (!self.ok).then(|| self.stdout["code"].as_u64()).flatten()
+    }
+}
+
+/// One invocation: the runtime's environment for `command`.
+pub struct Call<'a> {
+    pub command: &'a str,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+    /// CNI_ARGS; None leaves it unset.
+    pub args: Option<String>,
+    pub env: Vec<(&'a str, String)>,
+}
+
+impl<'a> Call<'a> {
+    pub fn new(command: &'a str, container_id: &'a str) -> Self {
+        Call { command, container_id, ifname: "eth0", args: None, env: Vec::new() }
+    }
+
+    pub fn pod(mut self, namespace: &str, name: &str) -> Self {
+        self.args = Some(pod_args(namespace, name));
+        self
+    }
+
+    pub fn run(&self, plugin: Plugin, config: &Value) -> Result<Reply> {
+        self.run_raw(plugin, &serde_json::to_vec(config)?)
+    }
+
+    pub fn run_raw(&self, plugin: Plugin, stdin: &[u8]) -> Result<Reply> {
+        let bin = plugin.bin();
+        ensure!(bin.exists(), "{} is missing (cargo xtask build; Debian's containernetworking-plugins)", bin.display());
+        let mut cmd = Command::new(&bin);
+        cmd.env_clear()
+            .env("CNI_COMMAND", self.command)
+            .env("CNI_CONTAINERID", self.container_id)
+            .env("CNI_NETNS", format!("/run/netns/{}", self.container_id))
+            .env("CNI_IFNAME", self.ifname)
+            .env("CNI_PATH", PLUGIN_DIR);
+        if let Some(a) = &self.args {
+            cmd.env("CNI_ARGS", a);
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot run {}", bin.display()))?;
+        child.stdin.take().context("no stdin")?.write_all(stdin)?;
+        let out = child.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let stdout = if text.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).with_context(|| format!("{plugin:?} printed no JSON: {text:?}"))?
+        };
+        Ok(Reply { ok: out.status.success(), stdout, stderr: String::from_utf8_lossy(&out.stderr).into_owned() })
+    }
+}
+
+/// ADD for pod `namespace/name` as container `id`; its addresses.
+pub fn add(plugin: Plugin, config: &Value, id: &str, namespace: &str, name: &str) -> Result<Vec<IpAddr>> {
+    let r = Call::new("ADD", id).pod(namespace, name).run(plugin, config)?;
+    r.ips().with_context(|| format!("{plugin:?} ADD {id} ({namespace}/{name})"))
+}
+
+/// DEL of container `id` (eth0), which must succeed.
+pub fn del(plugin: Plugin, config: &Value, id: &str) -> Result<()> {
+    let r = Call::new("DEL", id).run(plugin, config)?;
+    if !r.ok {
+        bail!("{plugin:?} DEL {id} failed: {} {}", r.stdout, r.stderr);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_carries_the_ipam_block() {
+        let d = DataDir::new("cfg").unwrap();
+        let c = config(Plugin::HostLocal, "1.0.0", &d, v4_ranges(), json!({"retain": "0s"}));
+        assert_eq!(c["ipam"]["type"], "host-local");
+        assert_eq!(c["ipam"]["retain"], "0s");
+        assert_eq!(c["ipam"]["ranges"][0][0]["subnet"], "10.244.1.0/24");
+    }
+}

@@ -100,6 +100,8 @@ struct Session {
     own: Ipv4Net,
     own_key: String,
     own_value: String,
+    /// Our PublicIP: no other lease may claim it.
+    public_ip: Ipv4Addr,
     /// 0 for a reservation (no TTL)
     lease_id: i64,
     leases: BTreeMap<String, String>,
@@ -159,6 +161,7 @@ impl Session {
             own: Ipv4Net::default(),
             own_key: String::new(),
             own_value: String::new(),
+            public_ip: me.public_ip,
             lease_id: 0,
             leases: all.iter().map(|(k, (v, _))| (k.clone(), v.clone())).collect(),
             revision,
@@ -235,7 +238,7 @@ impl Session {
     }
 
     fn desired(&self) -> Desired {
-        let (peers, rejected, ignored) = leases::peers(&self.leases, self.conf.network, Some(self.own));
+        let (peers, rejected, ignored) = leases::peers(&self.leases, self.conf.network, Some(self.own), self.public_ip);
         let mac = leases::parse_lease(&leases::subnet_key(self.own), &self.own_value).ok().and_then(|l| l.vtep_mac);
         Desired {
             conf: self.conf.clone(),

@@ -7,6 +7,7 @@ pub mod flannel_rules;
 pub mod kube;
 pub mod leases;
 pub mod nodes_file;
+pub mod peer_record;
 
 use std::net::Ipv4Addr;
 

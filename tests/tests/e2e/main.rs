@@ -20,6 +20,7 @@ mod prog_test_run;
 mod real_node;
 mod restart;
 mod rollback;
+mod state_safety;
 
 use edgevx_tests::traffic::Peer;
 

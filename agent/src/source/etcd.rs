@@ -13,14 +13,13 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity, PutOptions, TlsOptions,
-    Txn, TxnOp, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };
 use ipnet::Ipv4Net;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use super::{Desired, leases};
+use super::{Desired, etcd_tls, leases};
 use crate::{
     mac::VtepMac,
     netconf::NetConf,
@@ -51,17 +50,7 @@ pub struct LocalNode {
 async fn connect(s: &EtcdSettings) -> Result<Client> {
     let mut opts =
         ConnectOptions::new().with_connect_timeout(Duration::from_secs(2)).with_timeout(Duration::from_secs(5));
-    if s.cafile.is_some() || s.certfile.is_some() {
-        let mut tls = TlsOptions::new();
-        if let Some(ca) = &s.cafile {
-            let pem = std::fs::read(ca).with_context(|| format!("cannot read --etcd-cafile {}", ca.display()))?;
-            tls = tls.ca_certificate(Certificate::from_pem(pem));
-        }
-        if let (Some(c), Some(k)) = (&s.certfile, &s.keyfile) {
-            let cert = std::fs::read(c).with_context(|| format!("cannot read --etcd-certfile {}", c.display()))?;
-            let key = std::fs::read(k).with_context(|| format!("cannot read --etcd-keyfile {}", k.display()))?;
-            tls = tls.identity(Identity::from_pem(cert, key));
-        }
+    if let Some(tls) = etcd_tls::options(s)? {
         opts = opts.with_tls(tls);
     }
     Client::connect(&s.endpoints, Some(opts))
@@ -337,7 +326,10 @@ pub fn run(settings: EtcdSettings, me: LocalNode, tx: mpsc::Sender<Desired>) -> 
                         return;
                     }
                     if let Err(e) = s.follow(&tx).await {
-                        warn!("etcd session ended, reconnecting: {e:#}");
+                        match etcd_tls::explain(&e, &settings) {
+                            Some(tls) => warn!("etcd session ended, reconnecting: {tls} ({e:#})"),
+                            None => warn!("etcd session ended, reconnecting: {e:#}"),
+                        }
                     }
                     if tx.is_closed() {
                         return;
@@ -350,7 +342,10 @@ pub fn run(settings: EtcdSettings, me: LocalNode, tx: mpsc::Sender<Desired>) -> 
                         error!("refusing the etcd network config: {refused}");
                         std::process::exit(2);
                     }
-                    warn!("etcd is not usable, retrying in {backoff:?}: {e:#}")
+                    match etcd_tls::explain(&e, &settings) {
+                        Some(tls) => warn!("etcd is not usable, retrying in {backoff:?}: {tls} ({e:#})"),
+                        None => warn!("etcd is not usable, retrying in {backoff:?}: {e:#}"),
+                    }
                 }
             }
             tokio::time::sleep(backoff).await;

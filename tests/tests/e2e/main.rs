@@ -6,6 +6,7 @@ mod deploy;
 mod edgevx_pair;
 mod env;
 mod etcd;
+mod etcd_tls;
 mod firewall;
 mod image;
 mod interop;

@@ -1,6 +1,7 @@
 //! Privileged end-to-end tests (root; run by `cargo xtask test` with
 //! `--test-threads=1`). Each test builds its own namespaces and removes
 //! them on drop, also when it fails.
+mod admission_policy;
 mod cli;
 mod deploy;
 mod edgevx_pair;

@@ -149,7 +149,9 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), StateErro
 
 /// Reads `path` without following a symlink; `None` if it does not exist.
 pub fn read_nofollow(path: &Path) -> Result<Option<Vec<u8>>, StateError> {
-    let mut f = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path) {
+    // O_NONBLOCK: a FIFO planted there must not hang the open (no effect on a regular file)
+    let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
+    let mut f = match OpenOptions::new().read(true).custom_flags(flags).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(StateError::Symlink(path.to_path_buf())),
@@ -387,6 +389,20 @@ mod tests {
         fs::set_permissions(&open, fs::Permissions::from_mode(0o1777)).unwrap();
         let e = write_atomic(&open.join("subnet.env"), b"", 0o644).unwrap_err();
         assert!(matches!(e, StateError::OpenDir { .. }), "{e}");
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_where_a_file_goes_is_refused_without_hanging() {
+        let d = temp_dir("fifo");
+        let s = StateDir(d.clone());
+        s.ensure().unwrap();
+        let c = std::ffi::CString::new(s.path(MAC_FILE).as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = s.load_mac().unwrap_err();
+        assert!(matches!(e.downcast_ref::<StateError>(), Some(StateError::NotAFile(_))), "{e:#}");
+        assert!(matches!(check_target(&s.path(MAC_FILE)), Err(StateError::NotAFile(_))));
         fs::remove_dir_all(d).unwrap();
     }
 

@@ -1,11 +1,13 @@
 //! `/run/flannel/subnet.env`, as flanneld writes it, so the standard flannel
-//! CNI plugin works unchanged.
+//! CNI plugin works unchanged. Written like a state file (see `state.rs`):
+//! atomically, never through a symlink, in a directory nobody else may
+//! write; a missing directory is created 0755 (the CNI plugin reads it).
 use std::path::Path;
 
 use anyhow::Result;
 use ipnet::Ipv4Net;
 
-use crate::state::write_atomic;
+use crate::state::{ensure_dir, write_atomic};
 
 /// The file's text. FLANNEL_SUBNET is the subnet's first host address with
 /// the subnet's length (the bridge gateway), e.g. `10.244.1.1/24`.
@@ -19,7 +21,10 @@ pub fn render(network: Ipv4Net, subnet: Ipv4Net, mtu: u32, ip_masq: bool) -> Str
 }
 
 pub fn write(path: &Path, network: Ipv4Net, subnet: Ipv4Net, mtu: u32, ip_masq: bool) -> Result<()> {
-    write_atomic(path, render(network, subnet, mtu, ip_masq).as_bytes())
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        ensure_dir(dir, 0o755)?;
+    }
+    Ok(write_atomic(path, render(network, subnet, mtu, ip_masq).as_bytes(), 0o644)?)
 }
 
 #[cfg(test)]

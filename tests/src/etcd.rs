@@ -1,6 +1,7 @@
 //! A real etcd (Debian's etcd-server) for the tests, listening on the
 //! underlay inside the switch namespace (198.18.0.254:2379), so every node
 //! namespace reaches it and a node can be cut off from it with a firewall rule.
+//! Plain HTTP, or TLS with client-certificate auth ([`Etcd::start_tls`]).
 use std::{
     path::PathBuf,
     process::{Child, Stdio},
@@ -9,26 +10,57 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{netns::Netns, topo::Cluster};
+use crate::{netns::Netns, pki::Pki, topo::Cluster};
 
 pub const ADDR: &str = "198.18.0.254";
 pub const ENDPOINT: &str = "http://198.18.0.254:2379";
+/// The endpoint of an etcd started with [`Etcd::start_tls`].
+pub const TLS_ENDPOINT: &str = "https://198.18.0.254:2379";
 pub const PREFIX: &str = "/coreos.com/network";
+
+/// What a TLS etcd and its etcdctl are given.
+struct Tls {
+    ca: PathBuf,
+    server: (PathBuf, PathBuf),
+    client: (PathBuf, PathBuf),
+}
 
 pub struct Etcd {
     ns: String,
     dir: PathBuf,
     child: Option<Child>,
+    tls: Option<Tls>,
 }
 
 impl Etcd {
     pub fn start(c: &Cluster) -> Result<Self> {
+        Self::start_with(c, None)
+    }
+
+    /// An etcd on [`TLS_ENDPOINT`] that requires a client certificate
+    /// signed by `pki.ca` (`--client-cert-auth`).
+    pub fn start_tls(c: &Cluster, pki: &Pki) -> Result<Self> {
+        Self::start_with(
+            c,
+            Some(Tls {
+                ca: pki.ca.clone(),
+                server: (pki.server.cert.clone(), pki.server.key.clone()),
+                client: (pki.client.cert.clone(), pki.client.key.clone()),
+            }),
+        )
+    }
+
+    fn start_with(c: &Cluster, tls: Option<Tls>) -> Result<Self> {
         if !c.switch.ip(&["addr", "show", "dev", "br0"])?.contains(ADDR) {
             c.switch.ip(&["addr", "add", &format!("{ADDR}/24"), "dev", "br0"])?;
         }
-        let mut e = Etcd { ns: c.switch.name.clone(), dir: c.dir.join("etcd"), child: None };
+        let mut e = Etcd { ns: c.switch.name.clone(), dir: c.dir.join("etcd"), child: None, tls };
         e.resume()?;
         Ok(e)
+    }
+
+    fn endpoint(&self) -> &'static str {
+        if self.tls.is_some() { TLS_ENDPOINT } else { ENDPOINT }
     }
 
     fn netns(&self) -> Netns {
@@ -40,11 +72,16 @@ impl Etcd {
     pub fn resume(&mut self) -> Result<()> {
         let ns = self.netns();
         let log = std::fs::File::create(self.dir.with_extension("log"))?;
-        let child = ns
-            .cmd("etcd")
+        let mut cmd = ns.cmd("etcd");
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file").arg(&t.server.0).arg("--key-file").arg(&t.server.1);
+            cmd.arg("--client-cert-auth").arg("--trusted-ca-file").arg(&t.ca);
+        }
+        let endpoint = self.endpoint();
+        let child = cmd
             .args(["--name", "test", "--data-dir"])
             .arg(&self.dir)
-            .args(["--listen-client-urls", ENDPOINT, "--advertise-client-urls", ENDPOINT])
+            .args(["--listen-client-urls", endpoint, "--advertise-client-urls", endpoint])
             .args([
                 "--listen-peer-urls",
                 "http://127.0.0.1:2380",
@@ -80,7 +117,12 @@ impl Etcd {
     /// `etcdctl ARGS` against this server (v3 API).
     pub fn ctl(&self, args: &[&str]) -> Result<String> {
         let ns = self.netns();
-        let out = ns.cmd("etcdctl").env("ETCDCTL_API", "3").arg(format!("--endpoints={ENDPOINT}")).args(args).output();
+        let mut cmd = ns.cmd("etcdctl");
+        cmd.env("ETCDCTL_API", "3").arg(format!("--endpoints={}", self.endpoint()));
+        if let Some(t) = &self.tls {
+            cmd.arg("--cacert").arg(&t.ca).arg("--cert").arg(&t.client.0).arg("--key").arg(&t.client.1);
+        }
+        let out = cmd.args(args).output();
         std::mem::forget(ns);
         let out = out?;
         if !out.status.success() {

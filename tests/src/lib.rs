@@ -12,6 +12,7 @@ pub mod kube_proxy;
 pub mod kubeapi;
 pub mod netns;
 pub mod nodes;
+pub mod pki;
 pub mod real_node;
 pub mod scenario;
 pub mod topo;

@@ -5,6 +5,7 @@ mod bench_scale;
 mod build;
 mod demo;
 mod exec;
+mod fuzz;
 mod image;
 mod packages;
 mod seccomp;
@@ -43,6 +44,12 @@ enum Job {
         #[arg(long, value_enum)]
         arch: Option<image::Arch>,
     },
+    /// Run every cargo-fuzz target (fuzz/) for N seconds each, from its seed corpus in fuzz/seeds.
+    Fuzz {
+        /// Seconds of fuzzing per target (the build comes on top).
+        #[arg(long, default_value_t = 60)]
+        seconds: u32,
+    },
     /// Write deploy/seccomp/edgevx.json: the runtime's default seccomp profile plus edgevx's bpf() commands.
     Seccomp,
     /// Two namespaced nodes, edgevx and kernel flannel, with pod traffic between them.
@@ -67,9 +74,12 @@ enum Job {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.job {
-        Job::Setup => {
-            packages::ensure().and_then(|_| packages::ensure_image()).and_then(|_| toolchain::ensure()).map(|_| ())
-        }
+        Job::Setup => packages::ensure()
+            .and_then(|_| packages::ensure_image())
+            .and_then(|_| packages::ensure_fuzz())
+            .and_then(|_| toolchain::ensure())
+            .and_then(|_| toolchain::ensure_cargo_fuzz())
+            .map(|_| ()),
         Job::Packages => {
             println!("{}", packages::all().join(" "));
             Ok(())
@@ -81,6 +91,7 @@ fn main() -> ExitCode {
             .and_then(|_| build::ipam().map(|_| ())),
         Job::Test { filter } => test::run(filter.as_deref()),
         Job::Image { arch } => arch.map_or_else(image::Arch::host, Ok).and_then(image::build).map(|_| ()),
+        Job::Fuzz { seconds } => fuzz::run(seconds),
         Job::Seccomp => seccomp::write(),
         Job::Demo => demo::run(),
         Job::Bench { scale: Some(n), .. } => bench_scale::run(n),

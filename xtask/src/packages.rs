@@ -78,6 +78,10 @@ const IMAGE: &[(Probe, &str)] = &[
     (Probe::File("/usr/share/containers/seccomp.json"), "golang-github-containers-common"),
 ];
 
+/// What `cargo xtask fuzz` needs beyond the build: libfuzzer-sys compiles
+/// libFuzzer's C++ sources.
+const FUZZ: &[(Probe, &str)] = &[(Probe::Command("c++"), "g++")];
+
 /// Everything the tests, demo and bench need.
 pub fn ensure() -> Result<()> {
     install(&[BUILD, RUN].concat())
@@ -88,6 +92,11 @@ pub fn ensure_image() -> Result<()> {
     install(&[BUILD, IMAGE].concat())
 }
 
+/// What `cargo xtask fuzz` needs (the build's needs too).
+pub fn ensure_fuzz() -> Result<()> {
+    install(&[BUILD, FUZZ].concat())
+}
+
 /// What `cargo xtask build` needs.
 pub fn ensure_build() -> Result<()> {
     install(BUILD)
@@ -95,7 +104,7 @@ pub fn ensure_build() -> Result<()> {
 
 /// The Debian packages behind every need, for `.ci/run` and fresh-machine checks.
 pub fn all() -> Vec<&'static str> {
-    let mut pkgs: Vec<&str> = BUILD.iter().chain(RUN).chain(IMAGE).map(|(_, p)| *p).collect();
+    let mut pkgs: Vec<&str> = BUILD.iter().chain(RUN).chain(IMAGE).chain(FUZZ).map(|(_, p)| *p).collect();
     pkgs.sort_unstable();
     pkgs.dedup();
     pkgs

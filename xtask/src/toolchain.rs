@@ -18,6 +18,7 @@ use crate::exec;
 /// The toolchain aya-build compiles the eBPF crate with (its default).
 pub const EBPF_TOOLCHAIN: &str = "nightly";
 const BPF_LINKER_VERSION: &str = "0.13.0";
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 /// Where the tools are, for the children that need them.
 pub struct Tools {
@@ -116,5 +117,26 @@ fn ensure_bpf_linker() -> Result<PathBuf> {
             .env("LLVM_PREFIX", &prefix),
     )
     .with_context(|| format!("missing: bpf-linker, and building it against LLVM {major} failed (needs crates.io)"))?;
+    Ok(bin_dir)
+}
+
+/// cargo-fuzz, built from crates.io into the tools cache like bpf-linker
+/// (nothing is installed into ~/.cargo/bin); returns the directory of the
+/// `cargo-fuzz` binary, to put on PATH for `cargo +nightly fuzz`.
+pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
+    let root = cache_root()?.join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}"));
+    let bin_dir = root.join("bin");
+    let bin = bin_dir.join("cargo-fuzz");
+    if bin.exists() && Command::new(&bin).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Ok(bin_dir);
+    }
+    eprintln!("xtask: building cargo-fuzz {CARGO_FUZZ_VERSION} (about a minute)");
+    exec::run(
+        Command::new("cargo")
+            .args(["install", "cargo-fuzz", "--locked", "--version", CARGO_FUZZ_VERSION])
+            .arg("--root")
+            .arg(&root),
+    )
+    .context("missing: cargo-fuzz, and `cargo install cargo-fuzz` failed (needs crates.io)")?;
     Ok(bin_dir)
 }

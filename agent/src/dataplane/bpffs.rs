@@ -33,19 +33,31 @@ impl PinDir {
     pub fn map(&self, name: &str) -> PathBuf {
         self.maps().join(name)
     }
-    /// Pin directories of other layout versions (`v<N>` beside ours).
-    pub fn other_versions(&self) -> Vec<PathBuf> {
-        let (Some(parent), Some(ours)) = (self.root.parent(), self.root.file_name()) else { return Vec::new() };
+    /// The layout versions pinned beside ours (`v<N>` directories), with their paths.
+    fn versions(&self) -> Vec<(u32, PathBuf)> {
+        let Some(parent) = self.root.parent() else { return Vec::new() };
         let Ok(entries) = fs::read_dir(parent) else { return Vec::new() };
         entries
             .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name().is_some_and(|n| {
-                    n != ours && n.to_str().and_then(|n| n.strip_prefix('v')).is_some_and(|v| v.parse::<u32>().is_ok())
-                })
+            .filter_map(|e| {
+                let v = e.file_name().to_str()?.strip_prefix('v')?.parse::<u32>().ok()?;
+                Some((v, e.path()))
             })
             .collect()
+    }
+
+    /// Pin directories of OLDER layout versions: the only ones an upgraded
+    /// agent retires. A newer version's pins belong to a newer agent.
+    pub fn other_versions(&self) -> Vec<PathBuf> {
+        self.versions().into_iter().filter(|(v, _)| *v < SCHEMA_VERSION).map(|(_, p)| p).collect()
+    }
+
+    /// Pin directories of NEWER layout versions, newest first: a newer
+    /// edgevx ran (or runs) here, and this one must not touch its dataplane.
+    pub fn newer_versions(&self) -> Vec<(u32, PathBuf)> {
+        let mut newer: Vec<_> = self.versions().into_iter().filter(|(v, _)| *v > SCHEMA_VERSION).collect();
+        newer.sort_by_key(|(v, _)| std::cmp::Reverse(*v));
+        newer
     }
 
     pub fn create(&self) -> Result<()> {
@@ -63,6 +75,30 @@ pub fn is_bpffs(path: &Path) -> bool {
     // SAFETY: statfs writes into the struct we own.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0) && st.f_type as i64 == BPF_FS_MAGIC
+}
+
+/// A newer edgevx's pins under `--bpffs`: this (older) agent would tear
+/// down or fight its dataplane, so `edgevx run` exits 2 before touching
+/// anything.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error(
+    "{} holds the pins of map layout v{found}, newer than this edgevx's v{ours}: a newer edgevx runs (or ran) on \
+     this node. Refusing to start, so as not to tear down its dataplane; run the newer edgevx, or remove its \
+     dataplane first with that version's `edgevx cleanup`",
+    path.display()
+)]
+pub struct NewerVersion {
+    pub path: PathBuf,
+    pub found: u32,
+    pub ours: u32,
+}
+
+/// Refuses to go on when a newer layout version is pinned beside ours.
+pub fn no_newer_version(bpffs: &Path) -> Result<(), NewerVersion> {
+    match PinDir::new(bpffs).newer_versions().into_iter().next() {
+        Some((found, path)) => Err(NewerVersion { path, found, ours: SCHEMA_VERSION }),
+        None => Ok(()),
+    }
 }
 
 /// `--bpffs` is not on a bpffs. edgevx never mounts one itself: that needs
@@ -94,4 +130,29 @@ pub fn on_bpffs(path: &Path) -> Result<(), NotBpffs> {
 pub fn ensure_dir_on_bpffs(path: &Path) -> Result<()> {
     on_bpffs(path)?;
     fs::create_dir_all(path).with_context(|| format!("cannot create {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_older_versions_are_others_to_retire_and_newer_ones_stop_us() {
+        let d = std::env::temp_dir().join(format!("edgevx-unit-pins-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        let pins = PinDir::new(&d);
+        pins.create().unwrap();
+        let (older, newer) = (d.join(format!("v{}", SCHEMA_VERSION - 1)), d.join(format!("v{}", SCHEMA_VERSION + 1)));
+        for p in [&older, &newer, &d.join("vx"), &d.join("other")] {
+            fs::create_dir_all(p).unwrap();
+        }
+        assert_eq!(pins.other_versions(), vec![older]);
+        assert_eq!(pins.newer_versions(), vec![(SCHEMA_VERSION + 1, newer.clone())]);
+        let e = no_newer_version(&d).unwrap_err();
+        assert_eq!((e.found, e.ours), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+        assert!(e.to_string().contains(&newer.display().to_string()), "{e}");
+        fs::remove_dir_all(&newer).unwrap();
+        assert!(no_newer_version(&d).is_ok());
+        fs::remove_dir_all(d).unwrap();
+    }
 }

@@ -4,7 +4,7 @@
 //! never runs without a program; maps are pinned by name and reused.
 use std::{fs, io, os::fd::FromRawFd, path::Path};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use aya::{
     Ebpf, EbpfLoader,
     programs::{
@@ -16,6 +16,8 @@ use aya::{
 };
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
+
+use edgevx_common::SCHEMA_VERSION;
 
 use crate::dataplane::{bpffs::PinDir, clsact};
 
@@ -222,8 +224,16 @@ pub fn remove_pin(path: &Path) -> Result<()> {
 
 /// After an upgrade that changed the map layout: detaches the links an
 /// older version pinned (our new ones are attached by then, first in line)
-/// and removes its programs and maps.
+/// and removes its programs and maps. Only ever an older version: a newer
+/// one's pins are refused here, whoever asks (see [`NewerVersion`](crate::dataplane::bpffs::NewerVersion)).
 pub fn retire(old: &Path) -> Result<()> {
+    let version = old.file_name().and_then(|n| n.to_str()?.strip_prefix('v')?.parse::<u32>().ok());
+    match version {
+        Some(v) if v < SCHEMA_VERSION => {}
+        _ => {
+            bail!("refusing to retire {}: not the pins of an older edgevx (ours are v{SCHEMA_VERSION})", old.display())
+        }
+    }
     let links = old.join("links");
     for entry in fs::read_dir(&links).into_iter().flatten().flatten() {
         let path = entry.path();

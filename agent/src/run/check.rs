@@ -1,6 +1,7 @@
 //! Everything `edgevx run` checks before it touches the host (the flags,
-//! the net-conf, the kernel and the bpffs), and the choice of source. A
-//! failure here is a usage error: exit code 2.
+//! the net-conf, the kernel and the bpffs, the state files and the pins of
+//! other versions), and the choice of source. A failure here is a usage
+//! error: exit code 2.
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
@@ -12,10 +13,12 @@ use super::kernel::{self, KernelFacts};
 use crate::{
     UsageError,
     annotations::AnnotationNames,
+    cache::VIEW_FILE,
     cli::RunArgs,
-    dataplane::device,
+    dataplane::{bpffs, device},
     netconf::NetConf,
     source::{etcd, kube},
+    state::{self, AGENT_FILE, MAC_FILE, PEERS_FILE, StateDir},
 };
 
 /// Where desired state comes from.
@@ -129,6 +132,24 @@ async fn choose_source(args: &RunArgs) -> Result<Source> {
     }))
 }
 
+/// The files `run` will write: none may be a symlink (a root write would
+/// follow it), and their directories must be ours. Checked again at every
+/// write; here so a planted link stops the agent before it changes anything.
+fn check_files(args: &RunArgs) -> Result<()> {
+    let state = StateDir(args.paths.state_dir.clone());
+    let refuse = |e: state::StateError| usage(e.to_string());
+    state.check().map_err(refuse)?;
+    for name in [MAC_FILE, PEERS_FILE, AGENT_FILE, VIEW_FILE] {
+        state::check_target(&state.path(name)).map_err(refuse)?;
+    }
+    let subnet_file = &args.subnet_file;
+    state::check_target(subnet_file).map_err(|e| usage(format!("--subnet-file: {e}")))?;
+    if let Some(dir) = subnet_file.parent().filter(|d| d.exists()) {
+        state::check_dir(dir).map_err(|e| usage(format!("--subnet-file: {e}")))?;
+    }
+    Ok(())
+}
+
 pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
     let node = args
         .node_name
@@ -172,6 +193,9 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
             return Err(usage(format!("{flag} {} is not a directory", dir.display())));
         }
     }
+    check_files(&args)?;
+    // a newer edgevx's dataplane is here: leave it alone, whatever else is wrong
+    bpffs::no_newer_version(&args.paths.bpffs).map_err(|e| usage(e.to_string()))?;
     // last, so a mistyped flag is reported as such on any host
     let facts = KernelFacts::of_this_host(&args.paths.bpffs);
     if facts.version.is_none() {

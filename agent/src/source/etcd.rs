@@ -13,14 +13,13 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity, PutOptions, TlsOptions,
-    Txn, TxnOp, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };
 use ipnet::Ipv4Net;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use super::{Desired, leases};
+use super::{Desired, etcd_tls, leases};
 use crate::{
     mac::VtepMac,
     netconf::NetConf,
@@ -51,17 +50,7 @@ pub struct LocalNode {
 async fn connect(s: &EtcdSettings) -> Result<Client> {
     let mut opts =
         ConnectOptions::new().with_connect_timeout(Duration::from_secs(2)).with_timeout(Duration::from_secs(5));
-    if s.cafile.is_some() || s.certfile.is_some() {
-        let mut tls = TlsOptions::new();
-        if let Some(ca) = &s.cafile {
-            let pem = std::fs::read(ca).with_context(|| format!("cannot read --etcd-cafile {}", ca.display()))?;
-            tls = tls.ca_certificate(Certificate::from_pem(pem));
-        }
-        if let (Some(c), Some(k)) = (&s.certfile, &s.keyfile) {
-            let cert = std::fs::read(c).with_context(|| format!("cannot read --etcd-certfile {}", c.display()))?;
-            let key = std::fs::read(k).with_context(|| format!("cannot read --etcd-keyfile {}", k.display()))?;
-            tls = tls.identity(Identity::from_pem(cert, key));
-        }
+    if let Some(tls) = etcd_tls::options(s)? {
         opts = opts.with_tls(tls);
     }
     Client::connect(&s.endpoints, Some(opts))
@@ -94,6 +83,8 @@ struct Session {
     own: Ipv4Net,
     own_key: String,
     own_value: String,
+    /// Our PublicIP: no other lease may claim it.
+    public_ip: Ipv4Addr,
     /// 0 for a reservation (no TTL)
     lease_id: i64,
     leases: BTreeMap<String, String>,
@@ -153,6 +144,7 @@ impl Session {
             own: Ipv4Net::default(),
             own_key: String::new(),
             own_value: String::new(),
+            public_ip: me.public_ip,
             lease_id: 0,
             leases: all.iter().map(|(k, (v, _))| (k.clone(), v.clone())).collect(),
             revision,
@@ -229,7 +221,7 @@ impl Session {
     }
 
     fn desired(&self) -> Desired {
-        let (peers, rejected, ignored) = leases::peers(&self.leases, self.conf.network, Some(self.own));
+        let (peers, rejected, ignored) = leases::peers(&self.leases, self.conf.network, Some(self.own), self.public_ip);
         let mac = leases::parse_lease(&leases::subnet_key(self.own), &self.own_value).ok().and_then(|l| l.vtep_mac);
         Desired {
             conf: self.conf.clone(),
@@ -328,7 +320,10 @@ pub fn run(settings: EtcdSettings, me: LocalNode, tx: mpsc::Sender<Desired>) -> 
                         return;
                     }
                     if let Err(e) = s.follow(&tx).await {
-                        warn!("etcd session ended, reconnecting: {e:#}");
+                        match etcd_tls::explain(&e, &settings) {
+                            Some(tls) => warn!("etcd session ended, reconnecting: {tls} ({e:#})"),
+                            None => warn!("etcd session ended, reconnecting: {e:#}"),
+                        }
                     }
                     if tx.is_closed() {
                         return;
@@ -341,7 +336,10 @@ pub fn run(settings: EtcdSettings, me: LocalNode, tx: mpsc::Sender<Desired>) -> 
                         error!("refusing the etcd network config: {refused}");
                         std::process::exit(2);
                     }
-                    warn!("etcd is not usable, retrying in {backoff:?}: {e:#}")
+                    match etcd_tls::explain(&e, &settings) {
+                        Some(tls) => warn!("etcd is not usable, retrying in {backoff:?}: {tls} ({e:#})"),
+                        None => warn!("etcd is not usable, retrying in {backoff:?}: {e:#}"),
+                    }
                 }
             }
             tokio::time::sleep(backoff).await;

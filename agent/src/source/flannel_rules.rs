@@ -97,7 +97,7 @@ fn parse_ip(what: &str, text: &str) -> Result<Ipv4Addr, String> {
 }
 
 impl Rules<'_> {
-    fn peer(&self, name: &str, node: &Value) -> Result<Verdict, String> {
+    fn peer(&self, name: &str, node: &Value, own_ips: &[Ipv4Addr]) -> Result<Verdict, String> {
         let ann = annotations(node)?;
         let n = self.names;
         if ann.get(&n.subnet_manager) != Some("true") {
@@ -117,13 +117,9 @@ impl Rules<'_> {
             (_, Some(p)) => parse_ip("public-ip", p)?,
             (_, None) => return Err(format!("no {} annotation", n.public_ip)),
         };
-        if public_ip.is_unspecified() || public_ip.is_multicast() || public_ip.is_broadcast() {
-            return Err(format!("public-ip {public_ip} is not a unicast address"));
-        }
         let subnet = pod_cidr(node)?;
-        if !self.network.contains(&subnet) {
-            return Err(format!("pod CIDR {subnet} is outside the network {}", self.network));
-        }
+        super::peer_record::check(public_ip, subnet, self.network, own_ips)
+            .map_err(|e| format!("public-ip annotation or pod CIDR: {e}"))?;
         Ok(Verdict::Peer(Peer { node: name.to_string(), subnet, public_ip, vtep_mac }))
     }
 
@@ -141,8 +137,22 @@ impl Rules<'_> {
         Ok(OwnNode { subnet, published_mac, node_public_ip })
     }
 
+    /// The addresses our own Node publishes (public-ip, its overwrite,
+    /// node-public-ip): no peer may claim one.
+    fn own_ips(&self, nodes: &[Value]) -> Vec<Ipv4Addr> {
+        let n = self.names;
+        let own =
+            nodes.iter().find(|node| node.pointer("/metadata/name").and_then(Value::as_str) == Some(self.own_name));
+        let ann = own.and_then(|node| annotations(node).ok()).unwrap_or_default();
+        [&n.public_ip, &n.public_ip_overwrite, &n.node_public_ip]
+            .into_iter()
+            .filter_map(|key| ann.get(key)?.parse().ok())
+            .collect()
+    }
+
     /// Reads every node; one bad node never spoils the others.
     pub fn view(&self, nodes: &[Value]) -> ClusterView {
+        let own_ips = self.own_ips(nodes);
         let mut view = ClusterView {
             own_problem: Some(format!("node {:?} is not in the node list", self.own_name)),
             ..ClusterView::default()
@@ -162,7 +172,7 @@ impl Rules<'_> {
                 }
                 continue;
             }
-            match self.peer(name, node) {
+            match self.peer(name, node, &own_ips) {
                 Ok(Verdict::Peer(p)) => view.peers.push(p),
                 Ok(Verdict::Ignored(reason)) => view.ignored.push(Rejection { node: name.into(), reason }),
                 Err(reason) => view.rejected.push(Rejection { node: name.into(), reason }),
@@ -244,11 +254,16 @@ mod tests {
             (node("garbage", "10.244.4.0/24", "198.18.0.4", "{not json"), "not JSON"),
             (no_cidr, "pod cidr not assigned"),
             (node("outside", "10.99.0.0/24", "198.18.0.5", GOOD), "outside the network"),
+            (node("loopback", "10.244.8.0/24", "127.0.0.1", GOOD), "loopback"),
+            (node("mcast", "10.244.10.0/24", "224.0.0.1", GOOD), "multicast"),
+            (node("zero", "10.244.11.0/24", "0.0.0.0", GOOD), "not a unicast"),
+            (node("bcast", "10.244.12.0/24", "255.255.255.255", GOOD), "broadcast"),
+            (node("ours", "10.244.13.0/24", "198.18.0.1", GOOD), "this node's own address"),
             (node("badcidr", "10.244.6.0/33", "198.18.0.6", GOOD), "bad pod CIDR"),
         ];
         let nodes: Vec<Value> =
             cases.iter().map(|(n, _)| n.clone()).chain([node("ok", "10.244.7.0/24", "198.18.0.7", GOOD)]).collect();
-        let v = view(&nodes);
+        let v = view(&[nodes, vec![node("me", "10.244.1.0/24", "198.18.0.1", GOOD)]].concat());
         assert_eq!(v.peers.len(), 1, "the good node survives");
         for (n, reason) in &cases {
             let name = n["metadata"]["name"].as_str().unwrap();

@@ -6,6 +6,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use ipnet::Ipv4Net;
 use serde_json::{Value, json};
 
+use super::peer_record;
 use crate::{
     mac::VtepMac,
     netconf::NetConf,
@@ -59,11 +60,14 @@ pub fn parse_lease(key: &str, value: &str) -> Result<Lease, String> {
     Ok(Lease { subnet, public_ip, backend_type, vtep_mac })
 }
 
-/// Turns leases into peers with flannel's rules; `own` is skipped.
+/// Turns leases into peers with flannel's rules; `own` is skipped, and a
+/// lease gets the same checks as a Node ([`peer_record::check`]), with
+/// `own_ip` as this node's address.
 pub fn peers(
     leases: &BTreeMap<String, String>,
     network: Ipv4Net,
     own: Option<Ipv4Net>,
+    own_ip: Ipv4Addr,
 ) -> (Vec<Peer>, Vec<Rejection>, Vec<Rejection>) {
     let (mut peers, mut rejected, mut ignored) = (Vec::new(), Vec::new(), Vec::new());
     for (key, value) in leases {
@@ -74,8 +78,10 @@ pub fn peers(
             Ok(l) if l.backend_type != "vxlan" => {
                 ignored.push(reject(format!("backend type {:?} is not \"vxlan\"", l.backend_type)))
             }
-            Ok(l) if !network.contains(&l.subnet) => {
-                rejected.push(reject(format!("subnet {} is outside the network {network}", l.subnet)))
+            Ok(l) if peer_record::check(l.public_ip, l.subnet, network, &[own_ip]).is_err() => {
+                if let Err(e) = peer_record::check(l.public_ip, l.subnet, network, &[own_ip]) {
+                    rejected.push(reject(e.to_string()))
+                }
             }
             Ok(Lease { vtep_mac: None, .. }) => rejected.push(reject("lease has no BackendData.VtepMAC".into())),
             Ok(Lease { subnet, public_ip, vtep_mac: Some(mac), .. }) => {
@@ -97,10 +103,19 @@ pub struct SubnetRange {
 pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange, String> {
     let v: Value = serde_json::from_str(config).map_err(|e| format!("network config is not JSON ({e})"))?;
     let net = conf.network;
-    let len = match v.get("SubnetLen").and_then(Value::as_u64) {
-        Some(l) => l as u8,
-        None if net.prefix_len() <= 22 => 24,
-        None => net.prefix_len() + 2,
+    // 0 is flannel's "unset" (a Go uint's zero value), so it means the default
+    let len = match v.get("SubnetLen") {
+        None | Some(Value::Null) => 0,
+        Some(l) => l
+            .as_u64()
+            .and_then(|l| u8::try_from(l).ok())
+            .filter(|l| *l <= 32)
+            .ok_or_else(|| format!("SubnetLen {l} is not a prefix length from 1 to 32 (or 0 for the default)"))?,
+    };
+    let len = match len {
+        0 if net.prefix_len() <= 22 => 24,
+        0 => net.prefix_len() + 2,
+        l => l,
     };
     if len < net.prefix_len() || len > 30 {
         return Err(format!("SubnetLen {len} does not fit Network {net} (max 30)"));
@@ -186,12 +201,55 @@ mod tests {
             ("10.244.4.0-24".to_string(), r#"{"PublicIP":"198.18.0.4","BackendType":"udp"}"#.to_string()),
             ("10.244.5.0-24".to_string(), "{".to_string()),
         ]);
-        let (p, rejected, ignored) =
-            peers(&leases, "10.244.0.0/16".parse().unwrap(), Some("10.244.1.0/24".parse().unwrap()));
+        let (p, rejected, ignored) = peers(
+            &leases,
+            "10.244.0.0/16".parse().unwrap(),
+            Some("10.244.1.0/24".parse().unwrap()),
+            "198.18.0.1".parse().unwrap(),
+        );
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].node, "10.244.2.0-24");
         assert_eq!(rejected.len(), 2);
         assert_eq!(ignored.len(), 1);
+    }
+
+    #[test]
+    fn leases_get_the_checks_nodes_get() {
+        let mac: VtepMac = "02:00:00:00:00:02".parse().unwrap();
+        let cases = [
+            ("0.0.0.0", "not a unicast"),
+            ("127.0.0.1", "loopback"),
+            ("224.0.0.5", "multicast"),
+            ("255.255.255.255", "broadcast"),
+            ("198.18.0.1", "own address"),
+        ];
+        let leases: BTreeMap<String, String> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, (ip, _))| (format!("10.244.{}.0-24", i + 10), lease_value(ip.parse().unwrap(), 1, mac)))
+            .collect();
+        let (p, rejected, _) = peers(&leases, "10.244.0.0/16".parse().unwrap(), None, "198.18.0.1".parse().unwrap());
+        assert!(p.is_empty(), "{p:?}");
+        for (i, (ip, reason)) in cases.iter().enumerate() {
+            let key = format!("10.244.{}.0-24", i + 10);
+            let r = rejected.iter().find(|r| r.node == key).unwrap_or_else(|| panic!("{ip} not rejected"));
+            assert!(r.reason.contains(reason), "{ip}: {}", r.reason);
+        }
+    }
+
+    #[test]
+    fn subnet_len_outside_1_to_32_is_refused_not_truncated() {
+        let net = conf("10.0.0.0/8");
+        // 280 as u8 would be 24: a plausible length nobody asked for
+        for bad in ["280", "33", "-1", "24.5", "\"24\""] {
+            let e = subnet_range(&format!(r#"{{"SubnetLen":{bad}}}"#), &net).unwrap_err();
+            assert!(e.contains("SubnetLen") && e.contains("1 to 32"), "{bad}: {e}");
+        }
+        assert_eq!(subnet_range(r#"{"SubnetLen":null}"#, &net).unwrap().len, 24);
+        assert_eq!(subnet_range(r#"{"SubnetLen":0}"#, &net).unwrap().len, 24, "flannel's unset");
+        assert_eq!(subnet_range(r#"{"SubnetLen":20}"#, &net).unwrap().len, 20);
+        // in 1-32 but not within flannel's bounds: refused as before
+        assert!(subnet_range(r#"{"SubnetLen":31}"#, &net).unwrap_err().contains("max 30"));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Privileged end-to-end tests (root; run by `cargo xtask test` with
 //! `--test-threads=1`). Each test builds its own namespaces and removes
 //! them on drop, also when it fails.
+mod admission_policy;
 mod cli;
 mod deploy;
 mod edgevx_pair;
 mod env;
 mod etcd;
+mod etcd_tls;
 mod firewall;
 mod image;
 mod interop;
@@ -25,6 +27,7 @@ mod real_node;
 mod reconcile;
 mod restart;
 mod rollback;
+mod state_safety;
 
 use edgevx_tests::traffic::Peer;
 

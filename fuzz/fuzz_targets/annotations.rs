@@ -1,0 +1,38 @@
+//! Annotation names from `--kube-annotation-prefix` (flannel's derivation)
+//! and a Node's annotation values under them: the first line of the input
+//! is the prefix, the rest the annotations as JSON.
+#![no_main]
+use edgevx::{
+    annotations::AnnotationNames,
+    netconf::NetConf,
+    source::{NodeReader, peer_record},
+};
+use libfuzzer_sys::fuzz_target;
+use serde_json::{Value, json};
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let (prefix, annotations) = text.split_once('\n').unwrap_or((text, "{}"));
+    let Ok(names) = AnnotationNames::new(prefix) else { return };
+    for name in [
+        &names.subnet_manager,
+        &names.backend_type,
+        &names.backend_data,
+        &names.public_ip,
+        &names.public_ip_overwrite,
+        &names.node_public_ip,
+    ] {
+        // a valid Kubernetes annotation key: one '/', lowercase DNS prefix
+        assert_eq!(name.matches('/').count(), 1, "{name}");
+        assert!(name.starts_with(prefix.trim_end_matches(['/', '-'])), "{name} from {prefix:?}");
+    }
+    let Ok(ann) = serde_json::from_str::<Value>(annotations) else { return };
+    let node =
+        |name: &str| json!({"metadata": {"name": name, "annotations": ann}, "spec": {"podCIDR": "10.244.2.0/24"}});
+    let reader = NodeReader { names, own_name: "me".into(), conf: NetConf::default() };
+    let d = reader.desired(&[node("me"), node("peer")]);
+    assert_eq!(d.view.peers.len() + d.view.rejected.len() + d.view.ignored.len(), 1);
+    for p in &d.view.peers {
+        assert!(peer_record::check(p.public_ip, p.subnet, d.conf.network, &[]).is_ok(), "{p:?}");
+    }
+});

@@ -133,6 +133,7 @@ mod tests {
             subnet: subnet.parse().unwrap(),
             public_ip: ip.parse().unwrap(),
             vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
+            any_inner_source: false,
         }
     }
     fn own() -> Ipv4Net {

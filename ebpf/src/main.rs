@@ -9,6 +9,7 @@ mod decap;
 mod encap;
 mod maps;
 mod stats;
+mod too_big;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 

@@ -8,7 +8,9 @@ use aya::maps::{
 };
 use edgevx_common::{
     counters::{self, Counter},
-    maps::{self as names, DataplaneConfig, LocalPod, Peer as PeerEntry, PeerStats},
+    maps::{
+        self as names, ACCEPT_ANY_INNER_SOURCE, DataplaneConfig, LocalPod, Peer as PeerEntry, PeerAccept, PeerStats,
+    },
 };
 use ipnet::Ipv4Net;
 
@@ -21,6 +23,7 @@ pub struct Maps {
     config: Array<MapData, DataplaneConfig>,
     subnets: LpmTrie<MapData, [u8; 4], PeerEntry>,
     stats: PerCpuHashMap<MapData, [u8; 4], PeerStats>,
+    accept: HashMap<MapData, [u8; 4], PeerAccept>,
     local_pods: HashMap<MapData, [u8; 4], LocalPod>,
     global: PerCpuArray<MapData, u64>,
 }
@@ -38,6 +41,16 @@ fn typed<T: TryFrom<Map, Error = MapError>>(pins: &PinDir, name: &str) -> Result
 
 fn lpm_key(subnet: Ipv4Net) -> Key<[u8; 4]> {
     Key::new(subnet.prefix_len() as u32, subnet.network().octets())
+}
+
+/// What decap needs to accept a peer and bind its inner sources.
+fn accept_entry(subnet: Ipv4Net, any_inner_source: bool) -> PeerAccept {
+    PeerAccept {
+        pod_subnet: subnet.network().octets(),
+        prefix_len: subnet.prefix_len(),
+        flags: if any_inner_source { ACCEPT_ANY_INNER_SOURCE } else { 0 },
+        _pad: [0; 2],
+    }
 }
 
 /// Sums a per-CPU peer counter set.
@@ -59,6 +72,7 @@ impl Maps {
             config: typed(pins, names::CONFIG)?,
             subnets: typed(pins, names::PEER_SUBNETS)?,
             stats: typed(pins, names::PEER_STATS)?,
+            accept: typed(pins, names::PEER_ACCEPT)?,
             local_pods: typed(pins, names::LOCAL_PODS)?,
             global: typed(pins, names::GLOBAL_STATS)?,
         })
@@ -86,12 +100,17 @@ impl Maps {
         self.subnets
             .insert(&lpm_key(new.subnet), entry, 0)
             .with_context(|| format!("cannot add peer subnet {}", new.subnet))?;
+        // accepted only once its subnet is there to send replies to
+        self.accept
+            .insert(ip, accept_entry(new.subnet, new.any_inner_source), 0)
+            .with_context(|| format!("cannot accept VXLAN from peer {}", new.public_ip))?;
         if let Some(old) = old {
             if old.subnet != new.subnet {
                 self.remove_subnet(old.subnet)?;
             }
             if old.public_ip != new.public_ip {
                 self.remove_stats(old.public_ip)?;
+                self.withdraw_accept(old.public_ip)?;
             }
         }
         Ok(())
@@ -99,7 +118,37 @@ impl Maps {
 
     pub fn delete_peer(&mut self, peer: &Peer) -> Result<()> {
         self.remove_subnet(peer.subnet)?;
+        self.withdraw_accept(peer.public_ip)?;
         self.remove_stats(peer.public_ip)
+    }
+
+    /// Stops accepting VXLAN from `ip`, unless another programmed subnet
+    /// still belongs to it: then its entry is bound to that subnet instead.
+    /// (Inner sources in any of a peer's subnets are also found through the
+    /// subnet map by decap, so binding to one of them loses nothing.)
+    fn withdraw_accept(&mut self, ip: Ipv4Addr) -> Result<()> {
+        let octets = ip.octets();
+        let flags = self.accept.get(&octets, 0).map(|a| a.flags).unwrap_or(0);
+        if let Some((net, _)) = self.subnets()?.into_iter().find(|(_, e)| e.public_ip == octets) {
+            let mut entry = accept_entry(net, false);
+            entry.flags = flags;
+            return self.accept.insert(octets, entry, 0).with_context(|| format!("cannot rebind peer {ip} to {net}"));
+        }
+        match self.accept.remove(&octets) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("cannot stop accepting VXLAN from {ip}")),
+        }
+    }
+
+    /// Every peer we accept VXLAN from, with its binding (what decap sees).
+    pub fn accepted(&self) -> Result<Vec<(Ipv4Addr, PeerAccept)>> {
+        let mut out = Vec::new();
+        for item in self.accept.iter() {
+            let (key, value) = item.context("cannot read the peer accept map")?;
+            out.push((Ipv4Addr::from(key), value));
+        }
+        Ok(out)
     }
 
     fn remove_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
@@ -130,11 +179,18 @@ impl Maps {
         Ok(out)
     }
 
-    /// Removes subnet entries nobody asked for (left by a crash mid-update).
+    /// Removes subnet entries nobody asked for (left by a crash mid-update),
+    /// and stops accepting peers no remaining subnet belongs to.
     pub fn retain_subnets(&mut self, keep: &[Ipv4Net]) -> Result<()> {
         for (net, _) in self.subnets()? {
             if !keep.contains(&net) {
                 self.remove_subnet(net)?;
+            }
+        }
+        let owners: Vec<[u8; 4]> = self.subnets()?.into_iter().map(|(_, e)| e.public_ip).collect();
+        for (ip, _) in self.accepted()? {
+            if !owners.contains(&ip.octets()) {
+                self.withdraw_accept(ip)?;
             }
         }
         Ok(())

@@ -59,9 +59,16 @@ pub enum Counter {
     /// Dropped: a frame too big for the underlay once encapsulated that may
     /// not be answered with ICMP (DF clear, a later fragment, an ICMP error).
     DropTooBig = 22,
+    /// Dropped at socket lookup: a datagram to our VXLAN port from a source
+    /// that is not an accepted peer, by a path decap does not see (another
+    /// interface, a local pod, a reassembled datagram).
+    DropUnknownPeerSocket = 23,
+    /// Dropped on the pod bridge's ingress: a local pod sent UDP to the
+    /// VXLAN port (of any node).
+    DropPodVxlan = 24,
 }
 
-pub const COUNT: u32 = 23;
+pub const COUNT: u32 = 25;
 
 impl Counter {
     pub const ALL: [Counter; COUNT as usize] = [
@@ -88,6 +95,8 @@ impl Counter {
         Counter::DropInnerNotIpv4,
         Counter::DropFragNeeded,
         Counter::DropTooBig,
+        Counter::DropUnknownPeerSocket,
+        Counter::DropPodVxlan,
     ];
 
     /// Name used in `edgevx status` and metrics.
@@ -116,6 +125,8 @@ impl Counter {
             Counter::DropInnerNotIpv4 => "drop_inner_not_ipv4",
             Counter::DropFragNeeded => "drop_frag_needed",
             Counter::DropTooBig => "drop_too_big",
+            Counter::DropUnknownPeerSocket => "drop_unknown_peer_socket",
+            Counter::DropPodVxlan => "drop_pod_vxlan",
         }
     }
 }

@@ -8,6 +8,7 @@ mod env;
 mod etcd;
 mod firewall;
 mod image;
+mod injection;
 mod interop;
 mod kernel;
 mod kube;

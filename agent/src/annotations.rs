@@ -3,6 +3,12 @@
 
 pub const DEFAULT_PREFIX: &str = "flannel.alpha.coreos.com";
 
+/// edgevx's own Node annotation (not under flannel's prefix): with the value
+/// `"true"`, the node's VXLAN may carry any inner source, not only its pod
+/// CIDR's. For the pseudo-Node of an external VTEP that forwards client
+/// traffic without SNAT (an F5 BIG-IP); any other value is the default.
+pub const ANY_INNER_SOURCE: &str = "edgevx.io/any-inner-source";
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AnnotationNames {
     pub subnet_manager: String,

@@ -50,7 +50,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         }
         (_, false) => None,
     };
-    for name in loader::PROGRAMS {
+    for name in loader::PROGRAMS.into_iter().chain([crate::dataplane::guard::GUARD]) {
         if loader::detach_pinned(&pins, name)? {
             info!(program = name, "detached");
         }
@@ -63,6 +63,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
             (loader::ENCAP, rec.vtep_device.as_str(), Egress),
             (loader::DECAP, rec.iface.as_str(), Ingress),
             (loader::BRIDGE, rec.pod_bridge.as_str(), Egress),
+            (loader::POD_GUARD, rec.pod_bridge.as_str(), Ingress),
         ] {
             if crate::dataplane::clsact::detach(name, iface, kind)? {
                 info!(program = name, iface, "removed the clsact filter");

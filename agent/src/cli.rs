@@ -114,9 +114,12 @@ pub struct RunArgs {
     /// ENCAP_L2_ETH flag they refuse. For tests of that path on a newer kernel.
     #[arg(long, env = "EDGEVX_LEGACY_ENCAP", default_value_t = false, hide = true)]
     pub legacy_encap: bool,
-    /// Drop VXLAN from a peer whose inner IPv4 source is outside that peer's pod CIDR.
-    /// Off by default: an external VTEP that forwards client traffic without SNAT needs it off.
-    #[arg(long, env = "EDGEVX_STRICT_INNER_SOURCE", default_value_t = false)]
+    /// Deprecated, no effect: VXLAN from a peer whose inner IPv4 source is
+    /// outside that peer's pod CIDR is always dropped. An external VTEP that
+    /// forwards client traffic without SNAT is exempted by its own entry
+    /// (Node annotation `edgevx.io/any-inner-source: "true"`, or
+    /// `"EdgevxAnyInnerSource": true` in its etcd lease).
+    #[arg(long, env = "EDGEVX_STRICT_INNER_SOURCE", default_value_t = false, hide = true)]
     pub strict_inner_source: bool,
     /// Address to serve /healthz, /readyz and /metrics (Prometheus) on.
     #[arg(long, env = "EDGEVX_METRICS_ADDR", default_value = "127.0.0.1:9117")]

@@ -36,7 +36,15 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            cli::Command::Run(args) => run::run(*args).await,
+            cli::Command::Run(args) => {
+                if args.strict_inner_source {
+                    tracing::warn!(
+                        "--strict-inner-source is deprecated and has no effect: inner sources are always bound to \
+                         the sending peer's pod CIDR (exempt a peer with the annotation edgevx.io/any-inner-source)"
+                    );
+                }
+                run::run(*args).await
+            }
             cli::Command::Status(args) => status::run(args),
             cli::Command::Cleanup(args) => cleanup::run(args).await,
         }

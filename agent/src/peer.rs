@@ -13,6 +13,13 @@ pub struct Peer {
     pub subnet: Ipv4Net,
     pub public_ip: Ipv4Addr,
     pub vtep_mac: VtepMac,
+    /// The peer may send any inner source, not only addresses of `subnet`:
+    /// an external VTEP that forwards client traffic without SNAT (an F5
+    /// BIG-IP). Set only by its own entry: the Node annotation
+    /// [`crate::annotations::ANY_INNER_SOURCE`] or the lease field
+    /// [`crate::source::leases::ANY_INNER_SOURCE_FIELD`].
+    #[serde(default)]
+    pub any_inner_source: bool,
 }
 
 /// What the cluster says about this node.

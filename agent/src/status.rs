@@ -50,7 +50,7 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
                 "in_dataplane": programmed.iter().any(|(net, e)| *net == p.subnet
                     && e.vtep_mac == p.vtep_mac.0
                     && e.public_ip == p.public_ip.octets())
-                    && accepted.contains(&p.public_ip),
+                    && accepted.iter().any(|(ip, _)| *ip == p.public_ip),
                 "tx_packets": s.tx_packets,
                 "tx_bytes": s.tx_bytes,
                 "rx_packets": s.rx_packets,

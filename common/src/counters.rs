@@ -26,7 +26,8 @@ pub enum Counter {
     DropNoConfig = 10,
     /// Passed untouched: VXLAN to our port with another VNI or inner MAC.
     PassNotOurs = 11,
-    /// Dropped (strict inner source): a peer sent an inner source outside its pod CIDR.
+    /// Dropped: a peer sent an inner source outside its pod CIDR (and its
+    /// entry does not say it may carry any inner source).
     DropSpoofedSource = 12,
     /// VXLAN frames from peers for a local pod, decapsulated in TC and handed
     /// to the host stack as if they arrived on `flannel.<VNI>` (the default
@@ -36,9 +37,38 @@ pub enum Counter {
     /// Frames the pod bridge would forward to a learned pod, sent straight to
     /// that pod's port (so GSO packets are not cut in software on the bridge).
     BridgeToPort = 15,
+    /// Dropped: a peer's inner IPv4 packet has TTL 0 or 1 (nothing may
+    /// forward it further).
+    DropInnerTtl = 16,
+    /// Dropped: VXLAN for us whose outer IPv4 header checksum is wrong (the
+    /// kernel's `ip_rcv` would drop it).
+    DropBadChecksum = 17,
+    /// Dropped: VXLAN flags other than exactly the I flag, or a non-zero
+    /// reserved byte (the kernel's `vxlan_rcv` would drop it).
+    DropBadVxlanFlags = 18,
+    /// Dropped: a first fragment to our VXLAN port too short to hold the
+    /// VXLAN, inner Ethernet and inner IPv4 headers, so it cannot be judged.
+    DropShortFragment = 19,
+    /// Dropped: a peer's inner frame is not a whole IPv4 header, so its
+    /// source cannot be bound to the peer's pod CIDR.
+    DropInnerNotIpv4 = 20,
+    /// Not sent: a DF frame too big for the underlay once encapsulated; an
+    /// ICMP "fragmentation needed" with the MTU that fits went back to the
+    /// sender instead.
+    DropFragNeeded = 21,
+    /// Dropped: a frame too big for the underlay once encapsulated that may
+    /// not be answered with ICMP (DF clear, a later fragment, an ICMP error).
+    DropTooBig = 22,
+    /// Dropped at socket lookup: a datagram to our VXLAN port from a source
+    /// that is not an accepted peer, by a path decap does not see (another
+    /// interface, a local pod, a reassembled datagram).
+    DropUnknownPeerSocket = 23,
+    /// Dropped on the pod bridge's ingress: a local pod sent UDP to the
+    /// VXLAN port (of any node).
+    DropPodVxlan = 24,
 }
 
-pub const COUNT: u32 = 16;
+pub const COUNT: u32 = 25;
 
 impl Counter {
     pub const ALL: [Counter; COUNT as usize] = [
@@ -58,6 +88,15 @@ impl Counter {
         Counter::RxStackPackets,
         Counter::RxStackBytes,
         Counter::BridgeToPort,
+        Counter::DropInnerTtl,
+        Counter::DropBadChecksum,
+        Counter::DropBadVxlanFlags,
+        Counter::DropShortFragment,
+        Counter::DropInnerNotIpv4,
+        Counter::DropFragNeeded,
+        Counter::DropTooBig,
+        Counter::DropUnknownPeerSocket,
+        Counter::DropPodVxlan,
     ];
 
     /// Name used in `edgevx status` and metrics.
@@ -79,6 +118,15 @@ impl Counter {
             Counter::RxStackPackets => "rx_stack_packets",
             Counter::RxStackBytes => "rx_stack_bytes",
             Counter::BridgeToPort => "bridge_to_port",
+            Counter::DropInnerTtl => "drop_inner_ttl",
+            Counter::DropBadChecksum => "drop_bad_checksum",
+            Counter::DropBadVxlanFlags => "drop_bad_vxlan_flags",
+            Counter::DropShortFragment => "drop_short_fragment",
+            Counter::DropInnerNotIpv4 => "drop_inner_not_ipv4",
+            Counter::DropFragNeeded => "drop_frag_needed",
+            Counter::DropTooBig => "drop_too_big",
+            Counter::DropUnknownPeerSocket => "drop_unknown_peer_socket",
+            Counter::DropPodVxlan => "drop_pod_vxlan",
         }
     }
 }

@@ -7,9 +7,11 @@
 #![no_std]
 
 pub mod counters;
+pub mod headers;
+pub mod icmp;
 pub mod maps;
 pub mod vxlan;
 
 /// Bumped whenever a pinned map's layout changes; pins live under
 /// `<bpffs>/v<SCHEMA_VERSION>/` so an upgrade never reuses an incompatible map.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;

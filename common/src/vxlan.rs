@@ -4,7 +4,7 @@
 //! Encapsulated frame, offsets from the start of the outer Ethernet header:
 //! ```text
 //!  0 outer Ethernet (14)   filled by the kernel's neighbour output
-//! 14 outer IPv4 (20)       no options, TTL 64, DF clear
+//! 14 outer IPv4 (20)       no options, TTL 64, DF clear, a fresh IP ID
 //! 34 UDP (8)               checksum 0 (allowed for IPv4)
 //! 42 VXLAN (8)             flags 0x08, 24-bit VNI
 //! 50 inner Ethernet (14)   our VTEP MAC -> peer VTEP MAC
@@ -54,6 +54,10 @@ pub struct EncapParams {
     pub dst_port: u16,
     /// ECN bits copied from the inner header (RFC 6040 normal mode).
     pub ecn: u8,
+    /// The outer IP ID. DF is clear, as flannel's device sends it, so an
+    /// underlay hop may fragment the packet: the ID must differ between
+    /// packets in flight (RFC 6864), as the kernel's `iptunnel_xmit` picks it.
+    pub ip_id: u16,
 }
 
 /// Maps a flow hash onto `[SRC_PORT_MIN, SRC_PORT_MAX)`: one port per flow.
@@ -102,15 +106,15 @@ impl EncapHeader {
 }
 
 /// The outer IPv4 header for an inner IPv4 packet of `inner_ip_len` bytes:
-/// id 0, DF clear, TTL 64, what flannel's kernel device sends.
+/// DF clear, TTL 64, what flannel's kernel device sends.
 #[inline(always)]
 pub fn outer_ip(p: &EncapParams, inner_ip_len: u16) -> [u8; IPV4_HLEN] {
     let len = inner_ip_len.wrapping_add(ENCAP_OVERHEAD as u16).to_be_bytes();
-    let (l, r) = (p.local_ip, p.remote_ip);
+    let (l, r, id) = (p.local_ip, p.remote_ip, p.ip_id.to_be_bytes());
     #[rustfmt::skip]
     let mut ip = [
         0x45, p.ecn & 0x03, len[0], len[1],
-        0, 0, 0, 0,
+        id[0], id[1], 0, 0,
         OUTER_TTL, IPPROTO_UDP, 0, 0,
         l[0], l[1], l[2], l[3],
         r[0], r[1], r[2], r[3],
@@ -167,6 +171,7 @@ mod tests {
             src_port: 40000,
             dst_port: 8472,
             ecn: 0,
+            ip_id: 0,
         }
     }
 
@@ -196,6 +201,15 @@ mod tests {
             sum = (sum & 0xffff) + (sum >> 16);
         }
         assert_eq!(sum, 0xffff);
+    }
+
+    #[test]
+    fn the_ip_id_is_carried_and_checksummed() {
+        let mut p = params();
+        p.ip_id = 0xbeef;
+        let ip = outer_ip(&p, 84);
+        assert_eq!(ip[4..6], [0xbe, 0xef]);
+        assert_eq!(ipv4_checksum(&ip), 0, "checksum covers the ID");
     }
 
     #[test]

@@ -1,6 +1,23 @@
-//! Decapsulation on the underlay's ingress. VXLAN for our address, port and
-//! VNI from a known peer, for our VTEP MAC, is accepted; from anyone else
-//! it is dropped. Anything that is not VXLAN for us is not touched.
+//! Decapsulation on the underlay's ingress. Every UDP datagram to our VXLAN
+//! port that arrives here is judged, whatever its destination address
+//! (ours, another local address, a broadcast): it is accepted only from a
+//! peer in `EDGEVX_PEER_ACCEPT`, and only if the kernel's own VXLAN receive
+//! would take it too. Anything that is not to our port is not touched.
+//!
+//! The judging, in order, before any other verdict (so a broadcast inner
+//! MAC or another VNI cannot skip it):
+//! 1. the outer source is a peer (`drop_unknown_peer`);
+//! 2. the headers up to the inner IPv4 header are there; a first fragment
+//!    too short to hold them is dropped (`drop_short_fragment`): the kernel
+//!    would reassemble it and decapsulate what this program never saw;
+//! 3. the outer IPv4 checksum (`drop_bad_checksum`) and the VXLAN flags and
+//!    reserved bits (`drop_bad_vxlan_flags`), as `ip_rcv` and `vxlan_rcv`;
+//! 4. the inner frame is IPv4 (`drop_inner_not_ipv4`), its source lies in
+//!    the peer's pod CIDR unless the peer is exempt (`drop_spoofed_source`),
+//!    and its TTL is above 1 (`drop_inner_ttl`).
+//!
+//! Later fragments carry no UDP header and are left to the kernel, which
+//! cannot reassemble them without the first one judged here.
 //!
 //! Where an accepted frame goes:
 //! - for a learned local pod (default): stripped here and handed to the
@@ -9,8 +26,9 @@
 //!   still see it; only the outer packet's trip through the stack is saved.
 //! - for a learned local pod with `--bypass-netfilter`: stripped here and
 //!   redirected straight into the pod's namespace, past the host stack.
-//! - anything else (the host itself, a pod not learned yet): left to the
-//!   kernel's `flannel.<VNI>` receive path.
+//! - anything else (the host itself, a pod not learned yet, a fragment, a
+//!   header with options, another local address): left to the kernel's
+//!   `flannel.<VNI>` receive path.
 
 use aya_ebpf::{
     bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, BPF_F_INGRESS, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode},
@@ -20,92 +38,103 @@ use aya_ebpf::{
 };
 use edgevx_common::{
     counters::Counter,
-    maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_STRICT_INNER_SOURCE, LocalPod},
-    vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, INNER_IP_OFF, IPPROTO_UDP, UDP_HLEN, VXLAN_HLEN, parse_vni},
+    headers::{EthHeader, Ipv4Header, VxlanHeader},
+    maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, LocalPod},
+    vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, IPPROTO_UDP, IPV4_HLEN, UDP_HLEN, VXLAN_HLEN},
 };
 
 use crate::{
-    maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS, EDGEVX_PEER_SUBNETS},
+    maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS, EDGEVX_PEER_ACCEPT, EDGEVX_PEER_SUBNETS},
     stats,
 };
 
 /// Not ours: let the next program or the stack have it, unchanged.
 const NEXT: i32 = TC_ACT_UNSPEC;
 
-/// UDP + VXLAN + inner Ethernet, read in one go after the outer IP header.
+/// UDP + VXLAN + inner Ethernet, read in one go after the outer IP header;
+/// the inner IPv4 header follows, read on its own (one 50-byte read
+/// overflows the 512-byte BPF stack once inlined).
 const TUNNEL_LEN: usize = UDP_HLEN + VXLAN_HLEN + ETH_HLEN;
+const VXLAN_AT: usize = UDP_HLEN;
+const INNER_ETH_AT: usize = VXLAN_AT + VXLAN_HLEN;
 
 pub fn run(ctx: &TcContext) -> i32 {
     let Some(cfg) = EDGEVX_CONFIG.get(0) else {
         return NEXT;
     };
-    let Ok(outer) = ctx.load::<[u8; ETH_HLEN + 20]>(0) else {
+    let Ok(outer) = ctx.load::<[u8; ETH_HLEN + IPV4_HLEN]>(0) else {
         return NEXT;
     };
-    let ip = &outer[ETH_HLEN..];
-    let ihl = ((ip[0] & 0x0f) as usize) * 4;
-    let frag = u16::from_be_bytes([ip[6], ip[7]]);
-    // a later fragment carries no UDP header to judge; the kernel cannot
-    // reassemble it without the first one, which is judged below
-    let later_fragment = frag & 0x1fff != 0;
-    let first_fragment = frag & 0x2000 != 0;
-    if u16::from_be_bytes([outer[12], outer[13]]) != ETH_P_IP
-        || ip[0] >> 4 != 4
-        || ihl < 20
-        || ip[9] != IPPROTO_UDP
-        || later_fragment
-        || ip[16..20] != cfg.local_ip
-        || cfg.vni == 0
-    {
+    let eth = EthHeader(sub::<{ ETH_HLEN + IPV4_HLEN }, 0, ETH_HLEN>(&outer));
+    let ip = Ipv4Header(sub::<{ ETH_HLEN + IPV4_HLEN }, ETH_HLEN, IPV4_HLEN>(&outer));
+    if !eth.is_ipv4() || !ip.is_valid_v4() || ip.protocol() != IPPROTO_UDP || ip.is_later_fragment() || cfg.vni == 0 {
         return NEXT;
     }
+    let ihl = ip.header_len();
     let udp_off = ETH_HLEN + ihl;
-    if udp_off > ETH_HLEN + 60 {
-        return NEXT;
-    }
-    let Ok(tunnel) = ctx.load::<[u8; TUNNEL_LEN]>(udp_off) else {
+    let Ok(ports) = ctx.load::<[u8; 4]>(udp_off) else {
         return NEXT;
     };
-    if u16::from_be_bytes([tunnel[2], tunnel[3]]) != cfg.port {
+    if u16::from_be_bytes([ports[2], ports[3]]) != cfg.port {
         return NEXT;
     }
-    let v = UDP_HLEN;
-    let vxlan = [
-        tunnel[v],
-        tunnel[v + 1],
-        tunnel[v + 2],
-        tunnel[v + 3],
-        tunnel[v + 4],
-        tunnel[v + 5],
-        tunnel[v + 6],
-        tunnel[v + 7],
-    ];
-    if parse_vni(&vxlan) != Some(cfg.vni) {
-        stats::add(Counter::PassNotOurs, 1);
-        return NEXT;
-    }
-    let src = [ip[12], ip[13], ip[14], ip[15]];
-    let Some(peer) = stats::peer(&src) else {
+
+    // From here on the datagram is for the kernel's VXLAN socket: judge it.
+    let src = ip.src();
+    let Some(accept) = EDGEVX_PEER_ACCEPT.get_ptr(src).map(|p| unsafe { *p }) else {
         stats::add(Counter::DropUnknownPeer, 1);
         return TC_ACT_SHOT;
     };
-    let inner_eth = &tunnel[UDP_HLEN + VXLAN_HLEN..];
-    if inner_eth[..6] != cfg.vtep_mac {
+    let (Ok(tunnel), Ok(inner_ip)) =
+        (ctx.load::<[u8; TUNNEL_LEN]>(udp_off), ctx.load::<[u8; IPV4_HLEN]>(udp_off + TUNNEL_LEN))
+    else {
+        let reason = if ip.is_first_fragment() { Counter::DropShortFragment } else { Counter::DropInnerNotIpv4 };
+        stats::add(reason, 1);
+        return TC_ACT_SHOT;
+    };
+    if ihl == IPV4_HLEN && !ip.checksum_ok() {
+        stats::add(Counter::DropBadChecksum, 1);
+        return TC_ACT_SHOT;
+    }
+    let vxlan = VxlanHeader(sub::<TUNNEL_LEN, VXLAN_AT, VXLAN_HLEN>(&tunnel));
+    if !vxlan.is_valid() {
+        stats::add(Counter::DropBadVxlanFlags, 1);
+        return TC_ACT_SHOT;
+    }
+    let inner_eth = EthHeader(sub::<TUNNEL_LEN, INNER_ETH_AT, ETH_HLEN>(&tunnel));
+    let inner_ip = Ipv4Header(&inner_ip);
+    if !inner_eth.is_ipv4() || !inner_ip.is_valid_v4() {
+        stats::add(Counter::DropInnerNotIpv4, 1);
+        return TC_ACT_SHOT;
+    }
+    if !accept.allows_inner_source(inner_ip.src()) && !owns_subnet_of(&src, inner_ip.src()) {
+        stats::add(Counter::DropSpoofedSource, 1);
+        return TC_ACT_SHOT;
+    }
+    if inner_ip.ttl() <= 1 {
+        stats::add(Counter::DropInnerTtl, 1);
+        return TC_ACT_SHOT;
+    }
+
+    // Judged: from here on, only where it goes.
+    if vxlan.vni() != cfg.vni || inner_eth.dst() != cfg.vtep_mac {
         stats::add(Counter::PassNotOurs, 1);
         return NEXT;
     }
     let inner_len = ctx.len().wrapping_sub((udp_off + UDP_HLEN + VXLAN_HLEN) as u32);
-    peer.rx_packets += 1;
-    peer.rx_bytes += inner_len as u64;
-
-    let ipv4_inside = u16::from_be_bytes([inner_eth[12], inner_eth[13]]) == ETH_P_IP;
-    let peer_mac = [inner_eth[6], inner_eth[7], inner_eth[8], inner_eth[9], inner_eth[10], inner_eth[11]];
-    if cfg.flags & FLAG_STRICT_INNER_SOURCE != 0 && !(ipv4_inside && inner_source_is_peers(ctx, udp_off, &src)) {
-        stats::add(Counter::DropSpoofedSource, 1);
-        return TC_ACT_SHOT;
+    if let Some(peer) = stats::peer(&src) {
+        peer.rx_packets += 1;
+        peer.rx_bytes += inner_len as u64;
     }
-    if ihl == 20 && ipv4_inside && !first_fragment {
-        if let Some(pod) = local_pod(ctx) {
+    // the fast path takes only what it fully understands; the kernel checks
+    // the rest (options, padding, fragments, other addresses). The outer UDP
+    // checksum is not verified here: a kernel VXLAN peer sends one by
+    // default, and over veth or an offloading NIC it arrives as a partial
+    // sum (CHECKSUM_PARTIAL) that cannot be checked in the program; it only
+    // guards against corruption, which the inner checksums also catch.
+    let whole = ip.total_len() as u32 == ctx.len().wrapping_sub(ETH_HLEN as u32);
+    if ihl == IPV4_HLEN && !ip.is_first_fragment() && whole && ip.dst() == cfg.local_ip {
+        if let Some(pod) = local_pod(&inner_ip.dst()) {
             if strip(ctx).is_err() {
                 stats::add(Counter::DropAdjustRoom, 1);
                 return TC_ACT_SHOT;
@@ -113,7 +142,7 @@ pub fn run(ctx: &TcContext) -> i32 {
             return if cfg.flags & FLAG_BYPASS_NETFILTER != 0 {
                 deliver_to_pod(ctx, &pod, inner_len)
             } else {
-                deliver_to_stack(ctx, cfg, &peer_mac, inner_len)
+                deliver_to_stack(ctx, cfg, &inner_eth.src(), inner_len)
             };
         }
     }
@@ -121,10 +150,26 @@ pub fn run(ctx: &TcContext) -> i32 {
     NEXT
 }
 
-/// The learned local pod the inner IPv4 destination belongs to, if any.
+/// The `M` bytes at `AT` of a fixed-size array, as a fixed-size array:
+/// no bounds check or copy for the verifier to follow.
 #[inline(always)]
-fn local_pod(ctx: &TcContext) -> Option<LocalPod> {
-    let dst = ctx.load::<[u8; 4]>(INNER_IP_OFF + 16).ok()?;
+fn sub<const N: usize, const AT: usize, const M: usize>(b: &[u8; N]) -> &[u8; M] {
+    const { assert!(AT + M <= N) };
+    // SAFETY: in bounds by the assertion above; u8 has alignment 1.
+    unsafe { &*(b.as_ptr().add(AT) as *const [u8; M]) }
+}
+
+/// Whether `inner_src` lies in a subnet programmed for the peer at
+/// `outer_src`: a peer with more than one subnet (its accept entry binds
+/// one of them).
+#[inline(always)]
+fn owns_subnet_of(outer_src: &[u8; 4], inner_src: [u8; 4]) -> bool {
+    EDGEVX_PEER_SUBNETS.get(Key::new(32, inner_src)).is_some_and(|p| p.public_ip == *outer_src)
+}
+
+/// The learned local pod at `dst`, if any.
+#[inline(always)]
+fn local_pod(dst: &[u8; 4]) -> Option<LocalPod> {
     EDGEVX_LOCAL_PODS.get_ptr(dst).map(|p| unsafe { *p })
 }
 
@@ -154,14 +199,6 @@ fn deliver_to_stack(ctx: &TcContext, cfg: &DataplaneConfig, peer_mac: &[u8; 6], 
     stats::count(Counter::RxStackPackets, Counter::RxStackBytes, inner_len);
     // SAFETY: plain helper call; the kernel checks the ifindex.
     unsafe { bpf_redirect(cfg.vtep_ifindex, BPF_F_INGRESS as u64) as i32 }
-}
-
-/// Whether the inner IPv4 source lies in a subnet of the peer at `outer_src`.
-#[inline(always)]
-fn inner_source_is_peers(ctx: &TcContext, udp_off: usize, outer_src: &[u8; 4]) -> bool {
-    let inner_src_off = udp_off + UDP_HLEN + VXLAN_HLEN + ETH_HLEN + 12;
-    let Ok(inner_src) = ctx.load::<[u8; 4]>(inner_src_off) else { return false };
-    EDGEVX_PEER_SUBNETS.get(Key::new(32, inner_src)).is_some_and(|p| p.public_ip == *outer_src)
 }
 
 /// Redirects the stripped frame straight into the pod's namespace

@@ -7,22 +7,23 @@ use aya_ebpf::{
         BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L4_UDP,
         BPF_F_ADJ_ROOM_FIXED_GSO, TC_ACT_SHOT, bpf_adj_room_mode,
     },
-    helpers::generated::{bpf_get_hash_recalc, bpf_redirect_neigh},
+    helpers::generated::{bpf_get_hash_recalc, bpf_get_prandom_u32, bpf_redirect_neigh},
     maps::lpm_trie::Key,
     programs::TcContext,
 };
 use edgevx_common::{
     counters::Counter,
+    headers::Ipv4Header,
     maps::FLAG_ENCAP_NO_L2_ETH,
     vxlan::{
-        ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, EncapParams, INNER_ETH_OFF, OUTER_IP_OFF, UDP_OFF, inner_eth, outer_ip,
-        source_port, udp_vxlan,
+        ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, EncapParams, INNER_ETH_OFF, IPV4_HLEN, OUTER_IP_OFF, UDP_OFF, inner_eth,
+        outer_ip, source_port, udp_vxlan,
     },
 };
 
 use crate::{
-    maps::{EDGEVX_CONFIG, EDGEVX_PEER_SUBNETS},
-    stats,
+    maps::{EDGEVX_CONFIG, EDGEVX_IP_ID, EDGEVX_PEER_SUBNETS},
+    stats, too_big,
 };
 
 /// The device MTU already leaves room for the 50 bytes (flannel's MTU - 50),
@@ -40,9 +41,6 @@ const ENCAP_FLAGS_NO_L2_ETH: u64 =
 /// `BPF_F_ADJ_ROOM_ENCAP_L2(len)` puts the inner L2 length in the top byte.
 const BPF_F_ADJ_ROOM_ENCAP_L2_SHIFT: u64 = 56;
 
-const INNER_TOS_OFF: usize = ETH_HLEN + 1;
-const INNER_DST_OFF: usize = ETH_HLEN + 16;
-
 pub fn run(ctx: &TcContext) -> i32 {
     let Some(cfg) = EDGEVX_CONFIG.get(0) else {
         return TC_ACT_SHOT;
@@ -58,15 +56,22 @@ pub fn run(ctx: &TcContext) -> i32 {
             return TC_ACT_SHOT;
         }
     }
-    let (Ok(tos), Ok(dst)) = (ctx.load::<u8>(INNER_TOS_OFF), ctx.load::<[u8; 4]>(INNER_DST_OFF)) else {
+    let Ok(header) = ctx.load::<[u8; IPV4_HLEN]>(ETH_HLEN) else {
         stats::add(Counter::DropNotIpv4, 1);
         return TC_ACT_SHOT;
     };
-    let Some(peer) = EDGEVX_PEER_SUBNETS.get(Key::new(32, dst)) else {
+    let inner = Ipv4Header(&header);
+    // a destination in no peer's subnet is dropped here, counted: handing it
+    // to the kernel's device (no fdb) would drop it unseen, and routing it
+    // anywhere else could loop
+    let Some(peer) = EDGEVX_PEER_SUBNETS.get(Key::new(32, inner.dst())) else {
         stats::add(Counter::DropNoRoute, 1);
         return TC_ACT_SHOT;
     };
     let peer = *peer;
+    if let Some(mtu) = too_big::exceeds(ctx, cfg, &inner) {
+        return too_big::handle(ctx, cfg, &inner, &peer.vtep_mac, mtu);
+    }
     let peer_stats = stats::peer(&peer.public_ip);
 
     let len = ctx.len();
@@ -81,7 +86,8 @@ pub fn run(ctx: &TcContext) -> i32 {
         vni: cfg.vni,
         src_port: source_port(hash),
         dst_port: cfg.port,
-        ecn: tos,
+        ecn: header[1],
+        ip_id: next_ip_id(ctx),
     };
     let flags = if cfg.flags & FLAG_ENCAP_NO_L2_ETH != 0 { ENCAP_FLAGS_NO_L2_ETH } else { ENCAP_FLAGS };
     let grown = inner_ip_len + ENCAP_OVERHEAD as u32 <= u16::MAX as u32
@@ -107,4 +113,29 @@ pub fn run(ctx: &TcContext) -> i32 {
     // SAFETY: no neighbour parameters: the kernel routes the outer
     // destination through the underlay and resolves its next hop.
     unsafe { bpf_redirect_neigh(cfg.underlay_ifindex, core::ptr::null_mut(), 0, 0) as i32 }
+}
+
+/// A fresh outer IP ID, and the ones after it reserved for the segments of
+/// a GSO frame (segmentation numbers them up from the first), as the
+/// kernel's `iptunnel_xmit` does with `__ip_select_ident(.., gso_segs)`.
+/// The counter is per CPU, started at a random value; the kernel's is one
+/// per destination bucket, shared by all CPUs (an atomic fetch-add, which
+/// this program cannot use on every kernel it supports).
+#[inline(always)]
+fn next_ip_id(ctx: &TcContext) -> u16 {
+    // SAFETY: reading a field of the context the program was given.
+    let segs = unsafe { (*ctx.skb.skb).gso_segs }.max(1);
+    let Some(slot) = EDGEVX_IP_ID.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU slot, only this CPU writes it while we run.
+    unsafe {
+        if *slot == 0 {
+            // a restart must not begin where the last run did
+            *slot = bpf_get_prandom_u32() | 1 << 16;
+        }
+        let id = *slot as u16;
+        *slot = (*slot).wrapping_add(segs) | 1 << 16;
+        id
+    }
 }

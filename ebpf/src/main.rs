@@ -7,10 +7,16 @@
 mod bridge;
 mod decap;
 mod encap;
+mod guard;
 mod maps;
+mod pod_guard;
 mod stats;
+mod too_big;
 
-use aya_ebpf::{macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    macros::{classifier, sk_lookup},
+    programs::{SkLookupContext, TcContext},
+};
 
 /// Egress of `flannel.<VNI>`: routed pod traffic in, VXLAN out of the underlay.
 #[classifier]
@@ -24,10 +30,22 @@ pub fn edgevx_bridge(ctx: TcContext) -> i32 {
     bridge::run(&ctx)
 }
 
+/// Ingress of the pod bridge: VXLAN sent by local pods is dropped.
+#[classifier]
+pub fn edgevx_pod_guard(ctx: TcContext) -> i32 {
+    pod_guard::run(&ctx)
+}
+
 /// Ingress of the underlay interface: VXLAN from known peers in.
 #[classifier]
 pub fn edgevx_decap(ctx: TcContext) -> i32 {
     decap::run(&ctx)
+}
+
+/// Socket lookups in the node's namespace: VXLAN from non-peers, by any path.
+#[sk_lookup]
+pub fn edgevx_guard(ctx: SkLookupContext) -> u32 {
+    guard::run(&ctx)
 }
 
 #[cfg(not(test))]

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use edgevx_common::{
     counters,
-    maps::{DataplaneConfig, LocalPod, MAX_LOCAL_PODS, MAX_PEERS, Peer, PeerStats},
+    maps::{DataplaneConfig, LocalPod, MAX_LOCAL_PODS, MAX_PEERS, Peer, PeerAccept, PeerStats},
 };
 
 #[map]
@@ -20,7 +20,13 @@ pub static EDGEVX_PEER_SUBNETS: LpmTrie<[u8; 4], Peer> = LpmTrie::pinned(MAX_PEE
 pub static EDGEVX_PEER_STATS: PerCpuHashMap<[u8; 4], PeerStats> = PerCpuHashMap::pinned(MAX_PEERS, 0);
 
 #[map]
+pub static EDGEVX_PEER_ACCEPT: HashMap<[u8; 4], PeerAccept> = HashMap::pinned(MAX_PEERS, 0);
+
+#[map]
 pub static EDGEVX_LOCAL_PODS: HashMap<[u8; 4], LocalPod> = HashMap::pinned(MAX_LOCAL_PODS, 0);
+
+#[map]
+pub static EDGEVX_IP_ID: PerCpuArray<u32> = PerCpuArray::pinned(1, 0);
 
 #[map]
 pub static EDGEVX_GLOBAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(counters::COUNT, 0);

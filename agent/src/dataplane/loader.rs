@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use edgevx_common::SCHEMA_VERSION;
 
-use crate::dataplane::{bpffs::PinDir, clsact};
+use crate::dataplane::{bpffs::PinDir, clsact, guard};
 
 /// How the programs sit on their interfaces.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,8 +53,11 @@ pub const ENCAP: &str = "edgevx_encap";
 pub const DECAP: &str = "edgevx_decap";
 /// On the pod bridge's egress (see ebpf/src/bridge.rs); attached once the bridge exists.
 pub const BRIDGE: &str = "edgevx_bridge";
-/// Every program, for loading, status and cleanup.
-pub const PROGRAMS: [&str; 3] = [ENCAP, DECAP, BRIDGE];
+/// On the pod bridge's ingress (see ebpf/src/pod_guard.rs): VXLAN from local
+/// pods is dropped where it starts; attached with the bridge program.
+pub const POD_GUARD: &str = "edgevx_pod_guard";
+/// Every TC program, for loading, status and cleanup.
+pub const PROGRAMS: [&str; 4] = [ENCAP, DECAP, BRIDGE, POD_GUARD];
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/edgevx"));
 
@@ -68,6 +71,7 @@ pub fn load(pins: &PinDir) -> Result<Ebpf> {
     for name in PROGRAMS {
         classifier(&mut ebpf, name)?.load().with_context(|| format!("the verifier rejected {name}"))?;
     }
+    guard::load(&mut ebpf)?;
     Ok(ebpf)
 }
 
@@ -176,6 +180,27 @@ pub fn attach(ebpf: &mut Ebpf, pins: &PinDir, name: &str, iface: &str, kind: TcA
 /// of the same program goes first, so it never runs twice on a packet
 /// (encapsulating twice, say) after a node switched modes.
 pub fn attach_as(
+    mode: AttachMode,
+    ebpf: &mut Ebpf,
+    pins: &PinDir,
+    name: &str,
+    iface: &str,
+    kind: TcAttachType,
+) -> Result<()> {
+    attach_tc(mode, ebpf, pins, name, iface, kind)?;
+    // the guard goes in with decap: both judge VXLAN by the same accept
+    // map, which is programmed by the time decap is attached
+    if name == DECAP {
+        guard::attach(ebpf, pins)?;
+    }
+    // VXLAN from local pods is judged where the bridge program sits
+    if name == BRIDGE {
+        attach_tc(mode, ebpf, pins, POD_GUARD, iface, TcAttachType::Ingress)?;
+    }
+    Ok(())
+}
+
+fn attach_tc(
     mode: AttachMode,
     ebpf: &mut Ebpf,
     pins: &PinDir,

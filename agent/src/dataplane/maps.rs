@@ -8,11 +8,13 @@ use aya::maps::{
 };
 use edgevx_common::{
     counters::{self, Counter},
-    maps::{self as names, DataplaneConfig, LocalPod, Peer as PeerEntry, PeerStats},
+    maps::{
+        self as names, ACCEPT_ANY_INNER_SOURCE, DataplaneConfig, LocalPod, Peer as PeerEntry, PeerAccept, PeerStats,
+    },
 };
 use ipnet::Ipv4Net;
 
-use crate::{dataplane::bpffs::PinDir, peer::Peer};
+use crate::dataplane::bpffs::PinDir;
 
 /// BPF_NOEXIST: insert only if absent (keeps counters across re-adds).
 const NOEXIST: u64 = 1;
@@ -21,6 +23,7 @@ pub struct Maps {
     config: Array<MapData, DataplaneConfig>,
     subnets: LpmTrie<MapData, [u8; 4], PeerEntry>,
     stats: PerCpuHashMap<MapData, [u8; 4], PeerStats>,
+    accept: HashMap<MapData, [u8; 4], PeerAccept>,
     local_pods: HashMap<MapData, [u8; 4], LocalPod>,
     global: PerCpuArray<MapData, u64>,
 }
@@ -38,6 +41,16 @@ fn typed<T: TryFrom<Map, Error = MapError>>(pins: &PinDir, name: &str) -> Result
 
 fn lpm_key(subnet: Ipv4Net) -> Key<[u8; 4]> {
     Key::new(subnet.prefix_len() as u32, subnet.network().octets())
+}
+
+/// What decap needs to accept a peer and bind its inner sources.
+pub fn accept_entry(subnet: Ipv4Net, any_inner_source: bool) -> PeerAccept {
+    PeerAccept {
+        pod_subnet: subnet.network().octets(),
+        prefix_len: subnet.prefix_len(),
+        flags: if any_inner_source { ACCEPT_ANY_INNER_SOURCE } else { 0 },
+        _pad: [0; 2],
+    }
 }
 
 /// Sums a per-CPU peer counter set.
@@ -59,6 +72,7 @@ impl Maps {
             config: typed(pins, names::CONFIG)?,
             subnets: typed(pins, names::PEER_SUBNETS)?,
             stats: typed(pins, names::PEER_STATS)?,
+            accept: typed(pins, names::PEER_ACCEPT)?,
             local_pods: typed(pins, names::LOCAL_PODS)?,
             global: typed(pins, names::GLOBAL_STATS)?,
         })
@@ -68,38 +82,14 @@ impl Maps {
         self.config.set(0, cfg, 0).context("cannot write the dataplane config map")
     }
 
-    /// Programs `new`; removes what `old` had that `new` does not reuse.
-    pub fn put_peer(&mut self, old: Option<&Peer>, new: &Peer) -> Result<()> {
-        let ip = new.public_ip.octets();
-        if self.stats.get(&ip, 0).is_err() {
-            let zeros = PerCpuValues::try_from(vec![PeerStats::default(); aya::util::nr_cpus().map_err(|(_, e)| e)?])
-                .context("cannot size per-CPU counters")?;
-            match self.stats.insert(ip, zeros, NOEXIST) {
-                Ok(()) => {}
-                Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
-                Err(e) => {
-                    return Err(e).with_context(|| format!("cannot add counters for {}", new.public_ip));
-                }
-            }
+    /// Every peer we accept VXLAN from, with its binding (what decap sees).
+    pub fn accepted(&self) -> Result<Vec<(Ipv4Addr, PeerAccept)>> {
+        let mut out = Vec::new();
+        for item in self.accept.iter() {
+            let (key, value) = item.context("cannot read the peer accept map")?;
+            out.push((Ipv4Addr::from(key), value));
         }
-        let entry = PeerEntry { public_ip: ip, vtep_mac: new.vtep_mac.0, _pad: [0; 2] };
-        self.subnets
-            .insert(&lpm_key(new.subnet), entry, 0)
-            .with_context(|| format!("cannot add peer subnet {}", new.subnet))?;
-        if let Some(old) = old {
-            if old.subnet != new.subnet {
-                self.remove_subnet(old.subnet)?;
-            }
-            if old.public_ip != new.public_ip {
-                self.remove_stats(old.public_ip)?;
-            }
-        }
-        Ok(())
-    }
-
-    pub fn delete_peer(&mut self, peer: &Peer) -> Result<()> {
-        self.remove_subnet(peer.subnet)?;
-        self.remove_stats(peer.public_ip)
+        Ok(out)
     }
 
     pub fn remove_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
@@ -128,16 +118,6 @@ impl Maps {
             out.push((net, value));
         }
         Ok(out)
-    }
-
-    /// Removes subnet entries nobody asked for (left by a crash mid-update).
-    pub fn retain_subnets(&mut self, keep: &[Ipv4Net]) -> Result<()> {
-        for (net, _) in self.subnets()? {
-            if !keep.contains(&net) {
-                self.remove_subnet(net)?;
-            }
-        }
-        Ok(())
     }
 
     pub fn peer_stats(&self, ip: Ipv4Addr) -> Option<PeerStats> {
@@ -183,30 +163,28 @@ impl Maps {
         self.subnets.insert(&lpm_key(subnet), entry, 0).with_context(|| format!("cannot add peer subnet {subnet}"))
     }
 
-    /// Accepts VXLAN from `ip` (a zeroed counter set; existing counters stay).
-    pub fn put_accept(&mut self, ip: Ipv4Addr) -> Result<()> {
-        if self.stats.get(&ip.octets(), 0).is_ok() {
-            return Ok(());
+    /// Accepts VXLAN from `ip`, bound as `entry` says; gives it a zeroed
+    /// counter set if it has none (existing counters stay).
+    pub fn put_accept(&mut self, ip: Ipv4Addr, entry: PeerAccept) -> Result<()> {
+        if self.stats.get(&ip.octets(), 0).is_err() {
+            let zeros = PerCpuValues::try_from(vec![PeerStats::default(); aya::util::nr_cpus().map_err(|(_, e)| e)?])
+                .context("cannot size per-CPU counters")?;
+            match self.stats.insert(ip.octets(), zeros, NOEXIST) {
+                Ok(()) => {}
+                Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => return Err(e).with_context(|| format!("cannot add counters for {ip}")),
+            }
         }
-        let zeros = PerCpuValues::try_from(vec![PeerStats::default(); aya::util::nr_cpus().map_err(|(_, e)| e)?])
-            .context("cannot size per-CPU counters")?;
-        match self.stats.insert(ip.octets(), zeros, NOEXIST) {
-            Ok(()) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("cannot accept VXLAN from {ip}")),
-        }
+        self.accept.insert(ip.octets(), entry, 0).with_context(|| format!("cannot accept VXLAN from peer {ip}"))
     }
 
+    /// Stops accepting VXLAN from `ip` and drops its counters.
     pub fn remove_accept(&mut self, ip: Ipv4Addr) -> Result<()> {
-        self.remove_stats(ip)
-    }
-
-    /// The peer addresses whose VXLAN the programs accept.
-    pub fn accepted(&self) -> Result<Vec<Ipv4Addr>> {
-        let mut out = Vec::new();
-        for key in self.stats.keys() {
-            out.push(Ipv4Addr::from(key.context("cannot read the accepted peer addresses")?));
+        match self.accept.remove(&ip.octets()) {
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot stop accepting VXLAN from {ip}")),
         }
-        Ok(out)
+        self.remove_stats(ip)
     }
 }

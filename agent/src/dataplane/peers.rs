@@ -3,11 +3,15 @@
 use std::net::Ipv4Addr;
 
 use anyhow::Result;
+use edgevx_common::maps::ACCEPT_ANY_INNER_SOURCE;
 use ipnet::Ipv4Net;
 use rtnetlink::Handle;
 
 use crate::{
-    dataplane::{device, maps::Maps},
+    dataplane::{
+        device,
+        maps::{self, Maps},
+    },
     reconcile::{Accept, Contents, Dataplane, Tunnel},
 };
 
@@ -26,13 +30,23 @@ impl Dataplane for Programmed<'_> {
                 .into_iter()
                 .map(|(net, e)| (net, Tunnel { public_ip: e.public_ip.into(), vtep_mac: e.vtep_mac }))
                 .collect(),
-            accept: self.maps.accepted()?.into_iter().map(|ip| (ip, Accept::default())).collect(),
+            accept: self
+                .maps
+                .accepted()?
+                .into_iter()
+                .map(|(ip, a)| {
+                    // an entry with a bad prefix (written by hand) reads as 0.0.0.0/0, which no
+                    // plan contains: the diff overwrites it
+                    let pod_subnet = Ipv4Net::new(a.pod_subnet.into(), a.prefix_len).unwrap_or_default();
+                    (ip, Accept { pod_subnet, any_inner_source: a.flags & ACCEPT_ANY_INNER_SOURCE != 0 })
+                })
+                .collect(),
             routes: device::routes_via(self.handle, self.vtep_index).await?.into_iter().collect(),
         })
     }
 
-    async fn put_accept(&mut self, ip: Ipv4Addr, _: Accept) -> Result<()> {
-        self.maps.put_accept(ip)
+    async fn put_accept(&mut self, ip: Ipv4Addr, a: Accept) -> Result<()> {
+        self.maps.put_accept(ip, maps::accept_entry(a.pod_subnet, a.any_inner_source))
     }
 
     async fn put_subnet(&mut self, subnet: Ipv4Net, t: Tunnel) -> Result<()> {

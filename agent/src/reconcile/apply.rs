@@ -51,11 +51,12 @@ fn note(out: &mut Outcome, what: &str, key: &dyn std::fmt::Display, r: anyhow::R
 /// deleted may be what traffic still depends on until the add succeeds.
 pub async fn apply<D: Dataplane>(dp: &mut D, changes: &Changes) -> Outcome {
     let mut out = Outcome::default();
-    for (ip, a) in &changes.put_accept {
-        note(&mut out, "accepting VXLAN from", ip, dp.put_accept(*ip, *a).await);
-    }
+    // a subnet before its peer is accepted: replies have somewhere to go
     for (net, t) in &changes.put_subnets {
         note(&mut out, "programming subnet", net, dp.put_subnet(*net, *t).await);
+    }
+    for (ip, a) in &changes.put_accept {
+        note(&mut out, "accepting VXLAN from", ip, dp.put_accept(*ip, *a).await);
     }
     for (net, gw) in &changes.put_routes {
         note(&mut out, "adding the route to", net, dp.put_route(*net, *gw).await);
@@ -149,6 +150,7 @@ mod tests {
             subnet: subnet.parse().unwrap(),
             public_ip: ip.parse().unwrap(),
             vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
+            any_inner_source: false,
         }
     }
 

@@ -22,9 +22,13 @@ pub struct Tunnel {
     pub vtep_mac: [u8; 6],
 }
 
-/// An accepted peer address: VXLAN from it is taken in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Accept {}
+/// An accepted peer address: VXLAN from it is taken in, with inner
+/// sources bound to `pod_subnet` unless `any_inner_source`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accept {
+    pub pod_subnet: Ipv4Net,
+    pub any_inner_source: bool,
+}
 
 /// What the dataplane holds for the peers (or should hold).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -45,7 +49,10 @@ pub struct Contents {
 pub fn plan(peers: &[Peer], network: Ipv4Net) -> Contents {
     Contents {
         subnets: peers.iter().map(|p| (p.subnet, Tunnel { public_ip: p.public_ip, vtep_mac: p.vtep_mac.0 })).collect(),
-        accept: peers.iter().map(|p| (p.public_ip, Accept::default())).collect(),
+        accept: peers
+            .iter()
+            .map(|p| (p.public_ip, Accept { pod_subnet: p.subnet, any_inner_source: p.any_inner_source }))
+            .collect(),
         routes: BTreeMap::from([(network, Some(VTEP_GATEWAY))]),
     }
 }
@@ -114,6 +121,7 @@ mod tests {
             subnet: subnet.parse().unwrap(),
             public_ip: ip.parse().unwrap(),
             vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
+            any_inner_source: false,
         }
     }
     fn net() -> Ipv4Net {
@@ -135,7 +143,8 @@ mod tests {
         let after =
             plan(&[peer("n2", "10.244.2.0/24", "198.18.0.3"), peer("n3", "10.244.3.0/24", "198.18.0.4")], net());
         let c = diff(&after, &before);
-        assert_eq!(c.put_accept.iter().map(|(ip, _)| ip.to_string()).collect::<Vec<_>>(), ["198.18.0.4"]);
+        // .3 is now node2's (bound to its CIDR), .4 is new
+        assert_eq!(c.put_accept.iter().map(|(ip, _)| ip.to_string()).collect::<Vec<_>>(), ["198.18.0.3", "198.18.0.4"]);
         assert_eq!(c.put_subnets.len(), 2);
         assert!(c.del_subnets.is_empty());
         assert_eq!(c.del_accept, ["198.18.0.2".parse::<Ipv4Addr>().unwrap()]);

@@ -76,6 +76,7 @@ mod tests {
             subnet: subnet.parse().unwrap(),
             public_ip: ip.parse().unwrap(),
             vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
+            any_inner_source: false,
         }
     }
     fn own() -> Ipv4Net {
@@ -146,6 +147,7 @@ mod tests {
                         subnet: net,
                         public_ip: [198, 18, 1, i as u8].into(),
                         vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
+                        any_inner_source: false,
                     }
                 })
                 .collect();

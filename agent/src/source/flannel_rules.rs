@@ -6,7 +6,7 @@ use ipnet::Ipv4Net;
 use serde_json::Value;
 
 use crate::{
-    annotations::AnnotationNames,
+    annotations::{ANY_INNER_SOURCE, AnnotationNames},
     mac::VtepMac,
     peer::{ClusterView, OwnNode, Peer, Rejection},
 };
@@ -120,7 +120,8 @@ impl Rules<'_> {
         let subnet = pod_cidr(node)?;
         super::peer_record::check(public_ip, subnet, self.network, own_ips)
             .map_err(|e| format!("public-ip annotation or pod CIDR: {e}"))?;
-        Ok(Verdict::Peer(Peer { node: name.to_string(), subnet, public_ip, vtep_mac }))
+        let any_inner_source = ann.get(ANY_INNER_SOURCE) == Some("true");
+        Ok(Verdict::Peer(Peer { node: name.to_string(), subnet, public_ip, vtep_mac, any_inner_source }))
     }
 
     fn own(&self, node: &Value) -> Result<OwnNode, String> {
@@ -218,6 +219,23 @@ mod tests {
         assert_eq!(v.peers.len(), 1);
         assert_eq!(v.peers[0].public_ip, Ipv4Addr::new(198, 18, 0, 2));
         assert!(v.rejected.is_empty());
+    }
+
+    #[test]
+    fn only_the_nodes_own_annotation_exempts_it_from_inner_source_binding() {
+        let with = |value: &str| {
+            let mut n = node("f5", "10.244.9.0/24", "198.18.0.9", GOOD);
+            n["metadata"]["annotations"][ANY_INNER_SOURCE] = json!(value);
+            n
+        };
+        let v = view(&[node("b", "10.244.2.0/24", "198.18.0.2", GOOD), with("true"), {
+            let mut n = with("yes");
+            n["metadata"]["name"] = json!("typo");
+            n["spec"] = json!({"podCIDR": "10.244.8.0/24", "podCIDRs": ["10.244.8.0/24"]});
+            n
+        }]);
+        let exempt: Vec<(&str, bool)> = v.peers.iter().map(|p| (p.node.as_str(), p.any_inner_source)).collect();
+        assert_eq!(exempt, [("b", false), ("f5", true), ("typo", false)]);
     }
 
     #[test]

@@ -85,11 +85,21 @@ pub fn peers(
             }
             Ok(Lease { vtep_mac: None, .. }) => rejected.push(reject("lease has no BackendData.VtepMAC".into())),
             Ok(Lease { subnet, public_ip, vtep_mac: Some(mac), .. }) => {
-                peers.push(Peer { node: key.clone(), subnet, public_ip, vtep_mac: mac })
+                let any_inner_source = lease_allows_any_inner_source(value);
+                peers.push(Peer { node: key.clone(), subnet, public_ip, vtep_mac: mac, any_inner_source })
             }
         }
     }
     (peers, rejected, ignored)
+}
+
+/// edgevx's field in a lease value (flanneld never writes it): `true` lets
+/// the lease's VTEP send any inner source, for an external VTEP that
+/// forwards client traffic without SNAT. Anything else is the default.
+pub const ANY_INNER_SOURCE_FIELD: &str = "EdgevxAnyInnerSource";
+
+fn lease_allows_any_inner_source(value: &str) -> bool {
+    serde_json::from_str::<Value>(value).is_ok_and(|v| v.get(ANY_INNER_SOURCE_FIELD) == Some(&Value::Bool(true)))
 }
 
 /// The subnet range of a network config (flannel's CheckNetworkConfig defaults).
@@ -189,6 +199,26 @@ mod tests {
         assert_eq!(serde_json::from_str::<Value>(&v).unwrap(), want);
         let l = parse_lease("10.244.3.0-24", &v).unwrap();
         assert_eq!(l.vtep_mac.unwrap().to_string(), "c6:d2:32:6f:8f:44");
+    }
+
+    #[test]
+    fn only_the_leases_own_field_exempts_it_from_inner_source_binding() {
+        let plain = lease_value("198.18.0.2".parse().unwrap(), 1, "02:00:00:00:00:02".parse().unwrap());
+        let with = |field: Value| {
+            let mut v: Value = serde_json::from_str(&plain).unwrap();
+            v[ANY_INNER_SOURCE_FIELD] = field;
+            v.to_string()
+        };
+        let leases = BTreeMap::from([
+            ("10.244.2.0-24".to_string(), plain.clone()),
+            ("10.244.3.0-24".to_string(), with(Value::Bool(true))),
+            ("10.244.4.0-24".to_string(), with(Value::String("true".into()))),
+        ]);
+        let (peers, rejected, _) =
+            peers(&leases, "10.244.0.0/16".parse().unwrap(), None, "198.18.0.1".parse().unwrap());
+        assert!(rejected.is_empty(), "{rejected:?}");
+        let exempt: Vec<bool> = peers.iter().map(|p| p.any_inner_source).collect();
+        assert_eq!(exempt, [false, true, false]);
     }
 
     #[test]

@@ -12,24 +12,26 @@ use aya::{
 use edgevx_common::{
     counters::Counter,
     maps::{
-        self as names, DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_ENCAP_NO_L2_ETH, FLAG_STRICT_INNER_SOURCE,
-        LocalPod, Peer, PeerStats,
+        self as names, ACCEPT_ANY_INNER_SOURCE, DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_ENCAP_NO_L2_ETH, LocalPod,
+        Peer, PeerAccept, PeerStats,
     },
 };
 use edgevx_tests::{topo::Bpffs, unique};
 
-const OUR_MAC: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 1];
-const PEER_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 2];
-const POD_MAC: [u8; 6] = [0x02, 0xcc, 0, 0, 0, 3];
-const HOST_MAC: [u8; 6] = [0x02, 0xdd, 0, 0, 0, 4];
-const OUR_IP: [u8; 4] = [198, 18, 0, 1];
-const PEER_IP: [u8; 4] = [198, 18, 0, 2];
-const STRANGER_IP: [u8; 4] = [198, 18, 0, 66];
-const TC_ACT_SHOT: u32 = 2;
-const TC_ACT_REDIRECT: u32 = 7;
-const NEXT: u32 = u32::MAX; // TC_ACT_UNSPEC / TCX_NEXT: "not mine, carry on"
+pub(crate) const OUR_MAC: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 1];
+pub(crate) const PEER_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 2];
+pub(crate) const POD_MAC: [u8; 6] = [0x02, 0xcc, 0, 0, 0, 3];
+pub(crate) const HOST_MAC: [u8; 6] = [0x02, 0xdd, 0, 0, 0, 4];
+pub(crate) const OUR_IP: [u8; 4] = [198, 18, 0, 1];
+pub(crate) const PEER_IP: [u8; 4] = [198, 18, 0, 2];
+pub(crate) const STRANGER_IP: [u8; 4] = [198, 18, 0, 66];
+/// A peer whose entry says it may carry any inner source (an F5 BIG-IP).
+pub(crate) const EXEMPT_IP: [u8; 4] = [198, 18, 0, 3];
+pub(crate) const TC_ACT_SHOT: u32 = 2;
+pub(crate) const TC_ACT_REDIRECT: u32 = 7;
+pub(crate) const NEXT: u32 = u32::MAX; // TC_ACT_UNSPEC / TCX_NEXT: "not mine, carry on"
 
-struct Loaded {
+pub(crate) struct Loaded {
     ebpf: Ebpf,
     _bpffs: Bpffs,
 }
@@ -40,7 +42,7 @@ fn object() -> PathBuf {
     })
 }
 
-fn load(flags: u32) -> Result<Loaded> {
+pub(crate) fn load(flags: u32) -> Result<Loaded> {
     let dir = std::env::temp_dir().join(unique("bpf"));
     let bpffs = Bpffs::mount(&dir)?;
     let bytes = std::fs::read(object())
@@ -67,6 +69,17 @@ fn load(flags: u32) -> Result<Loaded> {
     let mut subnets: LpmTrie<_, [u8; 4], Peer> =
         LpmTrie::try_from(ebpf.map_mut(names::PEER_SUBNETS).context("subnets")?)?;
     subnets.insert(&Key::new(24, [10, 244, 2, 0]), Peer { public_ip: PEER_IP, vtep_mac: PEER_MAC, _pad: [0; 2] }, 0)?;
+    subnets.insert(
+        &Key::new(24, [10, 244, 3, 0]),
+        Peer { public_ip: EXEMPT_IP, vtep_mac: PEER_MAC, _pad: [0; 2] },
+        0,
+    )?;
+    let mut accept: HashMap<_, [u8; 4], PeerAccept> =
+        HashMap::try_from(ebpf.map_mut(names::PEER_ACCEPT).context("accept")?)?;
+    accept.insert(PEER_IP, PeerAccept { pod_subnet: [10, 244, 2, 0], prefix_len: 24, flags: 0, _pad: [0; 2] }, 0)?;
+    let exempt =
+        PeerAccept { pod_subnet: [10, 244, 3, 0], prefix_len: 24, flags: ACCEPT_ANY_INNER_SOURCE, _pad: [0; 2] };
+    accept.insert(EXEMPT_IP, exempt, 0)?;
     let ncpu = aya::util::nr_cpus().map_err(|(_, e)| e)?;
     let mut stats: PerCpuHashMap<_, [u8; 4], PeerStats> =
         PerCpuHashMap::try_from(ebpf.map_mut(names::PEER_STATS).context("stats")?)?;
@@ -77,7 +90,7 @@ fn load(flags: u32) -> Result<Loaded> {
 }
 
 impl Loaded {
-    fn run(&self, prog: &str, input: &[u8]) -> Result<(u32, Vec<u8>)> {
+    pub(crate) fn run(&self, prog: &str, input: &[u8]) -> Result<(u32, Vec<u8>)> {
         let p: &SchedClassifier = self.ebpf.program(prog).context("program")?.try_into()?;
         let mut out = vec![0u8; input.len() + 256];
         let opts = TestRunOptions { data_in: Some(input), data_out: Some(&mut out), ..Default::default() };
@@ -86,7 +99,7 @@ impl Loaded {
         Ok((r.return_value, out))
     }
 
-    fn counter(&self, c: Counter) -> Result<u64> {
+    pub(crate) fn counter(&self, c: Counter) -> Result<u64> {
         let a: PerCpuArray<_, u64> = PerCpuArray::try_from(self.ebpf.map(names::GLOBAL_STATS).context("global")?)?;
         Ok(a.get(&(c as u32), 0)?.iter().sum())
     }
@@ -103,7 +116,7 @@ impl Loaded {
 }
 
 /// Independent RFC 1071 checksum (not the one under test).
-fn checksum(b: &[u8]) -> [u8; 2] {
+pub(crate) fn checksum(b: &[u8]) -> [u8; 2] {
     let mut s: u64 = b.chunks(2).map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u64).sum();
     while s > 0xffff {
         s = (s & 0xffff) + (s >> 16);
@@ -111,7 +124,7 @@ fn checksum(b: &[u8]) -> [u8; 2] {
     (!(s as u16)).to_be_bytes()
 }
 
-fn ipv4(src: [u8; 4], dst: [u8; 4], proto: u8, payload: &[u8], tos: u8) -> Vec<u8> {
+pub(crate) fn ipv4(src: [u8; 4], dst: [u8; 4], proto: u8, payload: &[u8], tos: u8) -> Vec<u8> {
     let len = (20 + payload.len()) as u16;
     let mut h = vec![0x45, tos];
     h.extend(len.to_be_bytes());
@@ -124,7 +137,7 @@ fn ipv4(src: [u8; 4], dst: [u8; 4], proto: u8, payload: &[u8], tos: u8) -> Vec<u
     h
 }
 
-fn eth(dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn eth(dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
     let mut f = Vec::new();
     f.extend(dst);
     f.extend(src);
@@ -134,14 +147,14 @@ fn eth(dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
 }
 
 /// An ICMP echo from pod 10.244.1.2 to `dst` as routed into flannel.1.
-fn inner_icmp(dst: [u8; 4]) -> Vec<u8> {
+pub(crate) fn inner_icmp(dst: [u8; 4]) -> Vec<u8> {
     let mut icmp = vec![8, 0, 0, 0, 0, 1, 0, 1];
     icmp.extend([0x5a; 56]);
     ipv4([10, 244, 1, 2], dst, 1, &icmp, 0x02)
 }
 
 /// What a flannel peer puts on the wire for `inner`.
-fn vxlan_frame(src: [u8; 4], vni: u32, inner_dst_mac: [u8; 6], inner: &[u8]) -> Vec<u8> {
+pub(crate) fn vxlan_frame(src: [u8; 4], vni: u32, inner_dst_mac: [u8; 6], inner: &[u8]) -> Vec<u8> {
     let inner_frame = eth(inner_dst_mac, PEER_MAC, 0x0800, inner);
     let mut udp = Vec::new();
     udp.extend(40000u16.to_be_bytes());
@@ -171,6 +184,7 @@ fn encap_builds_flannel_compatible_outer_headers() -> Result<()> {
         0x08, 0, 0, 0, 0x00, 0x00, 0x01, 0x00,                   // VXLAN: I flag, VNI 1
     ];
     want[..12].copy_from_slice(&input[..12]);
+    want[18..20].copy_from_slice(&out[18..20]); // the IP ID: checked below
     let c = checksum(&want[14..34]);
     want[24..26].copy_from_slice(&c);
     want.extend(PEER_MAC);
@@ -186,11 +200,15 @@ fn encap_builds_flannel_compatible_outer_headers() -> Result<()> {
     // the same flow keeps its port; another flow gets its own
     assert_eq!(l.run("edgevx_encap", &input)?.1[34..36], out[34..36]);
     let mut ports = std::collections::BTreeSet::new();
+    let mut ids = std::collections::BTreeSet::from([[out[18], out[19]]]);
     for last in 2..40u8 {
         let o = l.run("edgevx_encap", &eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 2, last])))?.1;
         ports.insert([o[34], o[35]]);
+        ids.insert([o[18], o[19]]);
     }
     assert!(ports.len() > 20, "source ports do not spread: {ports:?}");
+    // DF is clear, so an underlay hop may fragment: no two packets share an ID (RFC 6864)
+    assert_eq!(ids.len(), 39, "outer IP IDs repeat: {ids:?}");
     assert_eq!(l.peer()?.tx_packets, 40);
     assert_eq!(l.counter(Counter::TxPackets)?, 40);
     Ok(())
@@ -202,7 +220,14 @@ fn encap_for_kernels_before_5_13_puts_the_same_bytes_on_the_wire() -> Result<()>
     let (rc, with_l2_flag) = load(0)?.run("edgevx_encap", &input)?;
     assert_eq!(rc, TC_ACT_REDIRECT);
     let l = load(FLAG_ENCAP_NO_L2_ETH)?;
-    assert_eq!(l.run("edgevx_encap", &input)?, (rc, with_l2_flag));
+    let (rc2, mut without) = l.run("edgevx_encap", &input)?;
+    // the IP IDs differ (each load starts at a random one); the rest is equal
+    let mut with_l2_flag = with_l2_flag;
+    for f in [&mut with_l2_flag, &mut without] {
+        f[18..20].copy_from_slice(&[0, 0]);
+        f[24..26].copy_from_slice(&[0, 0]);
+    }
+    assert_eq!((rc2, without), (rc, with_l2_flag));
     assert_eq!(l.counter(Counter::DropAdjustRoom)?, 0);
     Ok(())
 }
@@ -249,14 +274,9 @@ fn decap_leaves_other_traffic_untouched() -> Result<()> {
         ("ARP", eth([0xff; 6], [4; 6], 0x0806, &[0u8; 28])),
         ("IPv6", eth([2; 6], [4; 6], 0x86dd, &[0x60u8; 60])),
         ("VXLAN to another port", to_port_4789),
-        ("VXLAN to another address", to_other_host),
+        ("VXLAN to another address", fix_outer_checksum(to_other_host)),
         ("wrong VNI", vxlan_frame(PEER_IP, 2, OUR_MAC, &inner)),
         ("wrong inner MAC", vxlan_frame(PEER_IP, 1, [0x02, 0x99, 0, 0, 0, 9], &inner)),
-        ("no I flag", {
-            let mut f = vxlan_frame(PEER_IP, 1, OUR_MAC, &inner);
-            f[42] = 0;
-            f
-        }),
         (
             "known peer, host-bound inner",
             vxlan_frame(PEER_IP, 1, OUR_MAC, &ipv4([10, 244, 2, 2], [10, 244, 1, 0], 1, &[0; 8], 0)),
@@ -267,8 +287,8 @@ fn decap_leaves_other_traffic_untouched() -> Result<()> {
         assert_eq!(rc, NEXT, "{what}: verdict");
         assert_eq!(out, frame, "{what}: the frame was modified");
     }
-    assert_eq!(l.counter(Counter::PassNotOurs)?, 3, "wrong VNI, wrong inner MAC, no I flag");
-    assert_eq!(l.counter(Counter::RxHostPackets)?, 1, "the host-bound frame goes to the kernel path");
+    assert_eq!(l.counter(Counter::PassNotOurs)?, 2, "wrong VNI, wrong inner MAC");
+    assert_eq!(l.counter(Counter::RxHostPackets)?, 2, "another address and the host-bound frame: the kernel path");
     assert_eq!(l.counter(Counter::DropUnknownPeer)?, 0);
     Ok(())
 }
@@ -284,7 +304,7 @@ fn decap_drops_vxlan_from_unknown_sources() -> Result<()> {
 }
 
 /// The same frame with a 4-byte IP option block (NOP NOP NOP EOL).
-fn with_ip_options(frame: &[u8]) -> Vec<u8> {
+pub(crate) fn with_ip_options(frame: &[u8]) -> Vec<u8> {
     let mut f = frame[..34].to_vec();
     f[14] = 0x46;
     let len = u16::from_be_bytes([f[16], f[17]]) + 4;
@@ -307,7 +327,7 @@ fn ip_options_and_fragments_do_not_bypass_the_source_check() -> Result<()> {
     for frame in [with_ip_options(&vxlan_frame(PEER_IP, 1, OUR_MAC, &inner)), {
         let mut f = vxlan_frame(PEER_IP, 1, OUR_MAC, &inner);
         f[20] = 0x20;
-        f
+        fix_outer_checksum(f)
     }] {
         let (rc, out) = l.run("edgevx_decap", &frame)?;
         assert_eq!((rc, out), (NEXT, frame));
@@ -361,15 +381,117 @@ fn bridge_sends_a_routed_frame_for_a_learned_pod_to_its_port_unchanged() -> Resu
 }
 
 #[test]
-fn strict_inner_source_drops_what_a_peer_cannot_own() -> Result<()> {
+fn inner_source_is_bound_to_the_peers_pod_cidr_unless_its_entry_exempts_it() -> Result<()> {
     let from_its_subnet = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
-    let spoofed = ipv4([10, 99, 0, 1], [10, 244, 1, 2], 1, &[0; 8], 0);
-    let l = load(FLAG_BYPASS_NETFILTER | FLAG_STRICT_INNER_SOURCE)?;
-    assert_eq!(l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &from_its_subnet))?.0, TC_ACT_REDIRECT);
-    assert_eq!(l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &spoofed))?.0, TC_ACT_SHOT);
-    assert_eq!(l.counter(Counter::DropSpoofedSource)?, 1);
-    // off by default: external VTEPs may forward client sources
+    let spoofed = ipv4([203, 0, 113, 7], [10, 244, 1, 2], 1, &[0; 8], 0);
+    let our_gateway = ipv4([10, 244, 1, 0], [10, 244, 1, 2], 1, &[0; 8], 0);
+    let another_peers = ipv4([10, 244, 3, 9], [10, 244, 1, 2], 1, &[0; 8], 0);
     let l = load(FLAG_BYPASS_NETFILTER)?;
-    assert_eq!(l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &spoofed))?.0, TC_ACT_REDIRECT);
+    assert_eq!(l.run("edgevx_decap", &vxlan_frame(PEER_IP, 1, OUR_MAC, &from_its_subnet))?.0, TC_ACT_REDIRECT);
+    for (what, inner) in [("client", &spoofed), ("our gateway", &our_gateway), ("another peer's pod", &another_peers)] {
+        let frame = vxlan_frame(PEER_IP, 1, OUR_MAC, inner);
+        assert_eq!(l.run("edgevx_decap", &frame)?.0, TC_ACT_SHOT, "{what}");
+    }
+    assert_eq!(l.counter(Counter::DropSpoofedSource)?, 3);
+    // judged before the inner MAC and the VNI: a broadcast MAC or another
+    // VNI does not carry a forged source past the check to the host
+    for frame in [vxlan_frame(PEER_IP, 1, [0xff; 6], &spoofed), vxlan_frame(PEER_IP, 7, OUR_MAC, &spoofed)] {
+        assert_eq!(l.run("edgevx_decap", &frame)?.0, TC_ACT_SHOT);
+    }
+    assert_eq!(l.counter(Counter::DropSpoofedSource)?, 5);
+    assert_eq!(l.counter(Counter::PassNotOurs)?, 0);
+    // the exempt peer forwards client sources
+    let (rc, out) = l.run("edgevx_decap", &vxlan_frame(EXEMPT_IP, 1, OUR_MAC, &spoofed))?;
+    assert_eq!((rc, out), (TC_ACT_REDIRECT, eth(POD_MAC, HOST_MAC, 0x0800, &spoofed)));
+    assert_eq!(l.counter(Counter::DropSpoofedSource)?, 5);
+    Ok(())
+}
+
+/// `frame` with byte `at` set to `value` (the outer checksum left as it was).
+fn with_byte(frame: &[u8], at: usize, value: u8) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[at] = value;
+    f
+}
+
+/// `frame`'s outer IPv4 header with its checksum made right again.
+pub(crate) fn fix_outer_checksum(mut f: Vec<u8>) -> Vec<u8> {
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c);
+    f
+}
+
+#[test]
+fn what_the_kernels_vxlan_receive_drops_is_dropped_and_counted() -> Result<()> {
+    let l = load(FLAG_BYPASS_NETFILTER)?;
+    let inner = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
+    let good = vxlan_frame(PEER_IP, 1, OUR_MAC, &inner);
+    let cases: [(&str, Vec<u8>, Counter); 8] = [
+        ("bad outer checksum", with_byte(&good, 25, good[25] ^ 0xff), Counter::DropBadChecksum),
+        ("flags 0x8c", with_byte(&good, 42, 0x8c), Counter::DropBadVxlanFlags),
+        ("no I flag", with_byte(&good, 42, 0), Counter::DropBadVxlanFlags),
+        ("reserved byte after the VNI", with_byte(&good, 49, 0x5a), Counter::DropBadVxlanFlags),
+        ("reserved bits in the flags word", with_byte(&good, 45, 1), Counter::DropBadVxlanFlags),
+        ("inner TTL 0", vxlan_frame(PEER_IP, 1, OUR_MAC, &fix_inner_ttl(&inner, 0)), Counter::DropInnerTtl),
+        ("inner TTL 1", vxlan_frame(PEER_IP, 1, OUR_MAC, &fix_inner_ttl(&inner, 1)), Counter::DropInnerTtl),
+        (
+            "inner ARP",
+            {
+                let mut f = good.clone();
+                f[62..64].copy_from_slice(&0x0806u16.to_be_bytes());
+                f
+            },
+            Counter::DropInnerNotIpv4,
+        ),
+    ];
+    for (what, frame, counter) in cases {
+        let before = l.counter(counter)?;
+        assert_eq!(l.run("edgevx_decap", &frame)?.0, TC_ACT_SHOT, "{what}");
+        assert_eq!(l.counter(counter)?, before + 1, "{what}: {counter:?}");
+    }
+    assert_eq!(l.counter(Counter::RxFastPackets)?, 0);
+    assert_eq!(l.peer()?.rx_packets, 0, "nothing was accepted");
+    assert_eq!(l.run("edgevx_decap", &good)?.0, TC_ACT_REDIRECT, "the frame itself is fine");
+    Ok(())
+}
+
+/// An inner IPv4 packet with another TTL (checksum fixed).
+fn fix_inner_ttl(inner: &[u8], ttl: u8) -> Vec<u8> {
+    let mut p = inner.to_vec();
+    p[8] = ttl;
+    p[10..12].copy_from_slice(&[0, 0]);
+    let c = checksum(&p[..20]);
+    p[10..12].copy_from_slice(&c);
+    p
+}
+
+#[test]
+fn any_local_destination_is_judged_and_tiny_first_fragments_are_dropped() -> Result<()> {
+    let l = load(FLAG_BYPASS_NETFILTER)?;
+    let inner = ipv4([203, 0, 113, 7], [10, 244, 1, 2], 1, &[0; 8], 0);
+    let stranger = vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner);
+    // another address the node owns, and the underlay broadcast
+    for dst in [[10, 244, 1, 1], [10, 244, 1, 0], [198, 18, 0, 255], [255, 255, 255, 255]] {
+        let mut f = stranger.clone();
+        f[30..34].copy_from_slice(&dst);
+        assert_eq!(l.run("edgevx_decap", &fix_outer_checksum(f))?.0, TC_ACT_SHOT, "to {dst:?}");
+    }
+    assert_eq!(l.counter(Counter::DropUnknownPeer)?, 4);
+    // a first fragment with 8 or 16 bytes of UDP: the VXLAN header is in the next one
+    let good = vxlan_frame(PEER_IP, 1, OUR_MAC, &ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0));
+    for udp_bytes in [8, 16] {
+        let mut f = good[..34 + udp_bytes].to_vec();
+        f[16..18].copy_from_slice(&((20 + udp_bytes) as u16).to_be_bytes());
+        f[20] = 0x20; // MF, offset 0
+        assert_eq!(l.run("edgevx_decap", &fix_outer_checksum(f))?.0, TC_ACT_SHOT, "{udp_bytes} bytes of UDP");
+    }
+    assert_eq!(l.counter(Counter::DropShortFragment)?, 2);
+    // a later fragment has no UDP header: the kernel cannot use it without the first
+    let mut later = good.clone();
+    later[20] = 0x00;
+    later[21] = 0x03;
+    let later = fix_outer_checksum(later);
+    assert_eq!(l.run("edgevx_decap", &later)?, (NEXT, later));
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use aya::maps::{LpmTrie, Map, MapData, PerCpuHashMap, lpm_trie::Key};
+use aya::maps::{HashMap, LpmTrie, Map, MapData, lpm_trie::Key};
 use edgevx_tests::{
     agent::{Agent, peers, wait_status},
     nodes::{flannel_node, node_list, write},
@@ -185,9 +185,9 @@ fn drift_made_by_hand_is_repaired() -> Result<()> {
     let mut lpm: LpmTrie<MapData, [u8; 4], edgevx_common::maps::Peer> =
         LpmTrie::try_from(Map::LpmTrie(MapData::from_pin(&lpm_pin)?))?;
     lpm.remove(&Key::new(24, [10, 244, 2, 0]))?;
-    let accept_pin = map_pin(h1, edgevx_common::maps::PEER_STATS)?;
-    let mut accept: PerCpuHashMap<MapData, [u8; 4], edgevx_common::maps::PeerStats> =
-        PerCpuHashMap::try_from(Map::PerCpuHashMap(MapData::from_pin(&accept_pin)?))?;
+    let accept_pin = map_pin(h1, edgevx_common::maps::PEER_ACCEPT)?;
+    let mut accept: HashMap<MapData, [u8; 4], edgevx_common::maps::PeerAccept> =
+        HashMap::try_from(Map::HashMap(MapData::from_pin(&accept_pin)?))?;
     accept.remove(&underlay_ip(2).octets())?;
     wait_until("map entries restored", within, || {
         Ok(lpm.get(&Key::new(24, [10, 244, 2, 0]), 0).is_ok() && accept.get(&underlay_ip(2).octets(), 0).is_ok())

@@ -1,0 +1,68 @@
+//! The socket-lookup guard (`ebpf/src/guard.rs`): attached to the node's
+//! network namespace, so VXLAN from anyone but a programmed peer is refused
+//! whatever path it takes to the kernel's VXLAN socket: another interface,
+//! another local address, a pod of this node, fragments the kernel
+//! reassembles. It reads the same accept map as decap.
+//!
+//! Why a socket-level hook rather than TC on every interface or a netfilter
+//! set of peer addresses: it sees every datagram after reassembly, on every
+//! interface, including ones that appear later, and it needs no second copy
+//! of the peer list to keep in step with the maps. What it does not see:
+//! broadcast and multicast datagrams (the kernel delivers those without a
+//! lookup; decap judges them on the underlay) and VXLAN that local pods
+//! send to other nodes (forwarded, never looked up here).
+//!
+//! The link is pinned like the TC links, so it outlives the agent; a new
+//! agent attaches its own first, then unpins the old one, so the namespace
+//! is never unguarded.
+use std::{fs::File, io};
+
+use anyhow::{Context, Result};
+use aya::{
+    Ebpf,
+    programs::{
+        SkLookup,
+        links::{FdLink, LinkError, PinnedLink},
+    },
+    sys::SyscallError,
+};
+use tracing::info;
+
+use crate::dataplane::{bpffs::PinDir, loader::remove_pin};
+
+/// The program's name in the eBPF object, and of its link and program pins.
+pub const GUARD: &str = "edgevx_guard";
+
+fn program(ebpf: &mut Ebpf) -> Result<&mut SkLookup> {
+    ebpf.program_mut(GUARD)
+        .with_context(|| format!("program {GUARD} is missing from the eBPF object"))?
+        .try_into()
+        .with_context(|| format!("program {GUARD} is not an sk_lookup program"))
+}
+
+/// Loads the guard into the kernel (the verifier runs here).
+pub fn load(ebpf: &mut Ebpf) -> Result<()> {
+    program(ebpf)?.load().with_context(|| format!("the verifier rejected {GUARD}"))
+}
+
+/// Attaches the guard to this network namespace, replacing the link an
+/// earlier run pinned (new first, old second).
+pub fn attach(ebpf: &mut Ebpf, pins: &PinDir) -> Result<()> {
+    let netns = File::open("/proc/self/ns/net").context("cannot open this network namespace")?;
+    let prog = program(ebpf)?;
+    let id = prog.attach(&netns).context("cannot attach the socket-lookup guard to this network namespace")?;
+    let link: FdLink = prog.take_link(id).context("cannot take the guard link")?.into();
+    let link_pin = pins.link(GUARD);
+    match PinnedLink::from_pin(&link_pin) {
+        Ok(old) => drop(old.unpin().with_context(|| format!("cannot unpin {}", link_pin.display()))?),
+        Err(LinkError::SyscallError(SyscallError { io_error, .. })) if io_error.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot open pinned link {}", link_pin.display())),
+    }
+    remove_pin(&link_pin)?;
+    link.pin(&link_pin).with_context(|| format!("cannot pin link at {}", link_pin.display()))?;
+    let prog_pin = pins.prog(GUARD);
+    remove_pin(&prog_pin)?;
+    prog.pin(&prog_pin).with_context(|| format!("cannot pin program at {}", prog_pin.display()))?;
+    info!(program = GUARD, "attached to the network namespace");
+    Ok(())
+}

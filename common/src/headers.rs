@@ -1,0 +1,223 @@
+//! Read-only views of the headers decapsulation judges, so the program reads
+//! field names instead of byte offsets, and the rules are tested on the host.
+//!
+//! Each view wraps a fixed-size array the program has loaded from the
+//! packet; nothing here reads past it.
+
+use crate::vxlan::{ETH_HLEN, ETH_P_IP, IPV4_HLEN, VXLAN_FLAG_VNI, VXLAN_HLEN, ipv4_checksum};
+
+/// The fixed 20 bytes of an IPv4 header (options, if any, follow them).
+#[derive(Clone, Copy, Debug)]
+pub struct Ipv4Header<'a>(pub &'a [u8; IPV4_HLEN]);
+
+/// Fragment offset bits of the flags/offset word.
+const FRAG_OFFSET_MASK: u16 = 0x1fff;
+/// More-fragments flag.
+const FRAG_MF: u16 = 0x2000;
+/// Don't-fragment flag.
+const FRAG_DF: u16 = 0x4000;
+
+impl Ipv4Header<'_> {
+    #[inline(always)]
+    pub fn version(&self) -> u8 {
+        self.0[0] >> 4
+    }
+
+    /// IHL in bytes: 20 to 60 for a valid header.
+    #[inline(always)]
+    pub fn header_len(&self) -> usize {
+        ((self.0[0] & 0x0f) as usize) * 4
+    }
+
+    /// A version-4 header with an IHL of at least 5 words.
+    #[inline(always)]
+    pub fn is_valid_v4(&self) -> bool {
+        self.version() == 4 && self.header_len() >= IPV4_HLEN
+    }
+
+    #[inline(always)]
+    pub fn total_len(&self) -> u16 {
+        u16::from_be_bytes([self.0[2], self.0[3]])
+    }
+
+    #[inline(always)]
+    fn frag_word(&self) -> u16 {
+        u16::from_be_bytes([self.0[6], self.0[7]])
+    }
+
+    /// A fragment other than the first: it carries no transport header.
+    #[inline(always)]
+    pub fn is_later_fragment(&self) -> bool {
+        self.frag_word() & FRAG_OFFSET_MASK != 0
+    }
+
+    /// The first fragment of a fragmented datagram.
+    #[inline(always)]
+    pub fn is_first_fragment(&self) -> bool {
+        self.frag_word() & (FRAG_MF | FRAG_OFFSET_MASK) == FRAG_MF
+    }
+
+    #[inline(always)]
+    pub fn dont_fragment(&self) -> bool {
+        self.frag_word() & FRAG_DF != 0
+    }
+
+    #[inline(always)]
+    pub fn ttl(&self) -> u8 {
+        self.0[8]
+    }
+
+    #[inline(always)]
+    pub fn protocol(&self) -> u8 {
+        self.0[9]
+    }
+
+    #[inline(always)]
+    pub fn src(&self) -> [u8; 4] {
+        [self.0[12], self.0[13], self.0[14], self.0[15]]
+    }
+
+    #[inline(always)]
+    pub fn dst(&self) -> [u8; 4] {
+        [self.0[16], self.0[17], self.0[18], self.0[19]]
+    }
+
+    /// Whether the checksum is right, for a header without options (the
+    /// only kind the fast path takes; the kernel checks the others).
+    #[inline(always)]
+    pub fn checksum_ok(&self) -> bool {
+        // a correct header, checksum included, sums to 0xffff
+        ipv4_checksum(self.0) == 0
+    }
+}
+
+/// An 8-byte VXLAN header.
+#[derive(Clone, Copy, Debug)]
+pub struct VxlanHeader<'a>(pub &'a [u8; VXLAN_HLEN]);
+
+impl VxlanHeader<'_> {
+    /// Exactly what the kernel's `vxlan_rcv` accepts on a device without
+    /// GBP, GPE or remote checksum offload (flannel's): the flags word is
+    /// the I flag alone and the byte after the VNI is zero. Any other bit
+    /// is "unparsed" there and the frame is dropped
+    /// (`SKB_DROP_REASON_VXLAN_INVALID_HDR`).
+    #[inline(always)]
+    pub fn is_valid(&self) -> bool {
+        let h = self.0;
+        h[0] == VXLAN_FLAG_VNI && h[1] == 0 && h[2] == 0 && h[3] == 0 && h[7] == 0
+    }
+
+    #[inline(always)]
+    pub fn vni(&self) -> u32 {
+        u32::from_be_bytes([0, self.0[4], self.0[5], self.0[6]])
+    }
+}
+
+/// An Ethernet header without VLAN tags.
+#[derive(Clone, Copy, Debug)]
+pub struct EthHeader<'a>(pub &'a [u8; ETH_HLEN]);
+
+impl EthHeader<'_> {
+    #[inline(always)]
+    pub fn dst(&self) -> [u8; 6] {
+        let h = self.0;
+        [h[0], h[1], h[2], h[3], h[4], h[5]]
+    }
+
+    #[inline(always)]
+    pub fn src(&self) -> [u8; 6] {
+        let h = self.0;
+        [h[6], h[7], h[8], h[9], h[10], h[11]]
+    }
+
+    #[inline(always)]
+    pub fn is_ipv4(&self) -> bool {
+        u16::from_be_bytes([self.0[12], self.0[13]]) == ETH_P_IP
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[rustfmt::skip]
+    const HDR: [u8; 20] = [
+        0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0xb8, 0x61,
+        0xc0, 0xa8, 0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
+    ];
+
+    #[test]
+    fn ipv4_fields() {
+        let h = Ipv4Header(&HDR);
+        assert!(h.is_valid_v4());
+        assert_eq!(h.header_len(), 20);
+        assert_eq!(h.total_len(), 0x73);
+        assert_eq!(h.ttl(), 64);
+        assert_eq!(h.protocol(), 17);
+        assert_eq!(h.src(), [192, 168, 0, 1]);
+        assert_eq!(h.dst(), [192, 168, 0, 199]);
+        assert!(h.dont_fragment());
+        assert!(!h.is_first_fragment() && !h.is_later_fragment());
+    }
+
+    #[test]
+    fn checksum_is_judged_over_the_header() {
+        assert!(Ipv4Header(&HDR).checksum_ok());
+        let mut bad = HDR;
+        bad[11] ^= 1;
+        assert!(!Ipv4Header(&bad).checksum_ok());
+        let mut ttl = HDR;
+        ttl[8] = 63;
+        assert!(!Ipv4Header(&ttl).checksum_ok());
+    }
+
+    #[test]
+    fn fragments_are_told_apart() {
+        let with = |word: u16| {
+            let mut h = HDR;
+            h[6..8].copy_from_slice(&word.to_be_bytes());
+            h
+        };
+        let first = with(0x2000);
+        assert!(Ipv4Header(&first).is_first_fragment());
+        assert!(!Ipv4Header(&first).is_later_fragment());
+        let middle = with(0x2000 | 3);
+        assert!(!Ipv4Header(&middle).is_first_fragment());
+        assert!(Ipv4Header(&middle).is_later_fragment());
+        let last = with(7);
+        assert!(Ipv4Header(&last).is_later_fragment());
+    }
+
+    #[test]
+    fn short_or_foreign_headers_are_not_v4() {
+        let mut h = HDR;
+        h[0] = 0x44;
+        assert!(!Ipv4Header(&h).is_valid_v4());
+        h[0] = 0x65;
+        assert!(!Ipv4Header(&h).is_valid_v4());
+    }
+
+    #[test]
+    fn vxlan_flags_as_the_kernel_judges_them() {
+        assert!(VxlanHeader(&[0x08, 0, 0, 0, 0, 0, 1, 0]).is_valid());
+        assert_eq!(VxlanHeader(&[0x08, 0, 0, 0, 0xab, 0xcd, 0xef, 0]).vni(), 0xabcdef);
+        for bad in [
+            [0x00, 0, 0, 0, 0, 0, 1, 0],    // no I flag
+            [0x8c, 0, 0, 0, 0, 0, 1, 0],    // extra flags
+            [0x08, 0, 0, 0, 0, 0, 1, 0x5a], // reserved byte after the VNI
+            [0x08, 0x80, 0, 0, 0, 0, 1, 0], // GBP-style bits
+            [0x08, 0, 0, 0x01, 0, 0, 1, 0], // reserved bits of the first word
+        ] {
+            assert!(!VxlanHeader(&bad).is_valid(), "{bad:x?}");
+        }
+    }
+
+    #[test]
+    fn ethernet_fields() {
+        let e = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x08, 0x00];
+        let h = EthHeader(&e);
+        assert_eq!(h.dst(), [1, 2, 3, 4, 5, 6]);
+        assert_eq!(h.src(), [7, 8, 9, 10, 11, 12]);
+        assert!(h.is_ipv4());
+    }
+}

@@ -39,9 +39,18 @@ pub struct RunArgs {
     /// This node's name in the node list.
     #[arg(long, env = "EDGEVX_NODE_NAME")]
     pub node_name: Option<String>,
-    /// Underlay interface: VXLAN leaves and arrives here (default: the default route's, as flannel).
+    /// Underlay interface, a name or an IPv4 address; repeat it to try each in order
+    /// (flanneld's --iface). Default: the interface owning the public IP, else the default route's.
     #[arg(long, env = "EDGEVX_IFACE")]
-    pub iface: Option<String>,
+    pub iface: Vec<String>,
+    /// Underlay interface by regular expression over addresses, then names; repeatable,
+    /// tried after every --iface (flanneld's --iface-regex).
+    #[arg(long, env = "EDGEVX_IFACE_REGEX")]
+    pub iface_regex: Vec<String>,
+    /// Underlay interface: the one `ip route get ADDR` leaves by, tried after
+    /// --iface and --iface-regex (flanneld's --iface-can-reach).
+    #[arg(long, env = "EDGEVX_IFACE_CAN_REACH")]
+    pub iface_can_reach: Option<Ipv4Addr>,
     /// Source: a Kubernetes NodeList file (JSON or YAML) naming this node and its peers.
     #[arg(long, env = "EDGEVX_NODES_FILE")]
     pub nodes_file: Option<PathBuf>,
@@ -79,7 +88,8 @@ pub struct RunArgs {
     /// Where to write flannel's subnet.env for the CNI plugin.
     #[arg(long, env = "EDGEVX_SUBNET_FILE", default_value = "/run/flannel/subnet.env")]
     pub subnet_file: PathBuf,
-    /// VTEP source address (default: node-public-ip annotation, else the interface's IPv4).
+    /// VTEP source address; the Node's node-public-ip annotation beats it, as in flannel
+    /// (default: the underlay interface's IPv4).
     #[arg(long, env = "EDGEVX_PUBLIC_IP")]
     pub public_ip: Option<Ipv4Addr>,
     /// Prefix of flannel's node annotations.

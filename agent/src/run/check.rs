@@ -143,20 +143,20 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
         Some(p) => NetConf::load(p).map_err(|e| usage(format!("--net-conf: {e}")))?,
         None => NetConf::default(),
     };
-    let iface = match &args.iface {
-        Some(i) => i.clone(),
-        None => device::default_route_iface(handle)
-            .await?
-            .ok_or_else(|| usage("no --iface and no IPv4 default route to take it from".into()))?,
+    let state = crate::state::StateDir(args.paths.state_dir.clone());
+    let stored = super::iface::stored_public_ip(&source, &node, &names, &state).await;
+    let want = super::iface::Wanted {
+        ifaces: &args.iface,
+        regexes: &args.iface_regex,
+        can_reach: args.iface_can_reach,
+        public_ip: stored.or(args.public_ip),
     };
-    let underlay = match device::link_by_name(handle, &iface).await {
-        Ok(Some(_)) => device::underlay(handle, &iface).await?,
-        Ok(None) => return Err(usage(format!("--iface {iface}: no such interface"))),
-        Err(e) => return Err(e),
-    };
-    if args.public_ip.is_none() && underlay.ipv4.is_none() {
-        return Err(usage(format!("--iface {iface} has no IPv4 address; give --public-ip")));
-    }
+    let chosen = super::iface::choose(handle, &want).await.map_err(|e| usage(e.to_string()))?;
+    let iface = chosen.name;
+    let underlay = device::underlay(handle, &iface).await?;
+    // the address selection settled on stands in for --public-ip; node-public-ip still beats it
+    let mut args = args;
+    args.public_ip = args.public_ip.or(Some(chosen.address));
     if args.host_routing && args.bypass_netfilter {
         return Err(usage("--host-routing and --bypass-netfilter contradict each other".into()));
     }

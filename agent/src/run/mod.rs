@@ -28,6 +28,7 @@ use crate::{
 
 mod check;
 pub mod config;
+mod iface;
 mod kernel;
 pub mod lock;
 mod node;

@@ -7,6 +7,7 @@ mod edgevx_pair;
 mod env;
 mod etcd;
 mod firewall;
+mod iface;
 mod image;
 mod interop;
 mod kernel;

@@ -45,6 +45,9 @@ pub(super) struct Checked {
     pub(super) iface: String,
     pub(super) underlay: device::Underlay,
     pub(super) source: Source,
+    /// In etcd mode with Kubernetes credentials: where to publish flannel's
+    /// annotations on our Node (F5 CIS reads them).
+    pub(super) etcd_annotations: Option<::kube::Client>,
 }
 
 fn usage(m: String) -> anyhow::Error {
@@ -124,6 +127,7 @@ async fn choose_source(args: &RunArgs) -> Result<Source> {
         cafile: args.etcd_cafile.clone(),
         certfile: args.etcd_certfile.clone(),
         keyfile: args.etcd_keyfile.clone(),
+        user: args.etcd_username.clone().zip(args.etcd_password.clone()),
         lease_ttl: Duration::from_secs(args.subnet_lease_ttl),
         renew_margin: Duration::from_secs(args.subnet_lease_renew_margin_secs),
     }))
@@ -139,6 +143,16 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
     let names = AnnotationNames::new(&args.kube_annotation_prefix)
         .map_err(|e| usage(format!("--kube-annotation-prefix: {e}")))?;
     let source = choose_source(&args).await?;
+    let etcd_annotations = match &source {
+        Source::Etcd(_) if args.kubeconfig.is_some() || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            existing_file("--kubeconfig", &args.kubeconfig)?;
+            let client = kube::client(args.kubeconfig.as_deref(), &args.user_agent)
+                .await
+                .map_err(|e| usage(format!("publishing annotations in etcd mode: {e:#}")))?;
+            Some(client)
+        }
+        _ => None,
+    };
     let conf = match &args.net_conf {
         Some(p) => NetConf::load(p).map_err(|e| usage(format!("--net-conf: {e}")))?,
         None => NetConf::default(),
@@ -181,5 +195,5 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
     if !missing.is_empty() {
         return Err(usage(missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")));
     }
-    Ok(Checked { args, node, conf, names, iface, underlay, source })
+    Ok(Checked { args, node, conf, names, iface, underlay, source, etcd_annotations })
 }

@@ -75,7 +75,13 @@ fn start_source(
         Source::File(path) => vec![nodes_file::watch(path.clone(), reader, tx)],
         Source::Kube(client) => vec![
             kube::watch_nodes(client.clone(), reader, tx),
-            kube::publish(client.clone(), c.node.clone(), c.names.clone(), local),
+            kube::publish(
+                client.clone(),
+                c.node.clone(),
+                c.names.clone(),
+                local,
+                c.args.set_node_network_unavailable.into(),
+            ),
         ],
         Source::Etcd(settings) => {
             let me = etcd::LocalNode {
@@ -83,7 +89,12 @@ fn start_source(
                 state: state.clone(),
                 subnet_file: c.args.subnet_file.clone(),
             };
-            vec![etcd::run(settings.clone(), me, tx)]
+            let mut tasks = vec![etcd::run(settings.clone(), me, tx)];
+            if let Some(client) = &c.etcd_annotations {
+                let (node, names) = (c.node.clone(), c.names.clone());
+                tasks.push(kube::publish(client.clone(), node, names, local, kube::NetworkCondition::Leave));
+            }
+            tasks
         }
     }
 }

@@ -36,6 +36,8 @@ pub struct EtcdSettings {
     pub cafile: Option<PathBuf>,
     pub certfile: Option<PathBuf>,
     pub keyfile: Option<PathBuf>,
+    /// etcd authentication (`--etcd-username`, `--etcd-password`).
+    pub user: Option<(String, String)>,
     pub lease_ttl: Duration,
     pub renew_margin: Duration,
 }
@@ -63,6 +65,9 @@ async fn connect(s: &EtcdSettings) -> Result<Client> {
             tls = tls.identity(Identity::from_pem(cert, key));
         }
         opts = opts.with_tls(tls);
+    }
+    if let Some((name, password)) = &s.user {
+        opts = opts.with_user(name.clone(), password.clone());
     }
     Client::connect(&s.endpoints, Some(opts))
         .await

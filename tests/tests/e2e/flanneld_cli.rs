@@ -50,3 +50,23 @@ fn a_flanneld_env_file_and_go_style_flags_run_the_agent() -> Result<()> {
     agent.stop()?;
     Ok(())
 }
+
+#[test]
+fn etcd_username_and_password_from_flanneld_env_authenticate() -> Result<()> {
+    let mut c = edgevx_tests::topo::Cluster::new(1)?;
+    let etcd = Etcd::start(&c)?;
+    etcd.put(&format!("{PREFIX}/config"), CONFIG)?;
+    etcd.ctl(&["user", "add", "root:rootpw"])?;
+    etcd.ctl(&["user", "grant-role", "root", "root"])?;
+    etcd.ctl(&["auth", "enable"])?;
+    assert!(etcd.get_prefix(PREFIX).is_err(), "etcd must refuse a client without credentials now");
+    c.host_mut(1).mount_bpffs()?;
+    let endpoints = format!("FLANNELD_ETCD_ENDPOINTS={ENDPOINT}");
+    let wrapper = ["env", endpoints.as_str(), "FLANNELD_ETCD_USERNAME=root", "FLANNELD_ETCD_PASSWORD=rootpw"];
+    let mut agent = Agent::spawn_via(c.host(1), &wrapper, &[])?;
+    agent.wait_log("dataplane up", std::time::Duration::from_secs(20))?;
+    let leases = etcd.ctl(&["--user=root:rootpw", "get", "--prefix", &format!("{PREFIX}/subnets/")])?;
+    assert!(leases.contains("\"PublicIP\":\"198.18.0.1\""), "{leases}");
+    agent.stop()?;
+    Ok(())
+}

@@ -183,6 +183,14 @@ pub fn translate(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> R
             None => (body, None),
         };
         let Some(meaning) = lookup(name) else {
+            // one of our own names for a setting flanneld has too: the command line wins over FLANNELD_*
+            if let Some(ours) = FLAGS.iter().find_map(|(_, m)| match m {
+                Value { edgevx } | Switch { edgevx } if *edgevx == name => Some(*edgevx),
+                Minutes { edgevx_secs } if *edgevx_secs == name => Some(*edgevx_secs),
+                _ => None,
+            }) {
+                given.push(ours);
+            }
             out.push(arg.clone());
             continue;
         };
@@ -317,14 +325,14 @@ mod tests {
             ("EDGEVX_PUBLIC_IP", "198.18.0.1"),
             ("FLANNELD_KUBE_SUBNET_MGR", "false"),
         ];
-        let out = run(&["--iface", "eth0"], &env).unwrap();
+        let out = run(&["--iface", "eth0", "--subnet-lease-renew-margin-secs=60"], &env).unwrap();
         assert_eq!(
             out,
             [
                 "--iface",
                 "eth0",
+                "--subnet-lease-renew-margin-secs=60",
                 "--etcd-endpoints=http://198.18.0.254:2379",
-                "--subnet-lease-renew-margin-secs=1800",
                 "--ip-masq"
             ]
         );

@@ -1,5 +1,7 @@
 //! Command line. Every flag can also come from an `EDGEVX_<FLAG>` variable
 //! (for a DaemonSet); `NODE_NAME` is read too, as the flannel manifest sets it.
+//! flanneld's names are aliases where the meaning is the same, and its
+//! `FLANNELD_<FLAG>` variables are read too (see `cli_flanneld`).
 use std::{net::Ipv4Addr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand};
@@ -39,17 +41,27 @@ pub struct RunArgs {
     /// This node's name in the node list.
     #[arg(long, env = "EDGEVX_NODE_NAME")]
     pub node_name: Option<String>,
-    /// Underlay interface: VXLAN leaves and arrives here (default: the default route's, as flannel).
+    /// Underlay interface, a name or an IPv4 address; repeat it to try each in order
+    /// (flanneld's --iface). Default: the interface owning the public IP, else the default route's.
     #[arg(long, env = "EDGEVX_IFACE")]
-    pub iface: Option<String>,
+    pub iface: Vec<String>,
+    /// Underlay interface by regular expression over addresses, then names; repeatable,
+    /// tried after every --iface (flanneld's --iface-regex).
+    #[arg(long, env = "EDGEVX_IFACE_REGEX")]
+    pub iface_regex: Vec<String>,
+    /// Underlay interface: the one `ip route get ADDR` leaves by, tried after
+    /// --iface and --iface-regex (flanneld's --iface-can-reach).
+    #[arg(long, env = "EDGEVX_IFACE_CAN_REACH")]
+    pub iface_can_reach: Option<Ipv4Addr>,
     /// Source: a Kubernetes NodeList file (JSON or YAML) naming this node and its peers.
     #[arg(long, env = "EDGEVX_NODES_FILE")]
     pub nodes_file: Option<PathBuf>,
     /// Source: the Kubernetes API (default when KUBERNETES_SERVICE_HOST is set).
-    #[arg(long, env = "EDGEVX_KUBE", default_value_t = false)]
+    #[arg(long, env = "EDGEVX_KUBE", default_value_t = false, visible_alias = "kube-subnet-mgr")]
     pub kube: bool,
-    /// kubeconfig for --kube (default: the in-cluster service account).
-    #[arg(long, env = "EDGEVX_KUBECONFIG")]
+    /// kubeconfig for --kube, and in etcd mode for publishing this Node's annotations
+    /// (default: the in-cluster service account).
+    #[arg(long, env = "EDGEVX_KUBECONFIG", visible_alias = "kubeconfig-file")]
     pub kubeconfig: Option<PathBuf>,
     /// User agent sent to the API. YurtHub caches only listed agents: see the README.
     #[arg(long, env = "EDGEVX_USER_AGENT", default_value = concat!("edgevx/", env!("CARGO_PKG_VERSION")))]
@@ -65,6 +77,11 @@ pub struct RunArgs {
     pub etcd_certfile: Option<PathBuf>,
     #[arg(long, env = "EDGEVX_ETCD_KEYFILE")]
     pub etcd_keyfile: Option<PathBuf>,
+    /// etcd user (authentication with --etcd-password), as flanneld's.
+    #[arg(long, env = "EDGEVX_ETCD_USERNAME", requires = "etcd_password")]
+    pub etcd_username: Option<String>,
+    #[arg(long, env = "EDGEVX_ETCD_PASSWORD", requires = "etcd_username", hide_env_values = true)]
+    pub etcd_password: Option<String>,
     /// TTL of our etcd subnet lease, in seconds (flannel: 24 h).
     #[arg(long, env = "EDGEVX_SUBNET_LEASE_TTL", default_value_t = 86400)]
     pub subnet_lease_ttl: u64,
@@ -72,14 +89,15 @@ pub struct RunArgs {
     #[arg(long, env = "EDGEVX_SUBNET_LEASE_RENEW_MARGIN_SECS", default_value_t = 3600)]
     pub subnet_lease_renew_margin_secs: u64,
     /// flannel net-conf.json (Network, Backend.VNI, Backend.Port, Backend.MTU); in etcd mode it comes from <prefix>/config.
-    #[arg(long, env = "EDGEVX_NET_CONF")]
+    #[arg(long, env = "EDGEVX_NET_CONF", visible_alias = "net-config-path")]
     pub net_conf: Option<PathBuf>,
     #[command(flatten)]
     pub paths: Paths,
     /// Where to write flannel's subnet.env for the CNI plugin.
     #[arg(long, env = "EDGEVX_SUBNET_FILE", default_value = "/run/flannel/subnet.env")]
     pub subnet_file: PathBuf,
-    /// VTEP source address (default: node-public-ip annotation, else the interface's IPv4).
+    /// VTEP source address; the Node's node-public-ip annotation beats it, as in flannel
+    /// (default: the underlay interface's IPv4).
     #[arg(long, env = "EDGEVX_PUBLIC_IP")]
     pub public_ip: Option<Ipv4Addr>,
     /// Prefix of flannel's node annotations.
@@ -103,6 +121,11 @@ pub struct RunArgs {
     #[arg(long, env = "EDGEVX_IPTABLES_FORWARD_RULES", default_value_t = true, action = clap::ArgAction::Set,
         num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub iptables_forward_rules: bool,
+    /// Clear the Node's NetworkUnavailable condition once the VTEP is up, as flanneld's
+    /// --set-node-network-unavailable (Kubernetes source only; never in etcd mode).
+    #[arg(long, env = "EDGEVX_SET_NODE_NETWORK_UNAVAILABLE", default_value_t = true, action = clap::ArgAction::Set,
+        num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub set_node_network_unavailable: bool,
     /// The bridge local pods hang off (the flannel CNI plugin's `cni0`).
     #[arg(long, env = "EDGEVX_POD_BRIDGE", default_value = "cni0")]
     pub pod_bridge: String,

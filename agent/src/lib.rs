@@ -7,6 +7,7 @@ pub mod annotations;
 pub mod cache;
 pub mod cleanup;
 pub mod cli;
+pub mod cli_flanneld;
 pub mod dataplane;
 pub mod events;
 pub mod mac;

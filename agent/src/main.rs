@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use edgevx::{UsageError, cleanup, cli, run, status};
+use edgevx::{UsageError, cleanup, cli, cli_flanneld, run, status};
 
 fn raise_memlock() {
     let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
@@ -15,7 +15,15 @@ fn raise_memlock() {
 }
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    // flanneld's flags and FLANNELD_* variables, as a flanneld unit passes them
+    let args = match cli_flanneld::translate(std::env::args_os().collect(), &|k| std::env::var(k).ok()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("edgevx: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = cli::Cli::parse_from(args);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("EDGEVX_LOG")

@@ -43,6 +43,16 @@ impl Agent {
 
     /// Starts the agent through `wrapper` (e.g. `setpriv ...`) inside the node.
     pub fn spawn_via(host: &Host, wrapper: &[&str], args: &[&str]) -> Result<Self> {
+        Self::spawn_inner(host, wrapper, &["--iface", "eth0"], args)
+    }
+
+    /// Starts the agent without the common `--iface eth0`, so that `args`
+    /// (or nothing) choose the underlay; waits for nothing.
+    pub fn spawn_choosing_iface(host: &Host, args: &[&str]) -> Result<Self> {
+        Self::spawn_inner(host, &[], &[], args)
+    }
+
+    fn spawn_inner(host: &Host, wrapper: &[&str], iface: &[&str], args: &[&str]) -> Result<Self> {
         let log = host.dir.join(format!("{}.log", crate::unique("agent")));
         let bin = edgevx_bin();
         let bin = bin.to_str().context("bin path")?;
@@ -50,7 +60,8 @@ impl Agent {
         if !wrapper.is_empty() {
             cmd.args(&wrapper[1..]).arg(bin);
         }
-        cmd.args(["run", "--node-name", &host.name(), "--iface", "eth0"])
+        cmd.args(["run", "--node-name", &host.name()])
+            .args(iface)
             .arg("--state-dir")
             .arg(host.state_dir())
             .arg("--bpffs")

@@ -48,6 +48,9 @@ pub(super) struct Checked {
     pub(super) iface: String,
     pub(super) underlay: device::Underlay,
     pub(super) source: Source,
+    /// In etcd mode with Kubernetes credentials: where to publish flannel's
+    /// annotations on our Node (F5 CIS reads them).
+    pub(super) etcd_annotations: Option<::kube::Client>,
 }
 
 fn usage(m: String) -> anyhow::Error {
@@ -127,6 +130,7 @@ async fn choose_source(args: &RunArgs) -> Result<Source> {
         cafile: args.etcd_cafile.clone(),
         certfile: args.etcd_certfile.clone(),
         keyfile: args.etcd_keyfile.clone(),
+        user: args.etcd_username.clone().zip(args.etcd_password.clone()),
         lease_ttl: Duration::from_secs(args.subnet_lease_ttl),
         renew_margin: Duration::from_secs(args.subnet_lease_renew_margin_secs),
     }))
@@ -160,24 +164,34 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
     let names = AnnotationNames::new(&args.kube_annotation_prefix)
         .map_err(|e| usage(format!("--kube-annotation-prefix: {e}")))?;
     let source = choose_source(&args).await?;
+    let etcd_annotations = match &source {
+        Source::Etcd(_) if args.kubeconfig.is_some() || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            existing_file("--kubeconfig", &args.kubeconfig)?;
+            let client = kube::client(args.kubeconfig.as_deref(), &args.user_agent)
+                .await
+                .map_err(|e| usage(format!("publishing annotations in etcd mode: {e:#}")))?;
+            Some(client)
+        }
+        _ => None,
+    };
     let conf = match &args.net_conf {
         Some(p) => NetConf::load(p).map_err(|e| usage(format!("--net-conf: {e}")))?,
         None => NetConf::default(),
     };
-    let iface = match &args.iface {
-        Some(i) => i.clone(),
-        None => device::default_route_iface(handle)
-            .await?
-            .ok_or_else(|| usage("no --iface and no IPv4 default route to take it from".into()))?,
+    let state = crate::state::StateDir(args.paths.state_dir.clone());
+    let stored = super::iface::stored_public_ip(&source, &node, &names, &state).await;
+    let want = super::iface::Wanted {
+        ifaces: &args.iface,
+        regexes: &args.iface_regex,
+        can_reach: args.iface_can_reach,
+        public_ip: stored.or(args.public_ip),
     };
-    let underlay = match device::link_by_name(handle, &iface).await {
-        Ok(Some(_)) => device::underlay(handle, &iface).await?,
-        Ok(None) => return Err(usage(format!("--iface {iface}: no such interface"))),
-        Err(e) => return Err(e),
-    };
-    if args.public_ip.is_none() && underlay.ipv4.is_none() {
-        return Err(usage(format!("--iface {iface} has no IPv4 address; give --public-ip")));
-    }
+    let chosen = super::iface::choose(handle, &want).await.map_err(|e| usage(e.to_string()))?;
+    let iface = chosen.name;
+    let underlay = device::underlay(handle, &iface).await?;
+    // the address selection settled on stands in for --public-ip; node-public-ip still beats it
+    let mut args = args;
+    args.public_ip = args.public_ip.or(Some(chosen.address));
     if args.host_routing && args.bypass_netfilter {
         return Err(usage("--host-routing and --bypass-netfilter contradict each other".into()));
     }
@@ -205,5 +219,5 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
     if !missing.is_empty() {
         return Err(usage(missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")));
     }
-    Ok(Checked { args, node, conf, names, iface, underlay, source })
+    Ok(Checked { args, node, conf, names, iface, underlay, source, etcd_annotations })
 }

@@ -6,10 +6,11 @@ use edgevx_common::vxlan::ENCAP_OVERHEAD;
 
 use crate::{dataplane::device::Underlay, netconf::NetConf};
 
-/// The VTEP's source address: `--public-ip`, else the Node's
-/// `node-public-ip` (when a view has one), else the underlay's address.
+/// The VTEP's source address: the Node's `node-public-ip` (when a view has
+/// one), else `--public-ip`, else the underlay's address. flanneld's order:
+/// `main.go` overwrites `--public-ip` with `GetStoredPublicIP`.
 pub fn public_ip(flag: Option<Ipv4Addr>, node_public_ip: Option<Ipv4Addr>, underlay: &Underlay) -> Option<Ipv4Addr> {
-    flag.or(node_public_ip).or(underlay.ipv4)
+    node_public_ip.or(flag).or(underlay.ipv4)
 }
 
 /// The VTEP MTU, as flanneld's vxlan backend sets it at start: the path MTU
@@ -41,7 +42,8 @@ mod tests {
         let u = underlay(1500);
         let flag = Some(Ipv4Addr::new(198, 18, 0, 9));
         let node = Some(Ipv4Addr::new(198, 18, 0, 8));
-        assert_eq!(public_ip(flag, node, &u), flag);
+        assert_eq!(public_ip(flag, node, &u), node, "node-public-ip beats the flag, as in flannel");
+        assert_eq!(public_ip(flag, None, &u), flag);
         assert_eq!(public_ip(None, node, &u), node);
         assert_eq!(public_ip(None, None, &u), u.ipv4);
     }

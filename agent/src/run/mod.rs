@@ -28,6 +28,7 @@ use crate::{
 
 mod check;
 pub mod config;
+mod iface;
 mod kernel;
 pub mod lock;
 mod node;
@@ -76,7 +77,13 @@ fn start_source(
         Source::File(path) => vec![nodes_file::watch(path.clone(), reader, tx)],
         Source::Kube(client) => vec![
             kube::watch_nodes(client.clone(), reader, tx),
-            kube::publish(client.clone(), c.node.clone(), c.names.clone(), local),
+            kube::publish(
+                client.clone(),
+                c.node.clone(),
+                c.names.clone(),
+                local,
+                c.args.set_node_network_unavailable.into(),
+            ),
         ],
         Source::Etcd(settings) => {
             let me = etcd::LocalNode {
@@ -84,7 +91,12 @@ fn start_source(
                 state: state.clone(),
                 subnet_file: c.args.subnet_file.clone(),
             };
-            vec![etcd::run(settings.clone(), me, tx)]
+            let mut tasks = vec![etcd::run(settings.clone(), me, tx)];
+            if let Some(client) = &c.etcd_annotations {
+                let (node, names) = (c.node.clone(), c.names.clone());
+                tasks.push(kube::publish(client.clone(), node, names, local, kube::NetworkCondition::Leave));
+            }
+            tasks
         }
     }
 }
@@ -329,8 +341,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let peers_ok = n.reconcile(&d.view, &state, &mut warned).await;
         report.set_peers(n.accepted.iter());
         n.enforce_rules();
+        let first_attach = n.pending.is_some();
         let attached = match n.attach().await {
-            Ok(()) => true,
+            Ok(()) => {
+                if first_attach {
+                    // what the first pass held back until the programs were on
+                    Due::soon(&mut due.pass, Duration::ZERO);
+                }
+                true
+            }
             Err(e) => {
                 error!("cannot attach the programs, retrying: {e:#}");
                 false

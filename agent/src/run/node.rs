@@ -213,12 +213,19 @@ impl Node {
         let (accepted, rejected) = reconcile::select(self.own.subnet, &observed, &view.peers);
         warned.conflicts(&rejected);
         let want = reconcile::plan(&accepted, network);
-        let changes = reconcile::diff(&want, &observed);
+        let mut changes = reconcile::diff(&want, &observed);
+        let held_back = self.pending.is_some() && !changes.del_routes.is_empty();
+        if held_back {
+            // not attached yet: the routes we would delete (flanneld's, on a
+            // takeover) still carry traffic through the kernel's fdb; they go
+            // at the first pass after the programs are on
+            changes.del_routes.clear();
+        }
         let planned = t.elapsed();
         let outcome = reconcile::apply(&mut dp, &changes).await;
         // every write went through: the kernel now holds `want`, until the
         // next event or resync says otherwise
-        self.observed = outcome.ok().then_some(want);
+        self.observed = (outcome.ok() && !held_back).then_some(want);
         tracing::debug!(
             peers = accepted.len(),
             changes = changes.len(),

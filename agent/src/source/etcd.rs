@@ -35,6 +35,8 @@ pub struct EtcdSettings {
     pub cafile: Option<PathBuf>,
     pub certfile: Option<PathBuf>,
     pub keyfile: Option<PathBuf>,
+    /// etcd authentication (`--etcd-username`, `--etcd-password`).
+    pub user: Option<(String, String)>,
     pub lease_ttl: Duration,
     pub renew_margin: Duration,
 }
@@ -52,6 +54,9 @@ async fn connect(s: &EtcdSettings) -> Result<Client> {
         ConnectOptions::new().with_connect_timeout(Duration::from_secs(2)).with_timeout(Duration::from_secs(5));
     if let Some(tls) = etcd_tls::options(s)? {
         opts = opts.with_tls(tls);
+    }
+    if let Some((name, password)) = &s.user {
+        opts = opts.with_user(name.clone(), password.clone());
     }
     Client::connect(&s.endpoints, Some(opts))
         .await

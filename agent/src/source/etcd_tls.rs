@@ -212,6 +212,7 @@ mod tests {
             cafile: Some("/etc/edgevx/ca.pem".into()),
             certfile: Some("/etc/edgevx/client.pem".into()),
             keyfile: Some("/etc/edgevx/client-key.pem".into()),
+            user: None,
             lease_ttl: std::time::Duration::from_secs(60),
             renew_margin: std::time::Duration::from_secs(10),
         }

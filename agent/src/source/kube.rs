@@ -117,7 +117,29 @@ pub fn wanted_annotations(
     ])
 }
 
-async fn publish_once(api: &Api<Node>, node: &str, names: &AnnotationNames, local: &LocalVtep) -> Result<()> {
+/// Whether publishing also clears the Node's NetworkUnavailable condition:
+/// flanneld's `--set-node-network-unavailable` (true by default) with the
+/// kube subnet manager; never in etcd mode, where etcd is the subnet manager.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetworkCondition {
+    Clear,
+    Leave,
+}
+
+impl From<bool> for NetworkCondition {
+    /// flanneld's `--set-node-network-unavailable` value.
+    fn from(set: bool) -> Self {
+        if set { NetworkCondition::Clear } else { NetworkCondition::Leave }
+    }
+}
+
+async fn publish_once(
+    api: &Api<Node>,
+    node: &str,
+    names: &AnnotationNames,
+    local: &LocalVtep,
+    condition: NetworkCondition,
+) -> Result<()> {
     let current = api.get(node).await.with_context(|| format!("cannot get node {node}"))?;
     let have = current.metadata.annotations.clone().unwrap_or_default();
     let want = wanted_annotations(names, local, &have);
@@ -128,6 +150,8 @@ async fn publish_once(api: &Api<Node>, node: &str, names: &AnnotationNames, loca
             .await
             .with_context(|| format!("cannot patch node {node} annotations"))?;
         info!(node, "published VTEP annotations");
+    } else {
+        info!(node, "VTEP annotations already up to date");
     }
     let unavailable = current
         .status
@@ -135,7 +159,7 @@ async fn publish_once(api: &Api<Node>, node: &str, names: &AnnotationNames, loca
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| c.iter().find(|c| c.type_ == "NetworkUnavailable"))
         .map(|c| c.status.as_str());
-    if unavailable != Some("False") {
+    if condition == NetworkCondition::Clear && unavailable != Some("False") {
         let now = Timestamp::now().to_string();
         let patch = json!({"status": {"conditions": [{
             "type": "NetworkUnavailable",
@@ -152,13 +176,18 @@ async fn publish_once(api: &Api<Node>, node: &str, names: &AnnotationNames, loca
     Ok(())
 }
 
-/// Publishes our annotations whenever the local VTEP changes, retrying with
-/// backoff (1 s doubling to 30 s) until the API accepts it.
+/// Publishes our annotations whenever the local VTEP changes, and clears
+/// NetworkUnavailable or not (`condition`; in etcd mode
+/// [`NetworkCondition::Leave`], for F5 CIS and whatever else reads flannel's
+/// annotations). Patches only what differs; retries with backoff (1 s
+/// doubling to 30 s) until the API accepts it, so an offline node publishes
+/// when the API returns.
 pub fn publish(
     client: Client,
     node: String,
     names: AnnotationNames,
     mut local: watch::Receiver<Option<LocalVtep>>,
+    condition: NetworkCondition,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<Node> = Api::all(client);
@@ -171,7 +200,7 @@ pub fn publish(
             };
             let mut backoff = Duration::from_secs(1);
             loop {
-                match publish_once(&api, &node, &names, &vtep).await {
+                match publish_once(&api, &node, &names, &vtep, condition).await {
                     Ok(()) => break,
                     Err(e) => {
                         warn!("publishing node annotations failed, retrying in {backoff:?}: {e:#}");

@@ -1,0 +1,346 @@
+//! flanneld's command line and environment, so that a flanneld unit or env
+//! file runs edgevx unchanged: every flag of flannel's `main.go` is either
+//! accepted (the same name, or a clap alias of ours) or refused with exit 2
+//! and what to do instead. `FLANNELD_<FLAG>` variables are read as flanneld
+//! reads them (`flagutil.SetFlagsFromEnv(flannelFlags, "FLANNELD")`: the
+//! flag name upper-cased, `-` as `_`, only for a flag not on the command
+//! line); an `EDGEVX_` variable of the same setting beats them.
+//!
+//! This runs on the raw arguments of `edgevx run`, before clap: it turns
+//! Go's spellings into ours (`-flag` as `--flag`, `--bool=true`, minutes).
+use std::ffi::OsString;
+
+/// What edgevx does with one flanneld flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Meaning {
+    /// A value flag edgevx has under this name (or as an alias of `edgevx`).
+    Value { edgevx: &'static str },
+    /// A Go bool (`--f`, `--f=true`, `--f=false`) that is a clap switch here.
+    Switch { edgevx: &'static str },
+    /// `--subnet-lease-renew-margin` in minutes (1 to 1439, as flanneld checks).
+    Minutes { edgevx_secs: &'static str },
+    /// No edgevx meaning: exit 2 with the reason and what to do instead. A
+    /// bool whose value is its default (false) is harmless and accepted.
+    Refused { reason: &'static str, bool_default_false: bool },
+}
+
+use Meaning::*;
+
+/// Every flag of flanneld's `main.go` (flannelFlags, and klog's copied ones).
+pub const FLAGS: &[(&str, Meaning)] = &[
+    ("etcd-endpoints", Value { edgevx: "etcd-endpoints" }),
+    ("etcd-prefix", Value { edgevx: "etcd-prefix" }),
+    ("etcd-keyfile", Value { edgevx: "etcd-keyfile" }),
+    ("etcd-certfile", Value { edgevx: "etcd-certfile" }),
+    ("etcd-cafile", Value { edgevx: "etcd-cafile" }),
+    ("etcd-username", Value { edgevx: "etcd-username" }),
+    ("etcd-password", Value { edgevx: "etcd-password" }),
+    ("iface", Value { edgevx: "iface" }),
+    ("iface-regex", Value { edgevx: "iface-regex" }),
+    ("iface-can-reach", Value { edgevx: "iface-can-reach" }),
+    ("subnet-file", Value { edgevx: "subnet-file" }),
+    ("public-ip", Value { edgevx: "public-ip" }),
+    (
+        "public-ipv6",
+        Refused {
+            reason: "edgevx is IPv4-only for now (dual-stack is not supported); drop the flag and run an IPv4 cluster",
+            bool_default_false: false,
+        },
+    ),
+    ("subnet-lease-renew-margin", Minutes { edgevx_secs: "subnet-lease-renew-margin-secs" }),
+    ("ip-masq", Switch { edgevx: "ip-masq" }),
+    (
+        "ip-masq-fully-random-disable",
+        Refused {
+            reason: "edgevx's MASQUERADE rules always use --random-fully, as flanneld's default; drop the flag",
+            bool_default_false: true,
+        },
+    ),
+    ("kube-subnet-mgr", Switch { edgevx: "kube" }),
+    (
+        "kube-api-url",
+        Refused {
+            reason: "give a kubeconfig whose cluster server is that URL (--kubeconfig-file / --kubeconfig), or run in-cluster",
+            bool_default_false: false,
+        },
+    ),
+    ("kube-annotation-prefix", Value { edgevx: "kube-annotation-prefix" }),
+    ("kubeconfig-file", Value { edgevx: "kubeconfig" }),
+    ("version", Refused { reason: "use `edgevx --version` (before the subcommand)", bool_default_false: true }),
+    (
+        "healthz-ip",
+        Refused {
+            reason: "edgevx always serves /healthz, /readyz and /metrics on --metrics-addr IP:PORT (default 127.0.0.1:9117)",
+            bool_default_false: false,
+        },
+    ),
+    (
+        "healthz-port",
+        Refused {
+            reason: "edgevx always serves /healthz, /readyz and /metrics on --metrics-addr IP:PORT (default 127.0.0.1:9117)",
+            bool_default_false: false,
+        },
+    ),
+    (
+        "iptables-resync",
+        Refused {
+            reason: "edgevx re-asserts its rules on every resync (10 s) and after a kernel event; drop the flag",
+            bool_default_false: false,
+        },
+    ),
+    ("iptables-forward-rules", Value { edgevx: "iptables-forward-rules" }),
+    (
+        "ip-blackhole-route",
+        Refused {
+            reason: "edgevx adds no blackhole route for the local pod CIDR; drop the flag (or add the route in the host's network config)",
+            bool_default_false: true,
+        },
+    ),
+    ("net-config-path", Value { edgevx: "net-conf" }),
+    ("set-node-network-unavailable", Value { edgevx: "set-node-network-unavailable" }),
+    ("v", Refused { reason: "set the log level with EDGEVX_LOG (e.g. EDGEVX_LOG=debug)", bool_default_false: false }),
+    (
+        "vmodule",
+        Refused {
+            reason: "set per-module levels with EDGEVX_LOG (e.g. EDGEVX_LOG=info,edgevx::source=debug)",
+            bool_default_false: false,
+        },
+    ),
+    (
+        "log_backtrace_at",
+        Refused { reason: "edgevx has no backtrace-on-log; drop the flag", bool_default_false: false },
+    ),
+];
+
+/// A flanneld flag with no edgevx meaning, or a value flanneld would refuse.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FlanneldError {
+    #[error("flanneld's --{flag} has no edgevx equivalent: {reason}")]
+    Refused { flag: String, reason: &'static str },
+    #[error("flanneld's {from} is set ({flag}): it has no edgevx equivalent: {reason}")]
+    RefusedEnv { from: String, flag: String, reason: &'static str },
+    #[error("--{flag} {value:?}: {why}")]
+    BadValue { flag: String, value: String, why: String },
+}
+
+/// The environment variable flanneld reads for `flag`.
+pub fn env_name(flag: &str) -> String {
+    format!("FLANNELD_{}", flag.to_uppercase().replace('-', "_"))
+}
+
+/// The `EDGEVX_` variable of an edgevx flag.
+fn edgevx_env(long: &str) -> String {
+    format!("EDGEVX_{}", long.to_uppercase().replace('-', "_"))
+}
+
+/// Go's strconv.ParseBool.
+fn go_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+fn lookup(name: &str) -> Option<Meaning> {
+    FLAGS.iter().find(|(f, _)| *f == name).map(|(_, m)| *m)
+}
+
+fn minutes_to_secs(flag: &str, value: &str) -> Result<String, FlanneldError> {
+    let bad = |why: &str| FlanneldError::BadValue { flag: flag.into(), value: value.into(), why: why.into() };
+    let m: u64 = value.parse().map_err(|_| bad("minutes, a whole number"))?;
+    if !(1..24 * 60).contains(&m) {
+        return Err(bad("out of flanneld's range, 1 to 1439 minutes"));
+    }
+    Ok((m * 60).to_string())
+}
+
+/// Rewrites the arguments after `run`: flanneld's spellings into ours,
+/// refused flags into an error, then `FLANNELD_*` settings the command line
+/// and the `EDGEVX_*` variables leave open, appended as flags.
+pub fn translate(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<OsString>, FlanneldError> {
+    let is_run = args.get(1).is_some_and(|a| a == "run");
+    if !is_run {
+        return Ok(args);
+    }
+    let mut out: Vec<OsString> = args[..2].to_vec();
+    // the edgevx long names given on the command line
+    let mut given: Vec<&'static str> = Vec::new();
+    let mut rest = args[2..].iter();
+    while let Some(arg) = rest.next() {
+        let Some(text) = arg.to_str() else {
+            out.push(arg.clone());
+            continue;
+        };
+        // Go accepts -flag and --flag, with =value or (not for bools) a separate value
+        let body = text.strip_prefix("--").or_else(|| text.strip_prefix('-').filter(|b| !b.starts_with('-')));
+        let Some(body) = body.filter(|b| !b.is_empty()) else {
+            out.push(arg.clone());
+            continue;
+        };
+        let (name, inline) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (body, None),
+        };
+        let Some(meaning) = lookup(name) else {
+            // one of our own names for a setting flanneld has too: the command line wins over FLANNELD_*
+            if let Some(ours) = FLAGS.iter().find_map(|(_, m)| match m {
+                Value { edgevx } | Switch { edgevx } if *edgevx == name => Some(*edgevx),
+                Minutes { edgevx_secs } if *edgevx_secs == name => Some(*edgevx_secs),
+                _ => None,
+            }) {
+                given.push(ours);
+            }
+            out.push(arg.clone());
+            continue;
+        };
+        match meaning {
+            Value { edgevx } => {
+                given.push(edgevx);
+                out.push(match inline {
+                    Some(v) => format!("--{name}={v}").into(),
+                    None => format!("--{name}").into(),
+                });
+            }
+            Switch { edgevx } => {
+                given.push(edgevx);
+                let on = match &inline {
+                    None => true,
+                    Some(v) => go_bool(v).ok_or_else(|| FlanneldError::BadValue {
+                        flag: name.into(),
+                        value: v.clone(),
+                        why: "want true or false".into(),
+                    })?,
+                };
+                if on {
+                    out.push(format!("--{edgevx}").into());
+                }
+            }
+            Minutes { edgevx_secs } => {
+                given.push(edgevx_secs);
+                let value = match inline {
+                    Some(v) => v,
+                    None => rest.next().and_then(|v| v.to_str()).unwrap_or_default().to_string(),
+                };
+                out.push(format!("--{edgevx_secs}={}", minutes_to_secs(name, &value)?).into());
+            }
+            Refused { reason, bool_default_false } => {
+                let harmless = bool_default_false && inline.as_deref().and_then(go_bool) == Some(false);
+                if !harmless {
+                    return Err(FlanneldError::Refused { flag: name.into(), reason });
+                }
+            }
+        }
+    }
+    for (flag, meaning) in FLAGS {
+        let var = env_name(flag);
+        let Some(value) = env(&var) else { continue };
+        let edgevx = match meaning {
+            Value { edgevx } | Switch { edgevx } => *edgevx,
+            Minutes { edgevx_secs } => *edgevx_secs,
+            Refused { reason, bool_default_false } => {
+                if *bool_default_false && go_bool(&value) == Some(false) {
+                    continue;
+                }
+                return Err(FlanneldError::RefusedEnv { from: var, flag: format!("--{flag}"), reason });
+            }
+        };
+        if given.contains(&edgevx) || env(&edgevx_env(edgevx)).is_some() {
+            continue;
+        }
+        match meaning {
+            Switch { .. } => {
+                let on = go_bool(&value).ok_or_else(|| FlanneldError::BadValue {
+                    flag: var.clone(),
+                    value: value.clone(),
+                    why: "want true or false".into(),
+                })?;
+                if on {
+                    out.push(format!("--{edgevx}").into());
+                }
+            }
+            Minutes { .. } => out.push(format!("--{edgevx}={}", minutes_to_secs(&var, &value)?).into()),
+            _ => out.push(format!("--{edgevx}={value}").into()),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str], env: &[(&str, &str)]) -> Result<Vec<String>, FlanneldError> {
+        let mut all = vec!["edgevx".to_string(), "run".to_string()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let lookup = move |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        translate(all.into_iter().map(OsString::from).collect(), &lookup)
+            .map(|v| v[2..].iter().map(|a| a.to_string_lossy().into_owned()).collect())
+    }
+
+    #[test]
+    fn env_names_are_derived_as_flanneld_derives_them() {
+        assert_eq!(env_name("kube-subnet-mgr"), "FLANNELD_KUBE_SUBNET_MGR");
+        assert_eq!(env_name("iface"), "FLANNELD_IFACE");
+    }
+
+    #[test]
+    fn go_spellings_become_ours() {
+        assert_eq!(
+            run(&["-iface=eth1", "--ip-masq=true", "-kube-subnet-mgr", "--etcd-prefix", "/p"], &[]).unwrap(),
+            ["--iface=eth1", "--ip-masq", "--kube", "--etcd-prefix", "/p"]
+        );
+        assert_eq!(run(&["--ip-masq=false"], &[]).unwrap(), Vec::<String>::new());
+        assert_eq!(run(&["--node-name", "n1"], &[]).unwrap(), ["--node-name", "n1"], "our own flags pass");
+    }
+
+    #[test]
+    fn renew_margin_in_minutes_within_flanneld_range() {
+        assert_eq!(run(&["--subnet-lease-renew-margin=60"], &[]).unwrap(), ["--subnet-lease-renew-margin-secs=3600"]);
+        assert_eq!(run(&["--subnet-lease-renew-margin", "2"], &[]).unwrap(), ["--subnet-lease-renew-margin-secs=120"]);
+        assert!(matches!(run(&["--subnet-lease-renew-margin=1440"], &[]), Err(FlanneldError::BadValue { .. })));
+        assert!(matches!(run(&["--subnet-lease-renew-margin=0"], &[]), Err(FlanneldError::BadValue { .. })));
+    }
+
+    #[test]
+    fn refused_flags_name_themselves_and_what_to_do() {
+        let e = run(&["--ip-blackhole-route"], &[]).unwrap_err().to_string();
+        assert!(e.contains("--ip-blackhole-route") && e.contains("drop the flag"), "{e}");
+        let e = run(&["-v=2"], &[]).unwrap_err().to_string();
+        assert!(e.contains("--v ") && e.contains("EDGEVX_LOG"), "{e}");
+        assert!(run(&["--ip-blackhole-route=false"], &[]).unwrap().is_empty(), "the default is harmless");
+        let e = run(&[], &[("FLANNELD_KUBE_API_URL", "https://10.0.0.1")]).unwrap_err().to_string();
+        assert!(e.contains("FLANNELD_KUBE_API_URL") && e.contains("kubeconfig"), "{e}");
+    }
+
+    #[test]
+    fn flanneld_env_fills_what_the_command_line_and_edgevx_env_leave_open() {
+        let env = [
+            ("FLANNELD_IFACE", "eth1"),
+            ("FLANNELD_IP_MASQ", "true"),
+            ("FLANNELD_ETCD_ENDPOINTS", "http://198.18.0.254:2379"),
+            ("FLANNELD_SUBNET_LEASE_RENEW_MARGIN", "30"),
+            ("FLANNELD_PUBLIC_IP", "198.18.0.9"),
+            ("EDGEVX_PUBLIC_IP", "198.18.0.1"),
+            ("FLANNELD_KUBE_SUBNET_MGR", "false"),
+        ];
+        let out = run(&["--iface", "eth0", "--subnet-lease-renew-margin-secs=60"], &env).unwrap();
+        assert_eq!(
+            out,
+            [
+                "--iface",
+                "eth0",
+                "--subnet-lease-renew-margin-secs=60",
+                "--etcd-endpoints=http://198.18.0.254:2379",
+                "--ip-masq"
+            ]
+        );
+    }
+
+    #[test]
+    fn other_subcommands_are_left_alone() {
+        let args: Vec<OsString> = ["edgevx", "status", "-v"].iter().map(OsString::from).collect();
+        assert_eq!(translate(args.clone(), &|_| Some("x".into())).unwrap(), args);
+    }
+}

@@ -92,6 +92,7 @@ pub async fn apply<D: Dataplane>(dp: &mut D, changes: &Changes) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reconcile::test_peer as peer;
     use crate::{
         peer::Peer,
         reconcile::{diff, plan},
@@ -141,16 +142,6 @@ mod tests {
             self.log.push(format!("-accept {ip}"));
             self.have.accept.remove(&ip);
             Ok(())
-        }
-    }
-
-    fn peer(node: &str, subnet: &str, ip: &str) -> Peer {
-        Peer {
-            node: node.into(),
-            subnet: subnet.parse().unwrap(),
-            public_ip: ip.parse().unwrap(),
-            vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
-            any_inner_source: false,
         }
     }
 

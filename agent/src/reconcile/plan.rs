@@ -114,16 +114,8 @@ pub fn diff(want: &Contents, have: &Contents) -> Changes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reconcile::test_peer as peer;
 
-    fn peer(node: &str, subnet: &str, ip: &str) -> Peer {
-        Peer {
-            node: node.into(),
-            subnet: subnet.parse().unwrap(),
-            public_ip: ip.parse().unwrap(),
-            vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
-            any_inner_source: false,
-        }
-    }
     fn net() -> Ipv4Net {
         "10.244.0.0/16".parse().unwrap()
     }

@@ -69,16 +69,8 @@ pub fn select(own: Ipv4Net, observed: &Contents, candidates: &[Peer]) -> (Vec<Pe
 mod tests {
     use super::*;
     use crate::reconcile::plan;
+    use crate::reconcile::test_peer as peer;
 
-    fn peer(node: &str, subnet: &str, ip: &str) -> Peer {
-        Peer {
-            node: node.into(),
-            subnet: subnet.parse().unwrap(),
-            public_ip: ip.parse().unwrap(),
-            vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
-            any_inner_source: false,
-        }
-    }
     fn own() -> Ipv4Net {
         "10.244.1.0/24".parse().unwrap()
     }

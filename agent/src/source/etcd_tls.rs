@@ -63,10 +63,11 @@ pub enum TlsProblem {
     ClientMissing { alert: AlertDescription },
 }
 
-/// The rustls error somewhere in `e`'s causes, if any. tonic wraps it in
-/// hyper's and std::io's errors, inside a gRPC status that etcd-client's
-/// error does not give as its source: that link is followed by hand.
-fn rustls_error(e: &anyhow::Error) -> Option<rustls::Error> {
+/// Every cause of `e`, also those behind a gRPC status: tonic wraps
+/// transport errors in hyper's and std::io's errors, inside a status that
+/// etcd-client's error does not give as its source, so that link is
+/// followed by hand.
+fn causes(e: &anyhow::Error) -> Vec<&(dyn StdError + 'static)> {
     let mut causes: Vec<&(dyn StdError + 'static)> = Vec::new();
     for cause in e.chain() {
         causes.push(cause);
@@ -78,6 +79,12 @@ fn rustls_error(e: &anyhow::Error) -> Option<rustls::Error> {
             }
         }
     }
+    causes
+}
+
+/// The rustls error somewhere in `e`'s causes ([`causes`]), if any.
+fn rustls_error(e: &anyhow::Error) -> Option<rustls::Error> {
+    let causes = causes(e);
     causes.into_iter().find_map(|cause| {
         cause.downcast_ref::<rustls::Error>().cloned().or_else(|| {
             let inner: &(dyn StdError + 'static) = cause.downcast_ref::<std::io::Error>()?.get_ref()?;
@@ -127,17 +134,7 @@ fn own_cert_problem(s: &EtcdSettings) -> Option<CertificateError> {
 /// Whether `e` is the kind of failure a refused client certificate causes:
 /// an alert, or the connection reset or broken under us.
 fn connection_broken(e: &anyhow::Error) -> bool {
-    let mut causes: Vec<&(dyn StdError + 'static)> = Vec::new();
-    for cause in e.chain() {
-        causes.push(cause);
-        if let Some(etcd_client::Error::GRpcStatus(status)) = cause.downcast_ref::<etcd_client::Error>() {
-            let mut next = Some(status as &(dyn StdError + 'static));
-            while let Some(c) = next {
-                causes.push(c);
-                next = c.source();
-            }
-        }
-    }
+    let causes = causes(e);
     causes.iter().any(|c| {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| matches!(io.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset))

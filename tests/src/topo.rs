@@ -83,7 +83,11 @@ impl Host {
 
     /// flanneld's `flannel.1`: kernel VXLAN, nolearning, VNI 1, port 8472.
     pub fn kernel_vtep(&self, mac: &str) -> Result<()> {
-        let ip = underlay_ip(self.i).to_string();
+        self.kernel_vtep_at(mac, &underlay_ip(self.i).to_string())
+    }
+
+    /// The same with `local` as its source address (a node renumbered).
+    pub fn kernel_vtep_at(&self, mac: &str, ip: &str) -> Result<()> {
         self.ns.ip(&[
             "link",
             "add",
@@ -99,7 +103,7 @@ impl Host {
             "dev",
             "eth0",
             "local",
-            &ip,
+            ip,
             "dstport",
             "8472",
             "nolearning",

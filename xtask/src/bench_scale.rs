@@ -152,25 +152,7 @@ fn huge_file(n: u32) -> Result<()> {
 fn flannel_reference(n: u32) -> Result<()> {
     let c = Cluster::new(1)?;
     let ns = &c.host(1).ns;
-    ns.ip(&[
-        "link",
-        "add",
-        "flannel.1",
-        "mtu",
-        "1450",
-        "type",
-        "vxlan",
-        "id",
-        "1",
-        "dev",
-        "eth0",
-        "local",
-        "198.18.0.1",
-        "dstport",
-        "8472",
-        "nolearning",
-    ])?;
-    ns.ip(&["link", "set", "flannel.1", "up"])?;
+    c.host(1).kernel_vtep("02:11:00:00:00:01")?;
     let (mut ip, mut fdb) = (String::new(), String::new());
     for k in 0..n {
         let (hi, lo) = (k / 256, k % 256);

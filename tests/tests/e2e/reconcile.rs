@@ -49,28 +49,7 @@ fn renumber_kernel_node(h: &Host, ip: &str, agent_mac: &str) -> Result<()> {
     h.ns.ip(&["addr", "flush", "dev", "eth0"])?;
     h.ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
     h.ns.ip(&["link", "del", "flannel.1"])?;
-    h.ns.ip(&[
-        "link",
-        "add",
-        "flannel.1",
-        "address",
-        KERNEL_MAC,
-        "mtu",
-        "1450",
-        "type",
-        "vxlan",
-        "id",
-        "1",
-        "dev",
-        "eth0",
-        "local",
-        ip,
-        "dstport",
-        "8472",
-        "nolearning",
-    ])?;
-    h.ns.ip(&["addr", "add", &format!("10.244.{}.0/32", h.i), "dev", "flannel.1"])?;
-    h.ns.ip(&["link", "set", "flannel.1", "up"])?;
+    h.kernel_vtep_at(KERNEL_MAC, ip)?;
     h.kernel_add_peer(1, agent_mac)
 }
 

@@ -158,13 +158,19 @@ impl Rules<'_> {
             own_problem: Some(format!("node {:?} is not in the node list", self.own_name)),
             ..ClusterView::default()
         };
+        let mut own_seen = 0;
         for (i, node) in nodes.iter().enumerate() {
             let Some(name) = node.pointer("/metadata/name").and_then(Value::as_str) else {
                 view.rejected.push(Rejection { node: format!("#{i}"), reason: "no metadata.name".into() });
                 continue;
             };
             if name == self.own_name {
+                own_seen += 1;
                 match self.own(node) {
+                    _ if own_seen > 1 => {
+                        view.own = None;
+                        view.own_problem = Some(format!("own node {name} is listed {own_seen} times"));
+                    }
                     Ok(own) => {
                         view.own = Some(own);
                         view.own_problem = None;
@@ -295,5 +301,16 @@ mod tests {
         let v = view(&[node("b", "10.244.2.0/24", "198.18.0.2", GOOD)]);
         assert!(v.own.is_none());
         assert!(v.own_problem.unwrap().contains("\"me\""));
+    }
+
+    #[test]
+    fn own_node_listed_twice_is_a_problem_not_a_pick() {
+        let me = node("me", "10.244.1.0/24", "198.18.0.1", GOOD);
+        let other_me = node("me", "10.244.9.0/24", "198.18.0.9", GOOD);
+        for nodes in [vec![me.clone(), other_me.clone()], vec![other_me, me]] {
+            let v = view(&nodes);
+            assert!(v.own.is_none(), "{:?}", v.own);
+            assert!(v.own_problem.unwrap().contains("listed 2 times"));
+        }
     }
 }

@@ -139,6 +139,24 @@ impl Agent {
         bail!("agent still running after {timeout:?}:\n{}", self.log_text())
     }
 
+    /// SIGSTOP: the agent is frozen, the programs it attached keep running
+    /// (the moments before it reacts to a change, made as long as a test needs).
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT after `pause`.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(pid as i32, sig) };
+        }
+    }
+
     /// SIGKILL: no chance to clean anything up.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -152,8 +152,14 @@ fn link_mac(link: &LinkMessage) -> Option<Vec<u8>> {
     link.attributes.iter().find_map(|a| if let LinkAttribute::Address(m) = a { Some(m.clone()) } else { None })
 }
 
-fn link_mtu(link: &LinkMessage) -> Option<u32> {
+pub fn link_mtu(link: &LinkMessage) -> Option<u32> {
     link.attributes.iter().find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None })
+}
+
+/// `ip link set DEV mtu M`, touching nothing else.
+pub async fn set_mtu(handle: &Handle, index: u32, mtu: u32) -> Result<()> {
+    let msg = LinkUnspec::new_with_index(index).mtu(mtu).build();
+    handle.link().set(msg).execute().await.with_context(|| format!("cannot set the MTU of link {index} to {mtu}"))
 }
 
 /// `ip link set DEV arp off`: the kernel never resolves the on-link gateways.

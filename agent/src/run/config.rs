@@ -13,11 +13,20 @@ pub fn public_ip(flag: Option<Ipv4Addr>, node_public_ip: Option<Ipv4Addr>, under
     node_public_ip.or(flag).or(underlay.ipv4)
 }
 
-/// The VTEP MTU, as flanneld's vxlan backend sets it at start: the path MTU
-/// (`Backend.MTU` when the network config has one, etcd's config included,
-/// else the underlay's) less the VXLAN overhead.
-pub fn vtep_mtu(conf: &NetConf, underlay: &Underlay) -> u32 {
-    conf.mtu.unwrap_or(underlay.mtu).saturating_sub(ENCAP_OVERHEAD as u32)
+/// The VTEP MTU: the path MTU (`Backend.MTU` when the network config has
+/// one, etcd's config included, else the underlay's) less the VXLAN
+/// overhead, as flanneld's vxlan backend sets it at start — but never
+/// above what the underlay carries once encapsulated. Kernel VXLAN
+/// fragments an outer packet bigger than the underlay; edgevx's encap
+/// cannot, so a `Backend.MTU` above the underlay's is capped to it
+/// (`capped` says when). Follows the underlay's MTU while running.
+pub fn vtep_mtu(conf: &NetConf, underlay_mtu: u32) -> u32 {
+    conf.mtu.map_or(underlay_mtu, |m| m.min(underlay_mtu)).saturating_sub(ENCAP_OVERHEAD as u32)
+}
+
+/// `Backend.MTU` when `vtep_mtu` had to cap it to the underlay's MTU.
+pub fn capped(conf: &NetConf, underlay_mtu: u32) -> Option<u32> {
+    conf.mtu.filter(|m| *m > underlay_mtu)
 }
 
 #[cfg(test)]
@@ -29,12 +38,17 @@ mod tests {
     }
 
     #[test]
-    fn backend_mtu_wins_over_the_underlay() {
+    fn backend_mtu_wins_over_the_underlay_up_to_what_the_underlay_carries() {
         let mut conf = NetConf::default();
-        assert_eq!(vtep_mtu(&conf, &underlay(1500)), 1450);
-        assert_eq!(vtep_mtu(&conf, &underlay(1400)), 1350, "follows a lowered underlay");
+        assert_eq!(vtep_mtu(&conf, 1500), 1450);
+        assert_eq!(vtep_mtu(&conf, 1400), 1350, "follows a lowered underlay");
+        assert_eq!(capped(&conf, 1400), None);
         conf.mtu = Some(1400);
-        assert_eq!(vtep_mtu(&conf, &underlay(1500)), 1350);
+        assert_eq!(vtep_mtu(&conf, 1500), 1350);
+        assert_eq!(capped(&conf, 1500), None);
+        conf.mtu = Some(9000);
+        assert_eq!(vtep_mtu(&conf, 1500), 1450, "no bigger than the underlay carries");
+        assert_eq!(capped(&conf, 1500), Some(9000));
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub mod config;
 mod iface;
 mod kernel;
 pub mod lock;
+mod mtu;
 mod node;
 mod warned;
 
@@ -139,21 +140,19 @@ impl Due {
     }
 }
 
-/// How the underlay differs from what the dataplane was built on, if it does.
-async fn underlay_drift(c: &Checked, handle: &rtnetlink::Handle) -> Option<String> {
+/// The underlay now, or how it differs from what the dataplane was built
+/// on in a way that needs a restart (its MTU is followed in place).
+async fn underlay_now(c: &Checked, handle: &rtnetlink::Handle) -> std::result::Result<device::Underlay, String> {
     let was = &c.underlay;
     match device::underlay(handle, &c.iface).await {
-        Err(e) => Some(format!("{e:#}")),
-        Ok(now) if now.index != was.index => {
-            Some(format!("it was re-created (ifindex {} -> {})", was.index, now.index))
-        }
-        Ok(now) if now.ipv4 != was.ipv4 => Some(format!(
+        Err(e) => Err(format!("{e:#}")),
+        Ok(now) if now.index != was.index => Err(format!("it was re-created (ifindex {} -> {})", was.index, now.index)),
+        Ok(now) if now.ipv4 != was.ipv4 => Err(format!(
             "its address changed ({} -> {})",
             was.ipv4.map(|a| a.to_string()).unwrap_or_else(|| "none".into()),
             now.ipv4.map(|a| a.to_string()).unwrap_or_else(|| "none".into())
         )),
-        Ok(now) if now.mtu != was.mtu => Some(format!("its MTU changed ({} -> {})", was.mtu, now.mtu)),
-        Ok(_) => None,
+        Ok(now) => Ok(now),
     }
 }
 
@@ -277,12 +276,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
             r
         };
         if ripe(&mut due.check) {
-            if let Some(what) = underlay_drift(&c, &handle).await {
-                anyhow::bail!(
+            let underlay = match underlay_now(&c, &handle).await {
+                Ok(u) => u,
+                Err(what) => anyhow::bail!(
                     "the underlay {} changed: {what}; exiting so that the supervisor restarts edgevx on the new \
                      underlay (the dataplane stays in place meanwhile)",
                     c.iface
-                );
+                ),
+            };
+            if let (Phase::Up(n), Some(d)) = (&mut phase, &desired) {
+                if let Err(e) = n.follow_mtu(&d.conf, underlay.mtu, &c.args.subnet_file, &state).await {
+                    warn!("cannot bring the VTEP's MTU in line with the underlay's, retrying: {e:#}");
+                    Due::soon(&mut due.check, RETRY_AFTER);
+                }
             }
             if let Phase::Up(n) = &phase {
                 if !n.intact().await {

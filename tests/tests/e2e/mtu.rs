@@ -1,20 +1,28 @@
-//! An underlay MTU below what the VTEP MTU assumes (flannel's MTU - 50):
-//! the LTE or VPN hop of an edge node. Frames that no longer fit once
-//! encapsulated are answered or counted, never lost unseen.
-use std::process::Output;
+//! An underlay MTU below what the VTEP MTU assumes (underlay - 50): the LTE
+//! or VPN hop of an edge node, or an operator lowering the NIC's MTU. The
+//! agent follows the underlay's MTU in place, so from then on the kernel's
+//! own forwarding meets the smaller VTEP MTU first: it fragments a DF-clear
+//! frame before encapsulation and answers a DF frame itself. In the moments
+//! before the agent reacts (made as long as a test needs by freezing it),
+//! the encap program answers DF frames and counts what it must drop.
+use std::{
+    process::Output,
+    time::{Duration, Instant},
+};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use edgevx_tests::{
-    agent::Agent,
+    agent::{Agent, wait_status},
     netns::Netns,
     nodes::{flannel_node, node_list, write},
     topo::{Cluster, pod_ip},
     traffic::{ping, wait_reachable},
 };
+use serde_json::json;
 
 use crate::{MIB, testpeer};
 
-/// The underlay MTU node 1 gets; the VTEP still assumes 1500.
+/// The underlay MTU node 1 gets; the VTEP was sized for 1500.
 const UNDERLAY_MTU: &str = "1200";
 /// What fits through it once encapsulated.
 const FITS: u32 = 1200 - 50;
@@ -29,12 +37,51 @@ fn pair() -> Result<(Cluster, Agent, Agent)> {
     let a1 = Agent::start(c.host(1), &nodes, &[])?;
     let a2 = Agent::start(c.host(2), &nodes, &[])?;
     wait_reachable(&c.host(1).pod, pod_ip(2), 20)?;
-    c.host(1).ns.ip(&["link", "set", "eth0", "mtu", UNDERLAY_MTU])?;
     Ok((c, a1, a2))
+}
+
+/// Lowers node 1's underlay MTU with its agent frozen: the VTEP still has
+/// the old MTU, so only the encap program stands between big frames and
+/// the smaller underlay. The agent thaws when the guard goes.
+fn lower_with_agent_frozen<'a>(c: &Cluster, a1: &'a Agent) -> Result<Thaw<'a>> {
+    a1.pause();
+    let thaw = Thaw(a1);
+    c.host(1).ns.ip(&["link", "set", "eth0", "mtu", UNDERLAY_MTU])?;
+    Ok(thaw)
+}
+
+struct Thaw<'a>(&'a Agent);
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
 }
 
 fn counter(a: &Agent, name: &str) -> Result<u64> {
     Ok(a.status()?["counters"][name].as_u64().unwrap_or(0))
+}
+
+/// flannel.1's MTU in node 1, as the kernel has it.
+fn vtep_mtu(ns: &Netns) -> Result<u32> {
+    let link = ns.ip(&["-j", "link", "show", "flannel.1"])?;
+    let v: serde_json::Value = serde_json::from_str(&link)?;
+    v[0]["mtu"].as_u64().map(|m| m as u32).context("no mtu in ip -j link show")
+}
+
+/// Polls until flannel.1's MTU is `want` (a generous bound, not a timing claim).
+fn wait_vtep_mtu(ns: &Netns, want: u32) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let have = vtep_mtu(ns)?;
+        if have == want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("flannel.1 MTU is {have}, not {want}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// One ping of `size` payload bytes with DF set (`do`) or clear (`dont`).
@@ -42,13 +89,17 @@ fn ping_once(from: &Netns, size: u32, df: &str) -> Result<Output> {
     from.output(&["ping", "-n", "-c", "1", "-W", "2", "-M", df, "-s", &size.to_string(), &pod_ip(2).to_string()])
 }
 
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
 #[test]
-fn df_frames_too_big_for_the_underlay_get_frag_needed_with_the_mtu_that_fits() -> Result<()> {
+fn before_the_agent_follows_df_frames_get_frag_needed_from_the_encap_program() -> Result<()> {
     let (c, a1, _a2) = pair()?;
+    let _thaw = lower_with_agent_frozen(&c, &a1)?;
     let p1 = &c.host(1).pod;
     let out = ping_once(p1, 1300, "do")?;
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains(&format!("mtu = {FITS}")), "no frag-needed reached the pod: {text}");
+    assert!(text(&out).contains(&format!("mtu = {FITS}")), "no frag-needed reached the pod: {}", text(&out));
     assert_eq!(counter(&a1, "drop_frag_needed")?, 1);
     assert_eq!(counter(&a1, "drop_too_big")?, 0);
     // the pod's kernel took the MTU: path MTU discovery works end to end
@@ -62,13 +113,64 @@ fn df_frames_too_big_for_the_underlay_get_frag_needed_with_the_mtu_that_fits() -
 }
 
 #[test]
-fn df_clear_frames_too_big_for_the_underlay_are_counted() -> Result<()> {
+fn before_the_agent_follows_df_clear_frames_too_big_are_counted_drops() -> Result<()> {
     let (c, a1, _a2) = pair()?;
+    let _thaw = lower_with_agent_frozen(&c, &a1)?;
     let p1 = &c.host(1).pod;
-    // not fragmented (see the report): dropped, and the drop is counted
+    // the encap program cannot fragment the outer packet: dropped, counted
     assert!(!ping_once(p1, 1300, "dont")?.status.success());
     assert_eq!(counter(&a1, "drop_too_big")?, 1);
     assert_eq!(counter(&a1, "drop_frag_needed")?, 0);
     assert_eq!(ping(p1, pod_ip(2), 3, "0.05")?, (3, 3), "small frames still pass");
+    Ok(())
+}
+
+/// The agent follows the underlay's MTU in place (no restart): from then on
+/// no frame is dropped for its size. A DF-clear frame is fragmented by the
+/// kernel before the VTEP, a DF frame is answered by the kernel's
+/// forwarding, and the MTU goes back up with the underlay's.
+#[test]
+fn once_the_agent_follows_the_underlay_mtu_no_frame_is_lost_for_its_size() -> Result<()> {
+    let (c, a1, _a2) = pair()?;
+    let (n1, p1) = (&c.host(1).ns, &c.host(1).pod);
+    // the smaller hop is on the path both ways (the echo replies are as big)
+    for h in [1, 2] {
+        c.host(h).ns.ip(&["link", "set", "eth0", "mtu", UNDERLAY_MTU])?;
+    }
+    for h in [1, 2] {
+        wait_vtep_mtu(&c.host(h).ns, FITS)?;
+    }
+    wait_status(&a1, Duration::from_secs(5), "status MTU", |s| s["mtu"] == json!(FITS))?;
+    let env = std::fs::read_to_string(c.host(1).subnet_file())?;
+    assert!(env.contains(&format!("FLANNEL_MTU={FITS}")), "{env}");
+
+    let out = ping_once(p1, 1300, "dont")?;
+    assert!(out.status.success(), "a DF-clear frame bigger than the path was lost: {}", text(&out));
+    let out = ping_once(p1, 1300, "do")?;
+    assert!(text(&out).contains(&format!("mtu = {FITS}")), "no frag-needed reached the pod: {}", text(&out));
+    testpeer().tcp_transfer(p1, &c.host(2).pod, pod_ip(2), 8 * MIB)?;
+    assert_eq!(counter(&a1, "drop_too_big")?, 0, "the encap program never met a frame too big");
+    assert_eq!(counter(&a1, "drop_frag_needed")?, 0, "the kernel answered, not the encap program");
+    assert!(a1.log_text().contains("VTEP MTU set"), "{}", a1.log_text());
+
+    // and back up
+    for h in [1, 2] {
+        c.host(h).ns.ip(&["link", "set", "eth0", "mtu", "1500"])?;
+    }
+    for h in [1, 2] {
+        wait_vtep_mtu(&c.host(h).ns, 1450)?;
+    }
+    // (the pod remembers the smaller path MTU for a while; the host does not)
+    assert!(ping_once(n1, 1400, "do")?.status.success(), "the full MTU is back");
+    Ok(())
+}
+
+/// A VTEP MTU set by hand is put back, like any other drift.
+#[test]
+fn a_vtep_mtu_changed_by_hand_is_put_back() -> Result<()> {
+    let (c, _a1, _a2) = pair()?;
+    let n1 = &c.host(1).ns;
+    n1.ip(&["link", "set", "flannel.1", "mtu", "1300"])?;
+    wait_vtep_mtu(n1, 1450)?;
     Ok(())
 }

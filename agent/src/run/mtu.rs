@@ -1,0 +1,45 @@
+//! The VTEP's MTU follows the underlay's while the agent runs.
+use anyhow::{Context, Result};
+use tracing::info;
+
+use super::node::Node;
+use crate::{dataplane::device, netconf::NetConf, state::StateDir, subnet_env};
+
+impl Node {
+    /// Keeps the VTEP's MTU at what the underlay carries once encapsulated
+    /// (`config::vtep_mtu`), as the kernel holds it: after the underlay's MTU
+    /// changed, or someone set the VTEP's by hand. Frames bigger than the
+    /// new MTU then meet the kernel's own forwarding before the VTEP, which
+    /// fragments them (DF clear) or answers "fragmentation needed" (DF set),
+    /// instead of the encap program's last-resort drop. subnet.env follows,
+    /// for the pods the CNI plugin sets up from now on.
+    pub(super) async fn follow_mtu(
+        &mut self,
+        conf: &NetConf,
+        underlay_mtu: u32,
+        subnet_file: &std::path::Path,
+        state: &StateDir,
+    ) -> Result<()> {
+        let want = super::config::vtep_mtu(conf, underlay_mtu);
+        let link = device::link_by_name(&self.handle, &self.record.vtep_device)
+            .await?
+            .with_context(|| format!("{} is gone", self.record.vtep_device))?;
+        let have = device::link_mtu(&link);
+        if have == Some(want) && self.record.mtu == want {
+            return Ok(());
+        }
+        if have != Some(want) {
+            device::set_mtu(&self.handle, self.vtep_index, want).await?;
+            info!(device = %self.record.vtep_device, underlay_mtu, was = ?have, mtu = want,
+                "VTEP MTU set to what the underlay carries once encapsulated");
+        }
+        if self.record.mtu != want {
+            let r = &self.record;
+            subnet_env::write(subnet_file, r.network, self.own.subnet, want, r.ip_masq)
+                .with_context(|| format!("cannot write {}", subnet_file.display()))?;
+            self.record.mtu = want;
+            state.save_agent(&self.record)?;
+        }
+        Ok(())
+    }
+}

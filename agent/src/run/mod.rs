@@ -243,7 +243,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Some(ev) = kernel.recv() => {
                 let Phase::Up(n) = &mut phase else { continue };
                 match ev {
-                    KernelEvent::Route { oif, .. } if oif == Some(n.vtep_index) => {
+                    // ours (through the VTEP, or DirectRouting's through the underlay)
+                    // or the underlay's own, which say what is on-link
+                    KernelEvent::Route { oif, .. } if oif == Some(n.vtep_index) || oif == Some(c.underlay.index) => {
                         n.observed = None;
                         Due::soon(&mut due.pass, SETTLE)
                     }
@@ -338,7 +340,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         if conf_changed && !cached {
             warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
         }
-        let peers_ok = n.reconcile(&d.view, &state, &mut warned).await;
+        let peers_ok = n.reconcile(&d.view, d.conf.direct_routing, &state, &mut warned).await;
         report.set_peers(n.accepted.iter());
         n.enforce_rules();
         let first_attach = n.pending.is_some();

@@ -16,7 +16,7 @@ use rtnetlink::{
         address::AddressAttribute,
         link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
         neighbour::NeighbourState,
-        route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType},
+        route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType},
     },
 };
 
@@ -366,11 +366,16 @@ pub async fn direct_route_put(handle: &Handle, underlay: u32, subnet: Ipv4Net, p
 }
 
 /// `ip route del SUBNET via PUBLIC_IP dev eth0`; a route already gone is fine.
+/// Like `ip route del`, it matches whatever protocol and scope the route was
+/// written with (unspecified and RT_SCOPE_NOWHERE: the kernel's wildcards),
+/// so a route flanneld or a hand wrote goes too.
 pub async fn direct_route_del(handle: &Handle, underlay: u32, subnet: Ipv4Net, public_ip: Ipv4Addr) -> Result<()> {
     let msg = RouteMessageBuilder::<Ipv4Addr>::new()
         .destination_prefix(subnet.network(), subnet.prefix_len())
         .output_interface(underlay)
         .gateway(public_ip)
+        .protocol(RouteProtocol::Unspec)
+        .scope(RouteScope::NoWhere)
         .build();
     match handle.route().del(msg).execute().await {
         Ok(()) => Ok(()),

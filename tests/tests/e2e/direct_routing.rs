@@ -9,13 +9,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use edgevx_tests::{
     agent::{Agent, wait_status},
+    edgevx_bin,
     netns::Netns,
     nodes::{flannel_node, node_list, write},
     router::{Router, WireCounters, far_ip, kernel_add_lease_at},
-    topo::{Cluster, pod_ip, underlay_ip},
+    topo::{Cluster, Host, pod_ip, underlay_ip},
     traffic::{ping, wait_reachable},
 };
 use serde_json::{Value, json};
@@ -195,5 +196,57 @@ fn direct_routes_are_repaired_removed_with_their_peer_and_replaced_when_direct_r
     assert_eq!(near["route"], "vxlan", "{st:#}");
     assert!(near["tx_packets"].as_u64() > Some(0), "{st:#}");
     assert_eq!(route(n1, "10.244.77.0/24")?, "10.244.77.0/24 dev eth0 scope link");
+    Ok(())
+}
+
+/// `edgevx cleanup` on node `h` with `extra` flags; fails with its output.
+fn cleanup(h: &Host, extra: &[&str]) -> Result<()> {
+    let out =
+        h.ns.cmd(&edgevx_bin().to_string_lossy())
+            .args(["cleanup", "--state-dir"])
+            .arg(h.state_dir())
+            .arg("--bpffs")
+            .arg(h.bpffs_dir())
+            .args(extra)
+            .output()?;
+    ensure!(out.status.success(), "cleanup {extra:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}
+
+/// Handing the node back to a flanneld with DirectRouting: the direct route
+/// stays as it is, and only the far peer gets flanneld's arp, fdb and route.
+#[test]
+fn hand_over_keeps_direct_routes_and_gives_the_far_peer_flanneld_entries() -> Result<()> {
+    let mut s = site()?;
+    s.agent.stop()?;
+    let h1 = s.cluster.host(1);
+    cleanup(h1, &["--keep-vtep"])?;
+    assert_eq!(route(&h1.ns, "10.244.2.0/24")?, DIRECT_ROUTE);
+    assert_eq!(route(&h1.ns, "10.244.3.0/24")?, "10.244.3.0/24 via 10.244.3.0 dev flannel.1 onlink");
+    let arp = h1.ns.ip(&["neigh", "show", "dev", "flannel.1"])?;
+    assert!(arp.contains(&format!("10.244.3.0 lladdr {MAC3} PERMANENT")), "{arp}");
+    assert!(!arp.contains("10.244.2.0"), "the on-link peer got an arp entry: {arp}");
+    let fdb = h1.ns.run(&["bridge", "fdb", "show", "dev", "flannel.1"])?;
+    assert!(fdb.contains(&format!("{MAC3} dst {}", far_ip(3))), "{fdb}");
+    assert!(!fdb.contains(MAC2), "the on-link peer got an fdb entry: {fdb}");
+    // the kernel alone now forwards both ways to both peers
+    for j in [2, 3] {
+        assert_eq!(ping(&h1.pod, pod_ip(j), 3, "0.05")?, (3, 3), "pod1 -> pod{j}");
+        assert_eq!(ping(&s.cluster.host(j).pod, pod_ip(1), 3, "0.05")?, (3, 3), "pod{j} -> pod1");
+    }
+    Ok(())
+}
+
+/// A full cleanup takes the direct routes with it, and only them.
+#[test]
+fn cleanup_removes_the_direct_routes() -> Result<()> {
+    let mut s = site()?;
+    let h1 = s.cluster.host(1);
+    h1.ns.ip(&["route", "add", "10.244.77.0/24", "dev", "eth0"])?;
+    s.agent.stop()?;
+    cleanup(h1, &[])?;
+    assert_eq!(route(&h1.ns, "10.244.2.0/24")?, "");
+    assert_eq!(route(&h1.ns, "10.244.77.0/24")?, "10.244.77.0/24 dev eth0 scope link");
+    assert!(h1.ns.ip(&["link", "show", "flannel.1"]).is_err(), "flannel.1 is still there");
     Ok(())
 }

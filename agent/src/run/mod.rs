@@ -242,10 +242,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
             Some(ev) = kernel.recv() => {
                 let Phase::Up(n) = &mut phase else { continue };
+                // with DirectRouting, the underlay's routes are ours too, or say what is on-link
+                let direct = desired.as_ref().is_some_and(|d| d.conf.direct_routing);
                 match ev {
-                    // ours (through the VTEP, or DirectRouting's through the underlay)
-                    // or the underlay's own, which say what is on-link
-                    KernelEvent::Route { oif, .. } if oif == Some(n.vtep_index) || oif == Some(c.underlay.index) => {
+                    KernelEvent::Route { oif, .. }
+                        if oif == Some(n.vtep_index) || (direct && oif == Some(c.underlay.index)) =>
+                    {
                         n.observed = None;
                         Due::soon(&mut due.pass, SETTLE)
                     }

@@ -10,6 +10,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use futures::TryStreamExt;
+use ipnet::Ipv4Net;
 use rtnetlink::{
     Handle, LinkUnspec,
     packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourState},
@@ -86,6 +87,10 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
             if device::delete_link(&handle, &rec.vtep_device).await? {
                 info!(device = %rec.vtep_device, "deleted (its routes went with it)");
             }
+            let removed = remove_direct_routes(&handle, rec).await?;
+            if removed > 0 {
+                info!(routes = removed, iface = %rec.iface, "removed the DirectRouting routes");
+            }
             match fs::remove_file(&rec.subnet_file) {
                 Ok(()) => info!(path = %rec.subnet_file.display(), "removed"),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -126,6 +131,26 @@ fn agent_running(pid: u32) -> bool {
         && fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "edgevx")
 }
 
+/// The DirectRouting routes on the underlay (see
+/// [`device::MainTable::direct`]): pod subnet → public IP.
+async fn direct_routes(handle: &Handle, rec: &AgentRecord) -> Result<BTreeMap<Ipv4Net, Ipv4Addr>> {
+    let Some(link) = device::link_by_name(handle, &rec.iface).await? else {
+        return Ok(BTreeMap::new()); // no underlay, so no routes through it
+    };
+    let table = device::MainTable::read(handle).await?;
+    Ok(table.direct(link.header.index, rec.network).collect())
+}
+
+/// `ip route del SUBNET via PUBLIC_IP dev eth0` for each DirectRouting route.
+async fn remove_direct_routes(handle: &Handle, rec: &AgentRecord) -> Result<usize> {
+    let Some(link) = device::link_by_name(handle, &rec.iface).await? else { return Ok(0) };
+    let routes = direct_routes(handle, rec).await?;
+    for (subnet, gw) in &routes {
+        device::direct_route_del(handle, link.header.index, *subnet, *gw).await?;
+    }
+    Ok(routes.len())
+}
+
 /// Gives the kernel what flanneld installs for each peer the agent
 /// programmed, so kernel VXLAN forwards the moment the programs are gone
 /// (the routes are already flanneld's):
@@ -133,7 +158,11 @@ fn agent_running(pid: u32) -> bool {
 /// `bridge fdb add <mac> dev flannel.1 dst <public ip> self permanent`.
 /// Entries flanneld already wrote win: it may know a newer MAC than the
 /// agent's record. Also switches ARP back on (`ip link set flannel.1 arp
-/// on`), as flanneld's device has it. Returns the VTEP's index, if it exists.
+/// on`), as flanneld's device has it. A peer with a DirectRouting route
+/// (`SUBNET via PUBLIC_IP dev eth0`) keeps it and gets none of these: that
+/// route is what flanneld with DirectRouting installs for it, and a
+/// flanneld without replaces it with its own at its first lease list.
+/// Returns the VTEP's index, if it exists.
 async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Result<Option<u32>> {
     let Some(link) = device::link_by_name(handle, &rec.vtep_device).await? else {
         warn!(device = %rec.vtep_device, "is gone: nothing to hand over (flanneld will create it, with a new MAC)");
@@ -143,6 +172,9 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
     let peers = state.load_peers().with_context(|| {
         format!("cannot read the peers the agent programmed (in {}); nothing was changed", state.0.display())
     })?;
+    let direct = direct_routes(handle, rec).await?;
+    let (direct_peers, peers): (Vec<_>, Vec<_>) =
+        peers.into_iter().partition(|p| direct.get(&p.subnet) == Some(&p.public_ip));
     // toggling NOARP flushes every neighbour on the device, permanent ones too:
     // note flanneld's entries first, and write them back right after
     let flanneld = permanent_arp(handle, index).await?;
@@ -185,8 +217,8 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
         device::route_replace(handle, index, p.subnet).await?;
     }
     device::route_del(handle, index, rec.network, Some(crate::reconcile::VTEP_GATEWAY)).await?;
-    info!(device = %rec.vtep_device, peers = peers.len(), arp_kept = flanneld.len(), arp_added = arp.len() - flanneld.len(),
-        fdb_added = fdb, "the kernel has flanneld's arp and fdb entries and routes for every peer");
+    info!(device = %rec.vtep_device, peers = peers.len(), direct = direct_peers.len(), arp_kept = flanneld.len(), arp_added = arp.len() - flanneld.len(),
+        fdb_added = fdb, "the kernel has flanneld's arp and fdb entries and routes for every peer (or its direct route)");
     Ok(Some(index))
 }
 

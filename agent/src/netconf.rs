@@ -16,6 +16,10 @@ pub struct NetConf {
     pub port: u16,
     /// `Backend.MTU`: the MTU of the underlay to assume; device MTU is this - 50.
     pub mtu: Option<u32>,
+    /// `Backend.DirectRouting`: peers on one of our directly connected
+    /// underlay subnets get a plain route instead of VXLAN, as in flannel.
+    #[serde(default)]
+    pub direct_routing: bool,
 }
 
 impl Default for NetConf {
@@ -25,6 +29,7 @@ impl Default for NetConf {
             vni: DEFAULT_VNI,
             port: DEFAULT_PORT,
             mtu: None,
+            direct_routing: false,
         }
     }
 }
@@ -106,7 +111,11 @@ impl NetConf {
             }
             conf.mtu = (mtu != 0).then_some(mtu as u32);
         }
-        for unsupported in ["GBP", "DirectRouting", "Learning"] {
+        if let Some(v) = get(backend, "DirectRouting") {
+            conf.direct_routing =
+                v.as_bool().ok_or_else(|| field("Backend.DirectRouting", format!("must be true or false, got {v}")))?;
+        }
+        for unsupported in ["GBP", "Learning"] {
             if get(backend, unsupported).and_then(Value::as_bool) == Some(true) {
                 return Err(field("Backend", format!("{unsupported}: true is not supported by edgevx")));
             }
@@ -149,7 +158,9 @@ mod tests {
             (r#"{"Backend":{"VNI":16777216}}"#, "VNI"),
             (r#"{"Backend":{"Port":70000}}"#, "Port"),
             (r#"{"Backend":{"MTU":100}}"#, "Backend.MTU"),
-            (r#"{"Backend":{"DirectRouting":true}}"#, "DirectRouting"),
+            (r#"{"Backend":{"DirectRouting":"yes"}}"#, "Backend.DirectRouting"),
+            (r#"{"Backend":{"GBP":true}}"#, "GBP"),
+            (r#"{"Backend":{"Learning":true}}"#, "Learning"),
             (r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48"}"#, "EnableIPv6"),
             (r#"{"enableipv6":true}"#, "EnableIPv6"),
             (r#"[1]"#, "top level"),
@@ -159,6 +170,18 @@ mod tests {
             assert!(e.contains(culprit) && e.contains("net-conf.json"), "{text}: {e}");
         }
         assert!(matches!(NetConf::parse("{", "x"), Err(NetConfError::Json { .. })));
+    }
+
+    #[test]
+    fn direct_routing_is_read() {
+        let c = NetConf::parse(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","DirectRouting":true}}"#, "x");
+        assert!(c.unwrap().direct_routing);
+        let c = NetConf::parse(r#"{"backend":{"directrouting":false}}"#, "x").unwrap();
+        assert_eq!(c, NetConf::default());
+        // a view cached by an older edgevx has no such field
+        let old: NetConf =
+            serde_json::from_str(r#"{"network":"10.244.0.0/16","vni":1,"port":8472,"mtu":null}"#).unwrap();
+        assert!(!old.direct_routing);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::{
     cli::StatusArgs,
-    dataplane::{bpffs::PinDir, clsact, loader, maps::Maps},
+    dataplane::{bpffs::PinDir, clsact, device, loader, maps::Maps},
     state::StateDir,
 };
 
@@ -37,6 +37,7 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     };
     let programmed = maps.as_ref().map(|m| m.subnets()).transpose()?.unwrap_or_default();
     let accepted = maps.as_ref().map(|m| m.accepted()).transpose()?.unwrap_or_default();
+    let direct = device::direct_routes_blocking(&rec.iface, rec.network);
     let peers: Vec<Value> = peers
         .iter()
         .map(|p| {
@@ -51,6 +52,8 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
                     && e.vtep_mac == p.vtep_mac.0
                     && e.public_ip == p.public_ip.octets())
                     && accepted.iter().any(|(ip, _)| *ip == p.public_ip),
+                // DirectRouting: a plain route through the underlay, read from the kernel
+                "route": if direct.get(&p.subnet) == Some(&p.public_ip) { "direct" } else { "vxlan" },
                 "tx_packets": s.tx_packets,
                 "tx_bytes": s.tx_bytes,
                 "rx_packets": s.rx_packets,
@@ -107,17 +110,18 @@ pub fn run(args: StatusArgs) -> Result<()> {
         s("delivery")
     );
     println!(
-        "\n{:<20} {:<18} {:<16} {:<18} {:>12} {:>12}",
-        "PEER", "SUBNET", "PUBLIC IP", "VTEP MAC", "TX PKTS", "RX PKTS"
+        "\n{:<20} {:<18} {:<16} {:<18} {:<6} {:>12} {:>12}",
+        "PEER", "SUBNET", "PUBLIC IP", "VTEP MAC", "ROUTE", "TX PKTS", "RX PKTS"
     );
     for p in v["peers"].as_array().into_iter().flatten() {
         let f = |k: &str| p[k].as_str().map(str::to_string).unwrap_or_else(|| p[k].to_string());
         println!(
-            "{:<20} {:<18} {:<16} {:<18} {:>12} {:>12}",
+            "{:<20} {:<18} {:<16} {:<18} {:<6} {:>12} {:>12}",
             f("node"),
             f("subnet"),
             f("public_ip"),
             f("vtep_mac"),
+            f("route"),
             f("tx_packets"),
             f("rx_packets")
         );

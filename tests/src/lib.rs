@@ -14,6 +14,7 @@ pub mod netns;
 pub mod nodes;
 pub mod pki;
 pub mod real_node;
+pub mod router;
 pub mod scenario;
 pub mod topo;
 pub mod traffic;

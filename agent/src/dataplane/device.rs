@@ -16,7 +16,7 @@ use rtnetlink::{
         address::AddressAttribute,
         link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
         neighbour::NeighbourState,
-        route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol},
+        route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType},
     },
 };
 
@@ -268,34 +268,126 @@ pub async fn route_del(handle: &Handle, index: u32, dst: Ipv4Net, gateway: Optio
     }
 }
 
-/// The IPv4 routes through `index` in the main table: destination and
-/// gateway (`ip route show dev flannel.<VNI>`).
-pub async fn routes_via(handle: &Handle, index: u32) -> Result<Vec<(Ipv4Net, Option<Ipv4Addr>)>> {
-    let mut out = Vec::new();
-    let filter = RouteMessageBuilder::<Ipv4Addr>::new().build();
-    let mut routes = handle.route().get(filter).execute();
-    while let Some(r) = routes.try_next().await.context("cannot list routes")? {
-        if r.header.address_family != AddressFamily::Inet || r.header.table != 254 {
-            continue;
-        }
-        let mut oif = None;
-        let mut dst = Ipv4Addr::UNSPECIFIED;
-        let mut gateway = None;
-        for a in &r.attributes {
-            match a {
-                RouteAttribute::Oif(i) => oif = Some(*i),
-                RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
-                RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
-                _ => {}
+/// A route of the main table, as far as edgevx reads routes.
+struct MainRoute {
+    dst: Ipv4Net,
+    gateway: Option<Ipv4Addr>,
+    oif: Option<u32>,
+    unicast: bool,
+}
+
+/// The main table's IPv4 routes, read in one dump (`ip route show table main`).
+pub struct MainTable(Vec<MainRoute>);
+
+impl MainTable {
+    pub async fn read(handle: &Handle) -> Result<Self> {
+        let mut out = Vec::new();
+        let filter = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let mut routes = handle.route().get(filter).execute();
+        while let Some(r) = routes.try_next().await.context("cannot list routes")? {
+            if r.header.address_family != AddressFamily::Inet || r.header.table != 254 {
+                continue;
+            }
+            let mut oif = None;
+            let mut dst = Ipv4Addr::UNSPECIFIED;
+            let mut gateway = None;
+            for a in &r.attributes {
+                match a {
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
+                    RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
+                    _ => {}
+                }
+            }
+            if let Ok(dst) = Ipv4Net::new(dst, r.header.destination_prefix_length) {
+                out.push(MainRoute { dst, gateway, oif, unicast: r.header.kind == RouteType::Unicast });
             }
         }
-        if oif == Some(index) {
-            if let Ok(net) = Ipv4Net::new(dst, r.header.destination_prefix_length) {
-                out.push((net, gateway));
-            }
-        }
+        Ok(MainTable(out))
     }
-    Ok(out)
+
+    /// The routes through `index`: destination and gateway
+    /// (`ip route show dev flannel.<VNI>`).
+    pub fn via(&self, index: u32) -> impl Iterator<Item = (Ipv4Net, Option<Ipv4Addr>)> + '_ {
+        self.0.iter().filter(move |r| r.oif == Some(index)).map(|r| (r.dst, r.gateway))
+    }
+
+    /// The DirectRouting routes: pod subnet → gateway. A route counts as one
+    /// when it goes out of the `underlay` through a gateway and its
+    /// destination lies within the pod `network`: the form flanneld and
+    /// edgevx both write (`ip route replace SUBNET via PUBLIC_IP dev eth0`).
+    /// Pod addresses are never reached through the underlay otherwise, so
+    /// such a route is a direct route, ours or a DirectRouting flanneld's
+    /// before us. A route without a gateway, or outside the Network, is
+    /// never counted, so never deleted.
+    pub fn direct(&self, underlay: u32, network: Ipv4Net) -> impl Iterator<Item = (Ipv4Net, Ipv4Addr)> + '_ {
+        self.0
+            .iter()
+            .filter(move |r| r.oif == Some(underlay) && r.unicast && network.contains(&r.dst))
+            .filter_map(|r| Some((r.dst, r.gateway?)))
+    }
+
+    /// The routes as DirectRouting's on-link test reads them: a unicast
+    /// route out of `underlay` without a gateway reaches directly; any other
+    /// (through a gateway, another device, blackhole, multipath) does not.
+    pub fn hops(&self, underlay: u32) -> Vec<crate::reconcile::Hop> {
+        let direct = |r: &MainRoute| r.unicast && r.gateway.is_none() && r.oif == Some(underlay);
+        self.0.iter().map(|r| crate::reconcile::Hop { dst: r.dst, direct: direct(r) }).collect()
+    }
+}
+
+/// [`MainTable::direct`] for the underlay named `iface`, from a thread of
+/// its own (for `edgevx status`, which has no runtime). Empty when the
+/// interface or the routes cannot be read.
+pub fn direct_routes_blocking(iface: &str, network: Ipv4Net) -> std::collections::BTreeMap<Ipv4Net, Ipv4Addr> {
+    let iface = iface.to_string();
+    let ask = move || -> Option<std::collections::BTreeMap<Ipv4Net, Ipv4Addr>> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        rt.block_on(async {
+            let (conn, handle, _) = rtnetlink::new_connection().ok()?;
+            tokio::spawn(conn);
+            let index = link_by_name(&handle, &iface).await.ok()??.header.index;
+            Some(MainTable::read(&handle).await.ok()?.direct(index, network).collect())
+        })
+    };
+    std::thread::spawn(ask).join().ok().flatten().unwrap_or_default()
+}
+
+/// flannel's direct route: `ip route replace SUBNET via PUBLIC_IP dev eth0`
+/// (no onlink: the kernel checks that the gateway is on the segment).
+pub async fn direct_route_put(handle: &Handle, underlay: u32, subnet: Ipv4Net, public_ip: Ipv4Addr) -> Result<()> {
+    let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(subnet.network(), subnet.prefix_len())
+        .output_interface(underlay)
+        .gateway(public_ip)
+        .protocol(RouteProtocol::Boot)
+        .build();
+    handle
+        .route()
+        .add(msg)
+        .replace()
+        .execute()
+        .await
+        .with_context(|| format!("cannot add the direct route {subnet} via {public_ip}"))
+}
+
+/// `ip route del SUBNET via PUBLIC_IP dev eth0`; a route already gone is fine.
+/// Like `ip route del`, it matches whatever protocol and scope the route was
+/// written with (unspecified and RT_SCOPE_NOWHERE: the kernel's wildcards),
+/// so a route flanneld or a hand wrote goes too.
+pub async fn direct_route_del(handle: &Handle, underlay: u32, subnet: Ipv4Net, public_ip: Ipv4Addr) -> Result<()> {
+    let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(subnet.network(), subnet.prefix_len())
+        .output_interface(underlay)
+        .gateway(public_ip)
+        .protocol(RouteProtocol::Unspec)
+        .scope(RouteScope::NoWhere)
+        .build();
+    match handle.route().del(msg).execute().await {
+        Ok(()) => Ok(()),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("cannot delete the direct route {subnet} via {public_ip}")),
+    }
 }
 
 /// The interface of the main table's IPv4 default route (`ip route show default`).

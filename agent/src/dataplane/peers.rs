@@ -1,5 +1,6 @@
 //! The production [`Dataplane`]: the pinned BPF maps plus the routes
-//! through the VTEP. Observing reads both back from the kernel.
+//! through the VTEP and DirectRouting's routes through the underlay.
+//! Observing reads them all back from the kernel.
 use std::net::Ipv4Addr;
 
 use anyhow::Result;
@@ -12,17 +13,21 @@ use crate::{
         device,
         maps::{self, Maps},
     },
-    reconcile::{Accept, Contents, Dataplane, Tunnel},
+    reconcile::{Accept, Contents, Dataplane, OnLink, Tunnel},
 };
 
 pub struct Programmed<'a> {
     pub maps: &'a mut Maps,
     pub handle: &'a Handle,
     pub vtep_index: u32,
+    pub underlay_index: u32,
+    /// The pod network: direct routes are the underlay's routes within it.
+    pub network: Ipv4Net,
 }
 
 impl Dataplane for Programmed<'_> {
     async fn observe(&mut self) -> Result<Contents> {
+        let table = device::MainTable::read(self.handle).await?;
         Ok(Contents {
             subnets: self
                 .maps
@@ -41,8 +46,22 @@ impl Dataplane for Programmed<'_> {
                     (ip, Accept { pod_subnet, any_inner_source: a.flags & ACCEPT_ANY_INNER_SOURCE != 0 })
                 })
                 .collect(),
-            routes: device::routes_via(self.handle, self.vtep_index).await?.into_iter().collect(),
+            routes: table.via(self.vtep_index).collect(),
+            direct: table.direct(self.underlay_index, self.network).collect(),
         })
+    }
+
+    async fn on_link(&mut self) -> Result<OnLink> {
+        let table = device::MainTable::read(self.handle).await?;
+        Ok(OnLink::new(table.hops(self.underlay_index), self.network))
+    }
+
+    async fn put_direct(&mut self, subnet: Ipv4Net, public_ip: Ipv4Addr) -> Result<()> {
+        device::direct_route_put(self.handle, self.underlay_index, subnet, public_ip).await
+    }
+
+    async fn del_direct(&mut self, subnet: Ipv4Net, public_ip: Ipv4Addr) -> Result<()> {
+        device::direct_route_del(self.handle, self.underlay_index, subnet, public_ip).await
     }
 
     async fn put_accept(&mut self, ip: Ipv4Addr, a: Accept) -> Result<()> {

@@ -2,7 +2,9 @@
 //!
 //! - [`select`] decides which candidates become peers (pure).
 //! - [`plan`] turns the chosen peers into the dataplane contents they need:
-//!   LPM entries, accepted peer addresses, routes (pure).
+//!   LPM entries, accepted peer addresses, routes (pure); with
+//!   DirectRouting, [`OnLink`] (read from the kernel, passed in) says which
+//!   peers get a plain route instead.
 //! - [`observe`](Dataplane::observe) reads back what is really in the maps and
 //!   the routing table.
 //! - [`apply`] writes the difference, adding first and deleting last, so no
@@ -12,10 +14,12 @@
 //! from what the kernel holds, so drift (a route deleted by hand, a map
 //! entry changed under us, a second writer) is repaired by the next pass.
 mod apply;
+mod on_link;
 mod plan;
 mod select;
 
 pub use apply::{Dataplane, Outcome, apply};
+pub use on_link::{Hop, OnLink};
 pub use plan::{Accept, Changes, Contents, Tunnel, VTEP_GATEWAY, diff, plan};
 pub use select::select;
 

@@ -4,6 +4,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
 
+use super::on_link::OnLink;
 use crate::peer::Peer;
 
 /// The one next hop every route through the VTEP uses. A route without a
@@ -40,14 +41,26 @@ pub struct Contents {
     /// Routes in the main table through the VTEP: destination → gateway
     /// (`None` for a route without one).
     pub routes: BTreeMap<Ipv4Net, Option<Ipv4Addr>>,
+    /// DirectRouting's routes in the main table through the underlay: a
+    /// peer's pod subnet → its public IP (`SUBNET via PUBLIC_IP dev eth0`).
+    /// What counts as one is in [`crate::dataplane::device::MainTable::direct`].
+    pub direct: BTreeMap<Ipv4Net, Ipv4Addr>,
 }
 
 /// The contents `peers` need: one LPM entry and one accepted address per
 /// peer, and a single route for the whole `network` through the VTEP.
 /// The route is there with no peers too: traffic to a subnet nobody owns
 /// meets the encap program's counted drop rather than the default route.
-pub fn plan(peers: &[Peer], network: Ipv4Net) -> Contents {
+///
+/// DirectRouting, as flannel's `handleSubnetEvents`
+/// (pkg/backend/vxlan/vxlan_network.go) does it on a lease add: a peer
+/// whose public IP `on_link` reaches directly gets `SUBNET via PUBLIC_IP`
+/// on the underlay, more specific than the Network route, so it wins and
+/// no VXLAN is sent to it. It keeps its LPM entry and accepted address: a
+/// peer without DirectRouting may still send VXLAN to us.
+pub fn plan(peers: &[Peer], network: Ipv4Net, on_link: &OnLink) -> Contents {
     Contents {
+        direct: peers.iter().filter(|p| on_link.reaches(p.public_ip)).map(|p| (p.subnet, p.public_ip)).collect(),
         subnets: peers.iter().map(|p| (p.subnet, Tunnel { public_ip: p.public_ip, vtep_mac: p.vtep_mac.0 })).collect(),
         accept: peers
             .iter()
@@ -64,6 +77,8 @@ pub struct Changes {
     pub put_accept: Vec<(Ipv4Addr, Accept)>,
     pub put_subnets: Vec<(Ipv4Net, Tunnel)>,
     pub put_routes: Vec<(Ipv4Net, Option<Ipv4Addr>)>,
+    pub put_direct: Vec<(Ipv4Net, Ipv4Addr)>,
+    pub del_direct: Vec<(Ipv4Net, Ipv4Addr)>,
     pub del_routes: Vec<(Ipv4Net, Option<Ipv4Addr>)>,
     pub del_subnets: Vec<Ipv4Net>,
     pub del_accept: Vec<Ipv4Addr>,
@@ -78,6 +93,8 @@ impl Changes {
         self.put_accept.len()
             + self.put_subnets.len()
             + self.put_routes.len()
+            + self.put_direct.len()
+            + self.del_direct.len()
             + self.del_routes.len()
             + self.del_subnets.len()
             + self.del_accept.len()
@@ -101,10 +118,13 @@ pub fn diff(want: &Contents, have: &Contents) -> Changes {
     let (put_accept, del_accept) = diff_map(&want.accept, &have.accept);
     let (put_subnets, del_subnets) = diff_map(&want.subnets, &have.subnets);
     let (put_routes, del_routes) = diff_map(&want.routes, &have.routes);
+    let (put_direct, del_direct) = diff_map(&want.direct, &have.direct);
     Changes {
         put_accept,
         put_subnets,
         put_routes,
+        put_direct,
+        del_direct,
         del_routes,
         del_subnets: del_subnets.into_iter().map(|(k, _)| k).collect(),
         del_accept: del_accept.into_iter().map(|(k, _)| k).collect(),
@@ -119,21 +139,37 @@ mod tests {
     fn net() -> Ipv4Net {
         "10.244.0.0/16".parse().unwrap()
     }
+    fn none() -> OnLink {
+        OnLink::default()
+    }
+    /// 198.18.0.0/24 is our segment; the rest is behind a router.
+    fn segment() -> OnLink {
+        let hop = |dst: &str, direct| super::super::on_link::Hop { dst: dst.parse().unwrap(), direct };
+        OnLink::new(vec![hop("198.18.0.0/24", true), hop("0.0.0.0/0", false)], net())
+    }
 
     #[test]
     fn a_name_swap_changes_nothing() {
-        let before = plan(&[peer("a", "10.244.2.0/24", "198.18.0.2"), peer("b", "10.244.3.0/24", "198.18.0.3")], net());
-        let after = plan(&[peer("b", "10.244.2.0/24", "198.18.0.2"), peer("a", "10.244.3.0/24", "198.18.0.3")], net());
+        let before =
+            plan(&[peer("a", "10.244.2.0/24", "198.18.0.2"), peer("b", "10.244.3.0/24", "198.18.0.3")], net(), &none());
+        let after =
+            plan(&[peer("b", "10.244.2.0/24", "198.18.0.2"), peer("a", "10.244.3.0/24", "198.18.0.3")], net(), &none());
         assert!(diff(&after, &before).is_empty());
     }
 
     #[test]
     fn a_chain_shift_overwrites_in_place_and_deletes_only_what_left() {
         // node2 .2 -> .3, node3 .3 -> .4 in one edit
-        let before =
-            plan(&[peer("n2", "10.244.2.0/24", "198.18.0.2"), peer("n3", "10.244.3.0/24", "198.18.0.3")], net());
-        let after =
-            plan(&[peer("n2", "10.244.2.0/24", "198.18.0.3"), peer("n3", "10.244.3.0/24", "198.18.0.4")], net());
+        let before = plan(
+            &[peer("n2", "10.244.2.0/24", "198.18.0.2"), peer("n3", "10.244.3.0/24", "198.18.0.3")],
+            net(),
+            &none(),
+        );
+        let after = plan(
+            &[peer("n2", "10.244.2.0/24", "198.18.0.3"), peer("n3", "10.244.3.0/24", "198.18.0.4")],
+            net(),
+            &none(),
+        );
         let c = diff(&after, &before);
         // .3 is now node2's (bound to its CIDR), .4 is new
         assert_eq!(c.put_accept.iter().map(|(ip, _)| ip.to_string()).collect::<Vec<_>>(), ["198.18.0.3", "198.18.0.4"]);
@@ -148,14 +184,14 @@ mod tests {
         let peers: Vec<Peer> = (0..1000)
             .map(|i| peer(&format!("n{i}"), &format!("10.{}.{}.0/24", 100 + i / 256, i % 256), "198.18.0.2"))
             .collect();
-        let c = plan(&peers, "10.96.0.0/11".parse().unwrap());
+        let c = plan(&peers, "10.96.0.0/11".parse().unwrap(), &none());
         assert_eq!(c.routes.len(), 1);
         assert_eq!(c.subnets.len(), 1000);
     }
 
     #[test]
     fn drift_and_strays_are_repaired() {
-        let want = plan(&[peer("a", "10.244.2.0/24", "198.18.0.2")], net());
+        let want = plan(&[peer("a", "10.244.2.0/24", "198.18.0.2")], net(), &none());
         let mut have = want.clone();
         have.routes.clear(); // deleted by hand
         have.routes.insert("10.244.9.0/24".parse().unwrap(), Some("10.244.9.0".parse().unwrap())); // flanneld's
@@ -169,5 +205,41 @@ mod tests {
         assert_eq!(c.put_subnets.len(), 1);
         assert!(c.del_subnets.is_empty());
         assert_eq!(c.len(), 3);
+    }
+
+    #[test]
+    fn on_link_peers_get_a_direct_route_and_the_others_the_vtep() {
+        let peers = [peer("near", "10.244.2.0/24", "198.18.0.2"), peer("far", "10.244.3.0/24", "198.18.1.3")];
+        let c = plan(&peers, net(), &segment());
+        let direct: Vec<_> = c.direct.iter().map(|(n, ip)| format!("{n} via {ip}")).collect();
+        assert_eq!(direct, ["10.244.2.0/24 via 198.18.0.2"]);
+        assert_eq!(c.routes, BTreeMap::from([(net(), Some(VTEP_GATEWAY))]), "the far peer uses the Network route");
+        // both stay in the maps: a peer without DirectRouting may still send VXLAN
+        assert_eq!((c.subnets.len(), c.accept.len()), (2, 2));
+        // DirectRouting off: nothing is on-link
+        assert!(plan(&peers, net(), &none()).direct.is_empty());
+    }
+
+    #[test]
+    fn direct_routes_follow_the_peer_and_the_switch() {
+        let near = [peer("a", "10.244.2.0/24", "198.18.0.2")];
+        let before = plan(&near, net(), &segment());
+        // the peer moves behind the router: its direct route goes, nothing is added
+        let moved = plan(&[peer("a", "10.244.2.0/24", "198.18.1.2")], net(), &segment());
+        let c = diff(&moved, &before);
+        assert_eq!(c.del_direct, [("10.244.2.0/24".parse().unwrap(), "198.18.0.2".parse().unwrap())]);
+        assert!(c.put_direct.is_empty() && c.put_routes.is_empty() && c.del_routes.is_empty());
+        // a new public IP on the same segment: overwritten in place
+        let renumbered = plan(&[peer("a", "10.244.2.0/24", "198.18.0.9")], net(), &segment());
+        let c = diff(&renumbered, &before);
+        assert_eq!(c.put_direct, [("10.244.2.0/24".parse().unwrap(), "198.18.0.9".parse().unwrap())]);
+        assert!(c.del_direct.is_empty());
+        // DirectRouting switched off (a restart), or the peer deleted: the route goes
+        assert_eq!(diff(&plan(&near, net(), &none()), &before).del_direct.len(), 1);
+        assert_eq!(diff(&plan(&[], net(), &segment()), &before).del_direct.len(), 1);
+        // deleted by hand: put back
+        let mut have = before.clone();
+        have.direct.clear();
+        assert_eq!(diff(&before, &have).put_direct.len(), 1);
     }
 }

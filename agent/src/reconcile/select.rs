@@ -93,7 +93,7 @@ mod tests {
     #[test]
     fn established_peer_keeps_its_subnet_against_a_newcomer() {
         let old = peer("old", "10.244.2.0/24", "198.18.0.2");
-        let observed = plan(std::slice::from_ref(&old), "10.244.0.0/16".parse().unwrap());
+        let observed = plan(std::slice::from_ref(&old), "10.244.0.0/16".parse().unwrap(), &Default::default());
         // the newcomer is listed first, but the one in the dataplane wins
         let (ok, bad) = select(own(), &observed, &[peer("new", "10.244.2.0/25", "198.18.0.3"), old.clone()]);
         assert_eq!(ok, vec![old]);

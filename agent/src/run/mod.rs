@@ -241,8 +241,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
             Some(ev) = kernel.recv() => {
                 let Phase::Up(n) = &mut phase else { continue };
+                // with DirectRouting, the underlay's routes are ours too, or say what is on-link
+                let direct = desired.as_ref().is_some_and(|d| d.conf.direct_routing);
                 match ev {
-                    KernelEvent::Route { oif, .. } if oif == Some(n.vtep_index) => {
+                    KernelEvent::Route { oif, .. }
+                        if oif == Some(n.vtep_index) || (direct && oif == Some(c.underlay.index)) =>
+                    {
                         n.observed = None;
                         Due::soon(&mut due.pass, SETTLE)
                     }
@@ -344,7 +348,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         if conf_changed && !cached {
             warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
         }
-        let peers_ok = n.reconcile(&d.view, &state, &mut warned).await;
+        let peers_ok = n.reconcile(&d.view, d.conf.direct_routing, &state, &mut warned).await;
         report.set_peers(n.accepted.iter());
         n.enforce_rules();
         let first_attach = n.pending.is_some();

@@ -39,6 +39,7 @@ pub(super) struct Node {
     pub(super) handle: Handle,
     pub(super) maps: Maps,
     pub(super) vtep_index: u32,
+    pub(super) underlay_index: u32,
     pub(super) own: OwnNode,
     pub(super) record: AgentRecord,
     /// The peers the last pass chose (for the metrics and the peer list).
@@ -48,6 +49,9 @@ pub(super) struct Node {
     /// back of 10,000 map entries; a resync, a route event or a failed write
     /// drops it, and the next pass reads the kernel again.
     pub(super) observed: Option<reconcile::Contents>,
+    /// Which peers are on-link, read with `observed` and dropped with it
+    /// (DirectRouting only).
+    on_link: Option<reconcile::OnLink>,
 }
 
 pub(super) async fn bring_up(
@@ -168,6 +172,7 @@ pub(super) async fn bring_up(
         handle: handle.clone(),
         maps,
         vtep_index,
+        underlay_index: c.underlay.index,
         own,
         record,
         pending: Some(ebpf),
@@ -178,6 +183,7 @@ pub(super) async fn bring_up(
         pins,
         accepted: Vec::new(),
         observed: None,
+        on_link: None,
     })
 }
 
@@ -207,11 +213,25 @@ impl Node {
     /// Brings the dataplane in line with `view`, starting from what the
     /// kernel really holds. Returns whether every write succeeded (failures
     /// are logged and retried on the next pass).
-    pub(super) async fn reconcile(&mut self, view: &ClusterView, state: &StateDir, warned: &mut Warned) -> bool {
+    pub(super) async fn reconcile(
+        &mut self,
+        view: &ClusterView,
+        direct_routing: bool,
+        state: &StateDir,
+        warned: &mut Warned,
+    ) -> bool {
         let network = self.record.network;
         let t = std::time::Instant::now();
-        let mut dp = peers::Programmed { maps: &mut self.maps, handle: &self.handle, vtep_index: self.vtep_index };
-        let observed = match self.observed.take() {
+        let mut dp = peers::Programmed {
+            maps: &mut self.maps,
+            handle: &self.handle,
+            vtep_index: self.vtep_index,
+            underlay_index: self.underlay_index,
+            network,
+        };
+        let cached = self.observed.take();
+        let fresh = cached.is_none();
+        let observed = match cached {
             Some(o) => o,
             None => match dp.observe().await {
                 Ok(o) => o,
@@ -221,22 +241,35 @@ impl Node {
                 }
             },
         };
+        let on_link = match (direct_routing, self.on_link.take()) {
+            (false, _) => reconcile::OnLink::default(),
+            (true, Some(l)) if !fresh => l,
+            (true, _) => match dp.on_link().await {
+                Ok(l) => l,
+                Err(e) => {
+                    warn!("cannot read which peers are on-link (DirectRouting): {e:#}");
+                    return false;
+                }
+            },
+        };
         let (accepted, rejected) = reconcile::select(self.own.subnet, &observed, &view.peers);
         warned.conflicts(&rejected);
-        let want = reconcile::plan(&accepted, network);
+        let want = reconcile::plan(&accepted, network, &on_link);
         let mut changes = reconcile::diff(&want, &observed);
-        let held_back = self.pending.is_some() && !changes.del_routes.is_empty();
+        let held_back = self.pending.is_some() && !(changes.del_routes.is_empty() && changes.del_direct.is_empty());
         if held_back {
             // not attached yet: the routes we would delete (flanneld's, on a
             // takeover) still carry traffic through the kernel's fdb; they go
             // at the first pass after the programs are on
             changes.del_routes.clear();
+            changes.del_direct.clear();
         }
         let planned = t.elapsed();
         let outcome = reconcile::apply(&mut dp, &changes).await;
         // every write went through: the kernel now holds `want`, until the
         // next event or resync says otherwise
         self.observed = (outcome.ok() && !held_back).then_some(want);
+        self.on_link = direct_routing.then_some(on_link);
         tracing::debug!(
             peers = accepted.len(),
             changes = changes.len(),

@@ -4,6 +4,7 @@
 mod admission_policy;
 mod cli;
 mod deploy;
+mod direct_routing;
 mod edgevx_pair;
 mod env;
 mod etcd;

@@ -172,7 +172,8 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
             "ms" => 1,
             _ => return None,
         };
-        total += Duration::from_millis(n.checked_mul(scale)?);
+        // a sum past Duration's range is refused, as Go refuses past int64 nanoseconds
+        total = total.checked_add(Duration::from_millis(n.checked_mul(scale)?))?;
         rest = &rest[unit..];
     }
     Some(total)
@@ -318,5 +319,14 @@ mod tests {
         assert_eq!(parse_duration("h"), None);
         assert_eq!(parse_duration("5d"), None);
         assert_eq!(parse_duration(""), None);
+    }
+
+    #[test]
+    fn a_duration_past_the_range_is_refused_not_a_panic() {
+        // each term fits in u64 milliseconds; their sum does not fit in a Duration
+        let huge = "5124095576030431h".repeat(1001);
+        assert_eq!(parse_duration(&huge), None);
+        let c = conf(serde_json::json!({"subnet": "10.1.0.0/24", "retain": huge}));
+        assert!(matches!(c, Err(ConfigError::Retain(_))));
     }
 }

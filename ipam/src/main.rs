@@ -9,22 +9,22 @@
 //! `edgevx-ipam install DIR` copies the binary to `DIR/edgevx-ipam` (the
 //! DaemonSet's init container).
 mod add;
-mod config;
 mod dns;
 mod env;
 mod identity;
 mod inspect;
 mod install;
 mod ledger;
-mod range;
 mod release;
 mod store;
-mod wire;
 
 use std::{
     io::{Read, Write},
     process::ExitCode,
 };
+
+// the parser and wire types are the library's (src/lib.rs), for the fuzz targets
+use edgevx_ipam::{config, range, wire};
 
 use config::NetConf;
 use env::Command;

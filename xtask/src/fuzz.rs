@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use crate::{exec, packages, toolchain};
 
 /// Every target in fuzz/Cargo.toml.
-pub const TARGETS: [&str; 4] = ["nodes_file", "annotations", "net_conf", "etcd_lease"];
+pub const TARGETS: [&str; 5] = ["nodes_file", "annotations", "net_conf", "etcd_lease", "ipam_config"];
 
 pub fn run(seconds: u32) -> Result<()> {
     packages::ensure_fuzz()?;

@@ -1,6 +1,9 @@
 //! The host firewall rules edgevx owns, with flannel's meaning, and the
 //! detection of kube-proxy's rules.
 //!
+//! - `EDGEVX-INPUT` (filter, jumped to first from INPUT), always: drops
+//!   VXLAN sent to a broadcast or multicast address, on any interface (the
+//!   kernel delivers those without the socket lookup the guard judges).
 //! - `EDGEVX-POSTRTG` (nat, jumped to first from POSTROUTING), with `--ip-masq`:
 //!   flannel's FLANNEL-POSTRTG (pkg/trafficmngr/iptables/iptables.go).
 //! - `EDGEVX-FWD` (filter, appended to FORWARD): flannel's FLANNEL-FWD, which

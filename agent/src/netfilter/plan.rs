@@ -33,9 +33,11 @@ pub fn jump_rule(name: &str) -> String {
 
 pub const MASQ_CHAIN: &str = "EDGEVX-POSTRTG";
 pub const FWD_CHAIN: &str = "EDGEVX-FWD";
+pub const INPUT_CHAIN: &str = "EDGEVX-INPUT";
 
 /// Every chain edgevx may own, for cleanup.
-pub const ALL: [(&str, &str, &str); 2] = [("nat", "POSTROUTING", MASQ_CHAIN), ("filter", "FORWARD", FWD_CHAIN)];
+pub const ALL: [(&str, &str, &str); 3] =
+    [("filter", "INPUT", INPUT_CHAIN), ("nat", "POSTROUTING", MASQ_CHAIN), ("filter", "FORWARD", FWD_CHAIN)];
 
 /// The chains wanted on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,10 +45,11 @@ pub struct RuleSet {
     pub chains: Vec<Chain>,
 }
 
-/// flannel's rules for `network` (the cluster's pod Network) and `subnet`
-/// (this node's pod subnet).
-pub fn plan(network: Ipv4Net, subnet: Ipv4Net, ip_masq: bool, forward: bool) -> RuleSet {
-    let mut chains = Vec::new();
+/// The rules for `network` (the cluster's pod Network), `subnet` (this
+/// node's pod subnet) and `vxlan_port`: the broadcast and multicast guard
+/// always, flannel's masquerade and forward rules when asked.
+pub fn plan(network: Ipv4Net, subnet: Ipv4Net, vxlan_port: u16, ip_masq: bool, forward: bool) -> RuleSet {
+    let mut chains = vec![vxlan_guard(vxlan_port)];
     if ip_masq {
         let (n, s) = (network.to_string(), subnet.to_string());
         chains.push(Chain {
@@ -81,6 +84,29 @@ pub fn plan(network: Ipv4Net, subnet: Ipv4Net, ip_masq: bool, forward: bool) -> 
     RuleSet { chains }
 }
 
+/// `filter/EDGEVX-INPUT`, jumped to first from INPUT: VXLAN sent to a
+/// broadcast or multicast address, on any interface, is dropped.
+///
+/// The kernel hands such datagrams to every socket bound to the port
+/// (`__udp4_lib_rcv` → `__udp4_lib_mcast_deliver`) without the socket
+/// lookup the sk_lookup guard judges; a socket bound to 0.0.0.0 keeps
+/// `IP_MULTICAST_ALL`, so it gets every group the interface has joined
+/// (224.0.0.1 always). Decap judges them on the underlay, but nothing does
+/// on another interface. No peer needs them: flannel sends VXLAN unicast to
+/// each peer's public IP only. INPUT sees a datagram after reassembly
+/// (`ip_local_deliver`), so fragments cannot slip past the port match.
+/// The rules are written as `iptables -S` prints them back.
+fn vxlan_guard(port: u16) -> Chain {
+    let rule = |kind: &str| format!("-p udp -m udp --dport {port} -m addrtype --dst-type {kind} -j DROP");
+    Chain {
+        table: "filter",
+        name: INPUT_CHAIN,
+        parent: "INPUT",
+        jump_first: true,
+        rules: vec![rule("BROADCAST"), rule("MULTICAST")],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,11 +115,17 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// The chains of `set` other than the broadcast and multicast guard.
+    fn flannels(set: &RuleSet) -> Vec<&Chain> {
+        set.chains.iter().filter(|c| c.name != INPUT_CHAIN).collect()
+    }
+
     #[test]
     fn masquerade_rules_follow_flannel_in_order() {
-        let set = plan(net("10.244.0.0/16"), net("10.244.1.0/24"), true, false);
-        assert_eq!(set.chains.len(), 1);
-        let c = &set.chains[0];
+        let set = plan(net("10.244.0.0/16"), net("10.244.1.0/24"), 8472, true, false);
+        let chains = flannels(&set);
+        assert_eq!(chains.len(), 1);
+        let c = chains[0];
         assert_eq!((c.table, c.name, c.parent, c.jump_first), ("nat", MASQ_CHAIN, "POSTROUTING", true));
         assert_eq!(
             c.rules,
@@ -109,14 +141,45 @@ mod tests {
 
     #[test]
     fn forward_rules_accept_the_network_both_ways_after_kube_proxy() {
-        let set = plan(net("10.244.0.0/16"), net("10.244.1.0/24"), false, true);
-        let c = &set.chains[0];
+        let set = plan(net("10.244.0.0/16"), net("10.244.1.0/24"), 8472, false, true);
+        let c = flannels(&set)[0];
         assert_eq!((c.table, c.name, c.parent, c.jump_first), ("filter", FWD_CHAIN, "FORWARD", false));
         assert_eq!(c.rules, ["-s 10.244.0.0/16 -j ACCEPT", "-d 10.244.0.0/16 -j ACCEPT"]);
     }
 
     #[test]
-    fn nothing_asked_nothing_planned() {
-        assert!(plan(net("10.244.0.0/16"), net("10.244.1.0/24"), false, false).chains.is_empty());
+    fn nothing_asked_only_the_guard_planned() {
+        let set = plan(net("10.244.0.0/16"), net("10.244.1.0/24"), 8472, false, false);
+        assert_eq!(set.chains.iter().map(|c| c.name).collect::<Vec<_>>(), [INPUT_CHAIN]);
+    }
+
+    #[test]
+    fn broadcast_and_multicast_vxlan_is_dropped_first_in_input_whatever_the_flags() {
+        for (ip_masq, forward) in [(false, false), (true, false), (false, true), (true, true)] {
+            let set = plan(net("10.244.0.0/16"), net("10.244.1.0/24"), 8472, ip_masq, forward);
+            let c = &set.chains[0];
+            assert_eq!((c.table, c.name, c.parent, c.jump_first), ("filter", INPUT_CHAIN, "INPUT", true));
+            assert_eq!(
+                c.rules,
+                [
+                    "-p udp -m udp --dport 8472 -m addrtype --dst-type BROADCAST -j DROP",
+                    "-p udp -m udp --dport 8472 -m addrtype --dst-type MULTICAST -j DROP",
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn the_guard_follows_the_configured_port() {
+        let set = plan(net("10.244.0.0/16"), net("10.244.1.0/24"), 4789, false, false);
+        assert!(set.chains[0].rules.iter().all(|r| r.contains("--dport 4789 ")), "{:?}", set.chains[0].rules);
+    }
+
+    #[test]
+    fn cleanup_knows_every_chain_planned() {
+        let set = plan(net("10.244.0.0/16"), net("10.244.1.0/24"), 8472, true, true);
+        for c in &set.chains {
+            assert!(ALL.contains(&(c.table, c.parent, c.name)), "{} is not in ALL", c.name);
+        }
     }
 }

@@ -195,13 +195,13 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
     if args.host_routing && args.bypass_netfilter {
         return Err(usage("--host-routing and --bypass-netfilter contradict each other".into()));
     }
-    if args.ip_masq || args.iptables_forward_rules {
-        crate::netfilter::check_binary().map_err(|e| {
-            usage(format!(
-                "--ip-masq and the forward rules (--iptables-forward-rules, on by default) need iptables: {e:#}"
-            ))
-        })?;
-    }
+    // always: the rule that drops broadcast and multicast VXLAN is written with it
+    crate::netfilter::check_binary().map_err(|e| {
+        usage(format!(
+            "edgevx needs iptables, whatever the flags: it drops broadcast and multicast VXLAN with it, and \
+             writes --ip-masq's and the forward rules (--iptables-forward-rules) with it: {e:#}"
+        ))
+    })?;
     for (flag, dir) in [("--state-dir", &args.paths.state_dir), ("--bpffs", &args.paths.bpffs)] {
         if dir.exists() && !dir.is_dir() {
             return Err(usage(format!("{flag} {} is not a directory", dir.display())));

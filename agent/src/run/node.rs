@@ -33,7 +33,7 @@ pub(super) struct Node {
     pub(super) loaded: Option<aya::Ebpf>,
     /// The pod bridge's ifindex while our program is attached to it.
     pub(super) bridge: Option<u32>,
-    pub(super) firewall: Option<netfilter::Firewall>,
+    pub(super) firewall: netfilter::Firewall,
     pub(super) forward_rules: bool,
     pub(super) pins: bpffs::PinDir,
     pub(super) handle: Handle,
@@ -126,20 +126,11 @@ pub(super) async fn bring_up(
     })?;
 
     let forward_rules = c.args.iptables_forward_rules;
-    let firewall = if c.args.ip_masq || forward_rules {
-        let fw = netfilter::Firewall::new()?;
-        fw.apply(&netfilter::plan(conf.network, own.subnet, c.args.ip_masq, forward_rules))
-            .context("cannot install the firewall rules")?;
-        Some(fw)
-    } else {
-        // an earlier run with other flags may have left our chains; without iptables there are none
-        if let Ok(fw) = netfilter::Firewall::new() {
-            if let Err(e) = fw.remove_all() {
-                warn!("cannot remove the firewall rules of an earlier run: {e:#}");
-            }
-        }
-        None
-    };
+    // always: the broadcast and multicast VXLAN guard is in the rule set whatever the flags
+    let firewall = netfilter::Firewall::new()?;
+    firewall
+        .apply(&netfilter::plan(conf.network, own.subnet, conf.port, c.args.ip_masq, forward_rules))
+        .context("cannot install the firewall rules")?;
 
     subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, mtu, c.args.ip_masq)
         .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
@@ -374,10 +365,9 @@ impl Node {
 
     /// Re-asserts our firewall chains (someone may have flushed them).
     pub(super) fn enforce_rules(&self) {
-        let Some(fw) = &self.firewall else { return };
         let r = &self.record;
-        let rules = netfilter::plan(r.network, self.own.subnet, r.ip_masq, self.forward_rules);
-        if let Err(e) = fw.apply(&rules) {
+        let rules = netfilter::plan(r.network, self.own.subnet, r.port, r.ip_masq, self.forward_rules);
+        if let Err(e) = self.firewall.apply(&rules) {
             warn!("cannot restore the firewall rules: {e:#}");
         }
     }
@@ -386,10 +376,8 @@ impl Node {
 pub(super) async fn readdress(n: &mut Node, c: &Checked, own: &OwnNode, state: &StateDir) -> Result<()> {
     device::ensure_address(&n.handle, n.vtep_index, own.subnet, n.record.network).await?;
     subnet_env::write(&c.args.subnet_file, n.record.network, own.subnet, n.record.mtu, n.record.ip_masq)?;
-    if let Some(fw) = &n.firewall {
-        let rules = netfilter::plan(n.record.network, own.subnet, n.record.ip_masq, n.forward_rules);
-        fw.apply(&rules).context("cannot update the firewall rules")?;
-    }
+    let rules = netfilter::plan(n.record.network, own.subnet, n.record.port, n.record.ip_masq, n.forward_rules);
+    n.firewall.apply(&rules).context("cannot update the firewall rules")?;
     n.own = own.clone();
     n.record.subnet = own.subnet;
     state.save_agent(&n.record)

@@ -106,10 +106,22 @@ fn ip_masq_and_forward_rules_are_flannels_restart_unchanged_and_go_with_cleanup(
 }
 
 #[test]
-fn forward_rules_off_installs_nothing() -> Result<()> {
+fn forward_rules_off_installs_only_the_vxlan_guard() -> Result<()> {
     let s = edgevx_and_flannel(&["--iptables-forward-rules=false"])?;
-    let left = rules(&s.cluster.host(1).ns)?;
-    assert!(!left.contains("EDGEVX"), "{left}");
+    let n1 = &s.cluster.host(1).ns;
+    let left = rules(n1)?;
+    assert!(!left.contains("EDGEVX-FWD") && !left.contains("EDGEVX-POSTRTG"), "{left}");
+    // broadcast and multicast VXLAN is dropped whatever the flags, jumped to first from INPUT
+    assert_eq!(
+        chain(n1, "filter", "EDGEVX-INPUT")?,
+        [
+            "-N EDGEVX-INPUT",
+            "-A EDGEVX-INPUT -p udp -m udp --dport 8472 -m addrtype --dst-type BROADCAST -j DROP",
+            "-A EDGEVX-INPUT -p udp -m udp --dport 8472 -m addrtype --dst-type MULTICAST -j DROP",
+        ]
+    );
+    let input = chain(n1, "filter", "INPUT")?;
+    assert!(input.get(1).is_some_and(|l| l.ends_with("-j EDGEVX-INPUT")), "{input:?}");
     Ok(())
 }
 

@@ -4,7 +4,9 @@
 //! VXLAN socket would take it. Each case asserts that nothing reached the
 //! pod and that the counter for its reason moved; an exempt peer (the
 //! `edgevx.io/any-inner-source` annotation) shows the same frame does
-//! arrive when it is allowed to.
+//! arrive when it is allowed to. Broadcast and multicast VXLAN is refused
+//! for everyone, by the firewall rule in `EDGEVX-INPUT` where decap does not
+//! see it.
 use anyhow::{Context, Result};
 use edgevx_tests::{
     agent::Agent,
@@ -22,16 +24,103 @@ const M2: &str = "02:22:00:00:00:02";
 const ATTACKER: &str = "198.18.0.66";
 const ATTACKER_2ND: &str = "198.19.0.66";
 const NODE1_2ND: &str = "198.19.0.1";
-/// An external VTEP whose node entry carries the exemption.
+/// An external VTEP whose node entry carries the exemption; the attacker
+/// holds its address too, to send as it.
 const EXEMPT: u8 = 77;
+const EXEMPT_IP: &str = "198.18.0.77";
+/// Node 2, a peer without the exemption, whose address the attacker spoofs.
+const PEER: &str = "198.18.0.2";
+/// A client's address, in no peer's pod CIDR.
+const CLIENT: &str = "203.0.113.7";
+
+/// One way into node 1's VXLAN socket.
+struct Path {
+    what: &'static str,
+    /// The stranger's source address on `link`, the attacker's link this
+    /// path takes (`eth0` the underlay, `eth1` into node 1's second one).
+    stranger: &'static str,
+    link: &'static str,
+    to: &'static str,
+    /// What refuses the stranger there.
+    stranger_refused_by: Counted,
+    broadcast: bool,
+    /// Whether decap on the underlay sees this path, and so judges the
+    /// inner source. Through a second interface only the sk_lookup guard
+    /// does (the outer source); the kernel decapsulates a peer's frame and
+    /// nothing judges its inner source (README, "Not covered").
+    inner_judged: bool,
+}
+
+/// The four injection paths of issue 10 (three local addresses, the
+/// broadcast, a second interface).
+const PATHS: [Path; 5] = [
+    Path {
+        what: "to the underlay address",
+        stranger: ATTACKER,
+        link: "eth0",
+        to: "198.18.0.1",
+        stranger_refused_by: Counted::Agent("drop_unknown_peer"),
+        broadcast: false,
+        inner_judged: true,
+    },
+    Path {
+        what: "to the cni0 address",
+        stranger: ATTACKER,
+        link: "eth0",
+        to: "10.244.1.1",
+        stranger_refused_by: Counted::Agent("drop_unknown_peer"),
+        broadcast: false,
+        inner_judged: true,
+    },
+    Path {
+        what: "to the flannel.1 address",
+        stranger: ATTACKER,
+        link: "eth0",
+        to: "10.244.1.0",
+        stranger_refused_by: Counted::Agent("drop_unknown_peer"),
+        broadcast: false,
+        inner_judged: true,
+    },
+    Path {
+        what: "to the underlay broadcast",
+        stranger: ATTACKER,
+        link: "eth0",
+        to: "198.18.0.255",
+        stranger_refused_by: Counted::Agent("drop_unknown_peer"),
+        broadcast: true,
+        inner_judged: true,
+    },
+    Path {
+        what: "through a second interface",
+        stranger: ATTACKER_2ND,
+        link: "eth1",
+        to: NODE1_2ND,
+        stranger_refused_by: Counted::Agent("drop_unknown_peer_socket"),
+        broadcast: false,
+        inner_judged: false,
+    },
+];
+
+/// Where a refusal is counted.
+#[derive(Clone, Copy, Debug)]
+enum Counted {
+    /// A counter in the agent's status.
+    Agent(&'static str),
+    /// The packets of node 1's `EDGEVX-INPUT` rule for this destination
+    /// address type (`BROADCAST`, `MULTICAST`).
+    Firewall(&'static str),
+}
 
 /// Sends one VXLAN frame holding UDP `inner_src` -> pod 1, port 9999.
-/// `mode`: `udp` (a plain socket), `raw` (from `src`, spoofed if need be),
+/// `mode`: `udp` (a plain socket bound to `src`, so a broadcast or multicast
+/// leaves by `src`'s link), `raw` (from `src`, spoofed if need be),
 /// or `frag8`/`frag16` (a raw first fragment from `src` holding only 8 or 16
-/// bytes of UDP, the rest in a second fragment).
+/// bytes of UDP, the rest in a second fragment). An optional last argument
+/// names the link to leave by (`SO_BINDTODEVICE`).
 const SEND: &str = r#"
 import socket, struct, sys
 src, dst, mode, inner_src, inner_dst, mac = sys.argv[1:7]
+link = sys.argv[7].encode() if len(sys.argv) > 7 else b''
 def csum(b):
     if len(b) % 2: b += b'\0'
     s = sum(struct.unpack('!%dH' % (len(b) // 2), b))
@@ -47,10 +136,14 @@ vxlan = struct.pack('!II', 0x08000000, 1 << 8) + frame
 if mode == 'udp':
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+    if link: s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, link)
+    s.bind((src, 0))
     s.sendto(vxlan, (dst, 8472))
 else:
     udp = struct.pack('!HHHH', 40000, 8472, 8 + len(vxlan), 0) + vxlan
     s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+    if link: s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, link)
     if mode == 'raw':
         s.sendto(ip(src, dst, 17, udp), (dst, 0))
         sys.exit(0)
@@ -104,6 +197,23 @@ impl Setup {
         Ok(self.a1.status()?["counters"][name].as_u64().unwrap_or(0))
     }
 
+    /// Packets dropped by node 1's `EDGEVX-INPUT` rule for `dst_type`.
+    fn firewall_drops(&self, dst_type: &str) -> Result<u64> {
+        let listing = self.c.host(1).ns.run(&["iptables", "-L", "EDGEVX-INPUT", "-v", "-x", "-n"])?;
+        let rule = format!("dst-type {dst_type}");
+        let line =
+            listing.lines().find(|l| l.contains(&rule)).with_context(|| format!("no {rule} rule:\n{listing}"))?;
+        let packets = line.split_whitespace().next().context("empty rule line")?;
+        packets.parse().with_context(|| format!("packet count in `{line}`"))
+    }
+
+    fn count(&self, by: Counted) -> Result<u64> {
+        match by {
+            Counted::Agent(name) => self.counter(name),
+            Counted::Firewall(dst_type) => self.firewall_drops(dst_type),
+        }
+    }
+
     /// UDP datagrams pod 1's stack saw for a port nobody listens on.
     fn pod_no_ports(&self) -> Result<u64> {
         let snmp = self.c.host(1).pod.run(&["cat", "/proc/net/snmp"])?;
@@ -124,20 +234,31 @@ impl Setup {
         Ok(false)
     }
 
-    fn send(&self, from: &str, to: &str, mode: &str, inner_src: &str) -> Result<()> {
+    /// Sends from `from` (spoofed in the raw modes) out of the attacker's `link`.
+    fn send(&self, from: &str, link: &str, to: &str, mode: &str, inner_src: &str) -> Result<()> {
         let pod = pod_ip(1).to_string();
-        self.attacker.run(&["python3", "-c", SEND, from, to, mode, inner_src, &pod, M1]).map(|_| ())
+        self.attacker.run(&["python3", "-c", SEND, from, to, mode, inner_src, &pod, M1, link]).map(|_| ())
     }
 
-    /// Sends, then checks the pod saw nothing and `counter` moved by one.
-    fn refused(&self, what: &str, from: &str, to: &str, mode: &str, counter: &str) -> Result<()> {
-        let (before, seen) = (self.counter(counter)?, self.pod_no_ports()?);
-        self.send(from, to, mode, "203.0.113.7")?;
+    /// Sends a frame with a client's inner source, then checks the pod saw
+    /// nothing and the counter `by` moved by one.
+    fn refused(&self, what: &str, from: &str, link: &str, to: &str, mode: &str, by: Counted) -> Result<()> {
+        let (before, seen) = (self.count(by)?, self.pod_no_ports()?);
+        self.send(from, link, to, mode, CLIENT)?;
         // once the drop is counted the frame is gone: nothing can reach the pod later
-        let counted = self.wait_for(|s| Ok(s.counter(counter)? > before))?;
-        assert!(counted, "{what}: {counter} did not move");
-        assert_eq!(self.counter(counter)?, before + 1, "{what}: {counter}");
+        let counted = self.wait_for(|s| Ok(s.count(by)? > before || s.pod_no_ports()? > seen))?;
         assert_eq!(self.pod_no_ports()?, seen, "{what}: the frame reached the pod");
+        assert!(counted, "{what}: {by:?} did not move");
+        assert_eq!(self.count(by)?, before + 1, "{what}: {by:?}");
+        Ok(())
+    }
+
+    /// Sends a frame with a client's inner source, spoofed from `from`,
+    /// and checks it reached the pod.
+    fn delivered(&self, what: &str, from: &str, link: &str, to: &str) -> Result<()> {
+        let seen = self.pod_no_ports()?;
+        self.send(from, link, to, "raw", CLIENT)?;
+        assert!(self.wait_for(|s| Ok(s.pod_no_ports()? > seen))?, "{what}: the frame did not reach the pod");
         Ok(())
     }
 }
@@ -145,22 +266,50 @@ impl Setup {
 #[test]
 fn vxlan_from_a_stranger_is_refused_by_every_path_and_an_exempt_peer_gets_through() -> Result<()> {
     let s = setup()?;
-    s.refused("to the underlay address", ATTACKER, "198.18.0.1", "udp", "drop_unknown_peer")?;
-    s.refused("to the cni0 address", ATTACKER, "10.244.1.1", "udp", "drop_unknown_peer")?;
-    s.refused("to the flannel.1 address", ATTACKER, "10.244.1.0", "udp", "drop_unknown_peer")?;
-    s.refused("to the underlay broadcast", ATTACKER, "198.18.0.255", "udp", "drop_unknown_peer")?;
-    s.refused("through a second interface", ATTACKER_2ND, NODE1_2ND, "udp", "drop_unknown_peer_socket")?;
+    for p in &PATHS {
+        s.refused(&format!("a stranger {}", p.what), p.stranger, p.link, p.to, "udp", p.stranger_refused_by)?;
+        if p.broadcast {
+            // no peer sends broadcast VXLAN (flannel sends unicast to each
+            // peer's address): past decap, EDGEVX-INPUT refuses it from
+            // everyone, the exempt peer included
+            let what = format!("the exempt peer {}", p.what);
+            s.refused(&what, EXEMPT_IP, p.link, p.to, "raw", Counted::Firewall("BROADCAST"))?;
+            continue;
+        }
+        s.delivered(&format!("the exempt peer {}", p.what), EXEMPT_IP, p.link, p.to)?;
+        if !p.inner_judged {
+            continue;
+        }
+        // a peer (or anyone spoofing it) with a forged inner source
+        let what = format!("a spoofed inner source from a peer {}", p.what);
+        s.refused(&what, PEER, p.link, p.to, "raw", Counted::Agent("drop_spoofed_source"))?;
+    }
     // a tiny first fragment, sent as a peer (spoofed): the VXLAN header is in
     // the second fragment, so decap cannot judge it and drops it
-    s.refused("8 bytes of UDP in the first fragment", "198.18.0.2", "198.18.0.1", "frag8", "drop_short_fragment")?;
-    s.refused("16 bytes of UDP in the first fragment", "198.18.0.2", "198.18.0.1", "frag16", "drop_short_fragment")?;
-    // a peer (or anyone spoofing it) with a forged inner source
-    s.refused("a spoofed inner source from a peer", "198.18.0.2", "198.18.0.1", "raw", "drop_spoofed_source")?;
+    let short = Counted::Agent("drop_short_fragment");
+    s.refused("8 bytes of UDP in the first fragment", PEER, "eth0", "198.18.0.1", "frag8", short)?;
+    s.refused("16 bytes of UDP in the first fragment", PEER, "eth0", "198.18.0.1", "frag16", short)?;
+    Ok(())
+}
 
-    // the positive control: the exempt VTEP's frame with the same client source arrives
-    let seen = s.pod_no_ports()?;
-    s.send("198.18.0.77", "198.18.0.1", "raw", "203.0.113.7")?;
-    assert!(s.wait_for(|s| Ok(s.pod_no_ports()? > seen))?, "the exempt peer's frame did not reach the pod");
+/// The kernel hands broadcast and multicast UDP to the VXLAN socket without
+/// a socket lookup, so the sk_lookup guard never sees it; on a second
+/// interface decap does not either. The firewall drops it, whoever sends it.
+#[test]
+fn broadcast_and_multicast_vxlan_through_a_second_interface_is_dropped_by_the_firewall() -> Result<()> {
+    let s = setup()?;
+    let cases = [
+        ("to the second interface's subnet broadcast", "198.19.0.255", "BROADCAST"),
+        ("to the limited broadcast", "255.255.255.255", "BROADCAST"),
+        // every interface is in 224.0.0.1, and a socket bound to 0.0.0.0
+        // keeps IP_MULTICAST_ALL: the kernel's VXLAN socket gets it unjoined
+        ("to the all-hosts group", "224.0.0.1", "MULTICAST"),
+    ];
+    for (what, to, dst_type) in cases {
+        let by = Counted::Firewall(dst_type);
+        s.refused(&format!("a stranger {what}"), ATTACKER_2ND, "eth1", to, "udp", by)?;
+        s.refused(&format!("the exempt peer {what}"), EXEMPT_IP, "eth1", to, "raw", by)?;
+    }
     Ok(())
 }
 

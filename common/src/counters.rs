@@ -66,9 +66,14 @@ pub enum Counter {
     /// Dropped on the pod bridge's ingress: a local pod sent UDP to the
     /// VXLAN port (of any node).
     DropPodVxlan = 24,
+    /// Dropped at socket lookup: a peer's VXLAN that arrived on an
+    /// interface other than the underlay. Only decap on the underlay judges
+    /// a frame whole (inner source, TTL, flags); anywhere else the kernel
+    /// would decapsulate it unjudged.
+    DropVxlanOffUnderlay = 25,
 }
 
-pub const COUNT: u32 = 25;
+pub const COUNT: u32 = 26;
 
 impl Counter {
     pub const ALL: [Counter; COUNT as usize] = [
@@ -97,6 +102,7 @@ impl Counter {
         Counter::DropTooBig,
         Counter::DropUnknownPeerSocket,
         Counter::DropPodVxlan,
+        Counter::DropVxlanOffUnderlay,
     ];
 
     /// Name used in `edgevx status` and metrics.
@@ -127,6 +133,7 @@ impl Counter {
             Counter::DropTooBig => "drop_too_big",
             Counter::DropUnknownPeerSocket => "drop_unknown_peer_socket",
             Counter::DropPodVxlan => "drop_pod_vxlan",
+            Counter::DropVxlanOffUnderlay => "drop_vxlan_off_underlay",
         }
     }
 }

@@ -4,6 +4,8 @@
 //! after IP reassembly (the lookup follows `ip_defrag`). A datagram to our
 //! VXLAN port from an address that is not an accepted peer finds no socket:
 //! the kernel's VXLAN socket never sees it (`drop_unknown_peer_socket`).
+//! Neither does a peer's that came in on another interface than the
+//! underlay (`drop_vxlan_off_underlay`).
 //!
 //! Decap on the underlay judges first and more (the inner checks); this
 //! closes the paths decap does not see: a second interface, pods of this
@@ -34,9 +36,17 @@ pub fn run(ctx: &SkLookupContext) -> u32 {
         return SK_PASS;
     }
     let src = l.remote_ip4.to_ne_bytes();
-    if EDGEVX_PEER_ACCEPT.get_ptr(src).is_some() {
-        return SK_PASS;
+    if EDGEVX_PEER_ACCEPT.get_ptr(src).is_none() {
+        stats::add(Counter::DropUnknownPeerSocket, 1);
+        return SK_DROP;
     }
-    stats::add(Counter::DropUnknownPeerSocket, 1);
-    SK_DROP
+    // a peer's VXLAN is judged whole (inner source, TTL, flags) only by
+    // decap on the underlay, which saw it before the kernel reassembled or
+    // delivered it; from anywhere else the kernel would decapsulate it
+    // unjudged
+    if l.ingress_ifindex != cfg.underlay_ifindex {
+        stats::add(Counter::DropVxlanOffUnderlay, 1);
+        return SK_DROP;
+    }
+    SK_PASS
 }

@@ -52,6 +52,7 @@ pub const fn series(c: Counter) -> Series {
         Counter::DropFragNeeded => Drops { reason: "frag_needed", direction: EGRESS },
         Counter::DropTooBig => Drops { reason: "too_big", direction: EGRESS },
         Counter::DropUnknownPeerSocket => Drops { reason: "unknown_peer_socket", direction: INGRESS },
+        Counter::DropVxlanOffUnderlay => Drops { reason: "vxlan_off_underlay", direction: INGRESS },
         Counter::DropPodVxlan => Drops { reason: "pod_vxlan", direction: EGRESS },
         Counter::DropNoRoute => Drops { reason: "no_route", direction: EGRESS },
         Counter::DropNotIpv4 => Drops { reason: "not_ipv4", direction: EGRESS },

@@ -46,9 +46,9 @@ struct Path {
     broadcast: bool,
     /// Whether decap on the underlay sees this path, and so judges the
     /// inner source. Through a second interface only the sk_lookup guard
-    /// does (the outer source); the kernel decapsulates a peer's frame and
-    /// nothing judges its inner source (README, "Not covered").
-    inner_judged: bool,
+    /// sees it, and it refuses every peer's VXLAN there: the kernel would
+    /// decapsulate it with nobody judging the inner source.
+    on_underlay: bool,
 }
 
 /// The four injection paths of issue 10 (three local addresses, the
@@ -61,7 +61,7 @@ const PATHS: [Path; 5] = [
         to: "198.18.0.1",
         stranger_refused_by: Counted::Agent("drop_unknown_peer"),
         broadcast: false,
-        inner_judged: true,
+        on_underlay: true,
     },
     Path {
         what: "to the cni0 address",
@@ -70,7 +70,7 @@ const PATHS: [Path; 5] = [
         to: "10.244.1.1",
         stranger_refused_by: Counted::Agent("drop_unknown_peer"),
         broadcast: false,
-        inner_judged: true,
+        on_underlay: true,
     },
     Path {
         what: "to the flannel.1 address",
@@ -79,7 +79,7 @@ const PATHS: [Path; 5] = [
         to: "10.244.1.0",
         stranger_refused_by: Counted::Agent("drop_unknown_peer"),
         broadcast: false,
-        inner_judged: true,
+        on_underlay: true,
     },
     Path {
         what: "to the underlay broadcast",
@@ -88,7 +88,7 @@ const PATHS: [Path; 5] = [
         to: "198.18.0.255",
         stranger_refused_by: Counted::Agent("drop_unknown_peer"),
         broadcast: true,
-        inner_judged: true,
+        on_underlay: true,
     },
     Path {
         what: "through a second interface",
@@ -97,7 +97,7 @@ const PATHS: [Path; 5] = [
         to: NODE1_2ND,
         stranger_refused_by: Counted::Agent("drop_unknown_peer_socket"),
         broadcast: false,
-        inner_judged: false,
+        on_underlay: false,
     },
 ];
 
@@ -276,13 +276,18 @@ fn vxlan_from_a_stranger_is_refused_by_every_path_and_an_exempt_peer_gets_throug
             s.refused(&what, EXEMPT_IP, p.link, p.to, "raw", Counted::Firewall("BROADCAST"))?;
             continue;
         }
-        s.delivered(&format!("the exempt peer {}", p.what), EXEMPT_IP, p.link, p.to)?;
-        if !p.inner_judged {
-            continue;
+        let (exempt, spoofed) =
+            (format!("the exempt peer {}", p.what), format!("a spoofed inner source from a peer {}", p.what));
+        if p.on_underlay {
+            s.delivered(&exempt, EXEMPT_IP, p.link, p.to)?;
+            // a peer (or anyone spoofing it) with a forged inner source
+            s.refused(&spoofed, PEER, p.link, p.to, "raw", Counted::Agent("drop_spoofed_source"))?;
+        } else {
+            // off the underlay a peer's VXLAN is refused whole, the exempt one's too
+            let off = Counted::Agent("drop_vxlan_off_underlay");
+            s.refused(&exempt, EXEMPT_IP, p.link, p.to, "raw", off)?;
+            s.refused(&spoofed, PEER, p.link, p.to, "raw", off)?;
         }
-        // a peer (or anyone spoofing it) with a forged inner source
-        let what = format!("a spoofed inner source from a peer {}", p.what);
-        s.refused(&what, PEER, p.link, p.to, "raw", Counted::Agent("drop_spoofed_source"))?;
     }
     // a tiny first fragment, sent as a peer (spoofed): the VXLAN header is in
     // the second fragment, so decap cannot judge it and drops it

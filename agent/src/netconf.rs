@@ -20,6 +20,11 @@ pub struct NetConf {
     /// underlay subnets get a plain route instead of VXLAN, as in flannel.
     #[serde(default)]
     pub direct_routing: bool,
+    /// `EnableNFTables`: flanneld then writes its rules with nftables.
+    /// edgevx writes them through the `iptables` binary, which must then be
+    /// iptables-nft, so they land in nftables too (`netfilter::check_backend`).
+    #[serde(default)]
+    pub nftables: bool,
 }
 
 impl Default for NetConf {
@@ -30,6 +35,7 @@ impl Default for NetConf {
             port: DEFAULT_PORT,
             mtu: None,
             direct_routing: false,
+            nftables: false,
         }
     }
 }
@@ -76,6 +82,10 @@ impl NetConf {
         // flanneld would build flannel-v6.<VNI> and an IPv6 overlay; edgevx has none
         if let Some(true) = get(root, "EnableIPv6").and_then(Value::as_bool) {
             return Err(field("EnableIPv6", "true is not supported: edgevx has no IPv6 overlay".into()));
+        }
+        if let Some(v) = get(root, "EnableNFTables") {
+            conf.nftables =
+                v.as_bool().ok_or_else(|| field("EnableNFTables", format!("must be true or false, got {v}")))?;
         }
         let Some(backend) = get(root, "Backend") else {
             return Ok(conf);
@@ -170,6 +180,14 @@ mod tests {
             assert!(e.contains(culprit) && e.contains("net-conf.json"), "{text}: {e}");
         }
         assert!(matches!(NetConf::parse("{", "x"), Err(NetConfError::Json { .. })));
+    }
+
+    #[test]
+    fn enable_nftables_is_read() {
+        assert!(NetConf::parse(r#"{"EnableNFTables":true}"#, "x").unwrap().nftables);
+        assert!(!NetConf::parse(r#"{"enablenftables":false}"#, "x").unwrap().nftables);
+        let err = NetConf::parse(r#"{"EnableNFTables":"yes"}"#, "x").unwrap_err().to_string();
+        assert!(err.contains("EnableNFTables"), "{err}");
     }
 
     #[test]

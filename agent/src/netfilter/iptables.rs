@@ -129,9 +129,49 @@ pub fn kube_proxy_present() -> Option<&'static str> {
 
 /// For callers that want the error text of a missing binary up front.
 pub fn check_binary() -> Result<()> {
+    version().map(|_| ())
+}
+
+/// `iptables --version`, e.g. `iptables v1.8.9 (nf_tables)`.
+fn version() -> Result<String> {
     let out = Command::new("iptables").arg("--version").output().context("cannot run `iptables --version`")?;
     if !out.status.success() {
         return Err(anyhow!("`iptables --version` failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// With `EnableNFTables` (flanneld then writes its rules with nftables),
+/// the `iptables` binary edgevx writes through must be iptables-nft, so the
+/// rules land in nftables as flanneld's would; iptables-legacy is refused,
+/// naming the setting and what to do.
+pub fn check_backend(nftables: bool) -> Result<()> {
+    if !nftables {
+        return Ok(());
+    }
+    let version = version()?;
+    if writes_nftables(&version) {
+        return Ok(());
+    }
+    Err(anyhow!(
+        "EnableNFTables is true, but this host's iptables is not iptables-nft ({version}): edgevx writes its rules \
+         through the `iptables` binary, so they would not be in nftables. Make `iptables` the nft variant \
+         (update-alternatives --set iptables /usr/sbin/iptables-nft) or set EnableNFTables to false"
+    ))
+}
+
+fn writes_nftables(version: &str) -> bool {
+    version.contains("(nf_tables)")
+}
+
+#[cfg(test)]
+mod backend_tests {
+    use super::writes_nftables;
+
+    #[test]
+    fn the_version_line_names_the_backend() {
+        assert!(writes_nftables("iptables v1.8.9 (nf_tables)"));
+        assert!(!writes_nftables("iptables v1.8.9 (legacy)"));
+        assert!(!writes_nftables("iptables v1.4.21"));
+    }
 }

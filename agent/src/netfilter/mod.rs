@@ -21,5 +21,5 @@
 mod iptables;
 mod plan;
 
-pub use iptables::{Firewall, check_binary, kube_proxy_present};
+pub use iptables::{Firewall, check_backend, check_binary, kube_proxy_present};
 pub use plan::plan;

@@ -178,6 +178,7 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
         Some(p) => NetConf::load(p).map_err(|e| usage(format!("--net-conf: {e}")))?,
         None => NetConf::default(),
     };
+    crate::netfilter::check_backend(conf.nftables).map_err(|e| usage(format!("--net-conf: {e:#}")))?;
     let state = crate::state::StateDir(args.paths.state_dir.clone());
     let stored = super::iface::stored_public_ip(&source, &node, &names, &state).await;
     let want = super::iface::Wanted {

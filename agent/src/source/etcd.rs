@@ -75,6 +75,7 @@ struct RefusedConfig(String);
 fn read_config(text: &str, key: &str) -> Result<(NetConf, leases::SubnetRange), RefusedConfig> {
     // Backend.MTU is applied: the run loop sizes the VTEP from this config
     let conf = NetConf::parse(text, key).map_err(|e| RefusedConfig(e.to_string()))?;
+    crate::netfilter::check_backend(conf.nftables).map_err(|e| RefusedConfig(format!("{key}: {e:#}")))?;
     let range = leases::subnet_range(text, &conf).map_err(|e| RefusedConfig(format!("{key}: {e}")))?;
     Ok((conf, range))
 }

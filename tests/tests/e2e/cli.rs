@@ -95,18 +95,41 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(culprit), "{args:?}: the error should name {culprit}: {err}");
     }
-    // no iptables to be found: the forward rules (on by default) cannot be kept
+    // no iptables to be found: the VXLAN guard and the forward rules cannot
+    // be kept, and the guard is wanted whatever the flags
     let empty = c.dir.join("empty-path");
     std::fs::create_dir_all(&empty)?;
-    let mut args = vec![format!("PATH={}", empty.display()), s(&edgevx_bin()), "run".into()];
-    for (f, v) in good {
-        args.extend([f.to_string(), v.to_string()]);
+    for flags in [&[][..], &["--iptables-forward-rules=false"][..]] {
+        let mut args = vec![format!("PATH={}", empty.display()), s(&edgevx_bin()), "run".into()];
+        for (f, v) in good {
+            args.extend([f.to_string(), v.to_string()]);
+        }
+        args.extend(flags.iter().map(|f| f.to_string()));
+        args.extend(["--state-dir".into(), s(&state), "--bpffs".into(), s(&bpffs)]);
+        let out = h.ns.cmd("env").args(&args).output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("needs iptables, whatever the flags"), "{err}");
     }
-    args.extend(["--state-dir".into(), s(&state), "--bpffs".into(), s(&bpffs)]);
-    let out = h.ns.cmd("env").args(&args).output()?;
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert!(err.contains("iptables") && err.contains("--iptables-forward-rules"), "{err}");
+    // EnableNFTables with an iptables-legacy: the rules would not be in
+    // nftables as flanneld's would; with iptables-nft it is no obstacle
+    let nft_conf = c.dir.join("net-conf-nft.json");
+    std::fs::write(&nft_conf, r#"{"Network":"10.244.0.0/16","EnableNFTables":true,"Backend":{"Type":"vxlan"}}"#)?;
+    for (variant, refused) in [("xtables-legacy-multi", true), ("xtables-nft-multi", false)] {
+        let dir = c.dir.join(variant);
+        std::fs::create_dir_all(&dir)?;
+        std::os::unix::fs::symlink(format!("/usr/sbin/{variant}"), dir.join("iptables"))?;
+        let mut args = vec![format!("PATH={}", dir.display()), s(&edgevx_bin()), "run".into()];
+        for (f, v) in good {
+            args.extend([f.to_string(), v.to_string()]);
+        }
+        args.extend(["--net-conf".into(), s(&nft_conf), "--state-dir".into(), s(&state), "--bpffs".into(), s(&bpffs)]);
+        let out = h.ns.cmd("env").args(&args).output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{variant}: {err}");
+        // with iptables-nft the run goes on to the next check (no bpffs mounted here)
+        assert_eq!(err.contains("EnableNFTables"), refused, "{variant}: {err}");
+    }
     // every flag right, but no bpffs at --bpffs: edgevx does not mount one, it says so
     let mut args = vec!["run".to_string()];
     for (f, v) in good {

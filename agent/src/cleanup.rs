@@ -21,6 +21,7 @@ use crate::{
     UsageError,
     cli::CleanupArgs,
     dataplane::{bpffs::PinDir, device, loader},
+    peer::Peer,
     state::{AGENT_FILE, AgentRecord, MAC_FILE, PEERS_FILE, StateDir},
 };
 
@@ -87,7 +88,13 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
             if device::delete_link(&handle, &rec.vtep_device).await? {
                 info!(device = %rec.vtep_device, "deleted (its routes went with it)");
             }
-            let removed = remove_direct_routes(&handle, rec).await?;
+            let peers = state.load_peers().with_context(|| {
+                format!(
+                    "cannot read the peers the agent programmed (in {}); their direct routes stay",
+                    state.0.display()
+                )
+            })?;
+            let removed = remove_direct_routes(&handle, rec, &peers).await?;
             if removed > 0 {
                 info!(routes = removed, iface = %rec.iface, "removed the DirectRouting routes");
             }
@@ -132,21 +139,27 @@ fn agent_running(pid: u32) -> bool {
 }
 
 /// The DirectRouting routes on the underlay (see
-/// [`device::MainTable::direct`]): pod subnet → public IP.
-async fn direct_routes(handle: &Handle, rec: &AgentRecord) -> Result<BTreeMap<Ipv4Net, Ipv4Addr>> {
+/// [`device::MainTable::direct`]) that are ours: through one of `peers`'
+/// addresses or to one of their subnets. Pod subnet → public IP, and the
+/// underlay's ifindex.
+async fn direct_routes(
+    handle: &Handle,
+    rec: &AgentRecord,
+    peers: &[Peer],
+) -> Result<(u32, BTreeMap<Ipv4Net, Ipv4Addr>)> {
     let Some(link) = device::link_by_name(handle, &rec.iface).await? else {
-        return Ok(BTreeMap::new()); // no underlay, so no routes through it
+        return Ok((0, BTreeMap::new())); // no underlay, so no routes through it
     };
     let table = device::MainTable::read(handle).await?;
-    Ok(table.direct(link.header.index, rec.network).collect())
+    let ours = |(dst, gw): &(Ipv4Net, Ipv4Addr)| peers.iter().any(|p| p.public_ip == *gw || p.subnet == *dst);
+    Ok((link.header.index, table.direct(link.header.index, rec.network).filter(ours).collect()))
 }
 
-/// `ip route del SUBNET via PUBLIC_IP dev eth0` for each DirectRouting route.
-async fn remove_direct_routes(handle: &Handle, rec: &AgentRecord) -> Result<usize> {
-    let Some(link) = device::link_by_name(handle, &rec.iface).await? else { return Ok(0) };
-    let routes = direct_routes(handle, rec).await?;
+/// `ip route del SUBNET via PUBLIC_IP dev eth0` for each of our DirectRouting routes.
+async fn remove_direct_routes(handle: &Handle, rec: &AgentRecord, peers: &[Peer]) -> Result<usize> {
+    let (underlay, routes) = direct_routes(handle, rec, peers).await?;
     for (subnet, gw) in &routes {
-        device::direct_route_del(handle, link.header.index, *subnet, *gw).await?;
+        device::direct_route_del(handle, underlay, *subnet, *gw).await?;
     }
     Ok(routes.len())
 }
@@ -172,7 +185,7 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
     let peers = state.load_peers().with_context(|| {
         format!("cannot read the peers the agent programmed (in {}); nothing was changed", state.0.display())
     })?;
-    let direct = direct_routes(handle, rec).await?;
+    let (_, direct) = direct_routes(handle, rec, &peers).await?;
     let (direct_peers, peers): (Vec<_>, Vec<_>) =
         peers.into_iter().partition(|p| direct.get(&p.subnet) == Some(&p.public_ip));
     // toggling NOARP flushes every neighbour on the device, permanent ones too:

@@ -25,7 +25,10 @@ const SK_DROP: u32 = 0;
 const SK_PASS: u32 = 1;
 const AF_INET: u32 = 2;
 
-pub fn run(ctx: &SkLookupContext) -> u32 {
+/// `check_iface`: whether to refuse a peer's VXLAN off the underlay; a
+/// constant per program, so the compat program never reads the field.
+#[inline(always)]
+pub fn run(ctx: &SkLookupContext, check_iface: bool) -> u32 {
     // SAFETY: the context the program was given.
     let l = unsafe { &*ctx.lookup };
     let Some(cfg) = EDGEVX_CONFIG.get(0) else {
@@ -44,7 +47,7 @@ pub fn run(ctx: &SkLookupContext) -> u32 {
     // decap on the underlay, which saw it before the kernel reassembled or
     // delivered it; from anywhere else the kernel would decapsulate it
     // unjudged
-    if l.ingress_ifindex != cfg.underlay_ifindex {
+    if check_iface && l.ingress_ifindex != cfg.underlay_ifindex {
         stats::add(Counter::DropVxlanOffUnderlay, 1);
         return SK_DROP;
     }

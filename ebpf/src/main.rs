@@ -42,10 +42,18 @@ pub fn edgevx_decap(ctx: TcContext) -> i32 {
     decap::run(&ctx)
 }
 
-/// Socket lookups in the node's namespace: VXLAN from non-peers, by any path.
+/// Socket lookups in the node's namespace: VXLAN from non-peers, by any
+/// path, and a peer's off the underlay.
 #[sk_lookup]
 pub fn edgevx_guard(ctx: SkLookupContext) -> u32 {
-    guard::run(&ctx)
+    guard::run(&ctx, true)
+}
+
+/// The same without the ingress-interface check, for kernels before 5.17
+/// (no `bpf_sk_lookup.ingress_ifindex`: their verifier refuses the read).
+#[sk_lookup]
+pub fn edgevx_guard_compat(ctx: SkLookupContext) -> u32 {
+    guard::run(&ctx, false)
 }
 
 #[cfg(not(test))]

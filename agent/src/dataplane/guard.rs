@@ -26,30 +26,48 @@ use aya::{
     },
     sys::SyscallError,
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::dataplane::{bpffs::PinDir, loader::remove_pin};
 
-/// The program's name in the eBPF object, and of its link and program pins.
+/// The guard's name in the eBPF object, and of its link and program pins
+/// whichever variant is loaded.
 pub const GUARD: &str = "edgevx_guard";
+/// The guard without the ingress-interface check: `bpf_sk_lookup`'s
+/// `ingress_ifindex` came with Linux 5.17, and older verifiers refuse it.
+pub const GUARD_COMPAT: &str = "edgevx_guard_compat";
 
-fn program(ebpf: &mut Ebpf) -> Result<&mut SkLookup> {
-    ebpf.program_mut(GUARD)
-        .with_context(|| format!("program {GUARD} is missing from the eBPF object"))?
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SkLookup> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("program {name} is missing from the eBPF object"))?
         .try_into()
-        .with_context(|| format!("program {GUARD} is not an sk_lookup program"))
+        .with_context(|| format!("program {name} is not an sk_lookup program"))
 }
 
-/// Loads the guard into the kernel (the verifier runs here).
+/// Loads the guard into the kernel (the verifier runs here). A kernel
+/// whose verifier refuses the ingress-interface check (before 5.17) gets
+/// the compat guard, with a warning: there a peer's VXLAN arriving on
+/// another interface is judged by its outer source only.
 pub fn load(ebpf: &mut Ebpf) -> Result<()> {
-    program(ebpf)?.load().with_context(|| format!("the verifier rejected {GUARD}"))
+    let Err(e) = program(ebpf, GUARD)?.load() else { return Ok(()) };
+    warn!(
+        "the kernel refused {GUARD} ({e}); loading {GUARD_COMPAT}, without the check that a peer's VXLAN \
+         arrives on the underlay (bpf_sk_lookup.ingress_ifindex needs Linux 5.17)"
+    );
+    program(ebpf, GUARD_COMPAT)?.load().with_context(|| format!("the verifier rejected {GUARD_COMPAT}"))
+}
+
+/// The variant `load` loaded.
+fn loaded(ebpf: &mut Ebpf) -> Result<&mut SkLookup> {
+    let name = if program(ebpf, GUARD)?.fd().is_ok() { GUARD } else { GUARD_COMPAT };
+    program(ebpf, name)
 }
 
 /// Attaches the guard to this network namespace, replacing the link an
 /// earlier run pinned (new first, old second).
 pub fn attach(ebpf: &mut Ebpf, pins: &PinDir) -> Result<()> {
     let netns = File::open("/proc/self/ns/net").context("cannot open this network namespace")?;
-    let prog = program(ebpf)?;
+    let prog = loaded(ebpf)?;
     let id = prog.attach(&netns).context("cannot attach the socket-lookup guard to this network namespace")?;
     let link: FdLink = prog.take_link(id).context("cannot take the guard link")?.into();
     let link_pin = pins.link(GUARD);

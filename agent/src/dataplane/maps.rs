@@ -124,11 +124,16 @@ impl Maps {
         self.stats.get(&ip.octets(), 0).ok().map(|v| sum(&v))
     }
 
+    /// One global counter, summed over the CPUs.
+    pub fn counter(&self, c: Counter) -> Result<u64> {
+        let v = self.global.get(&(c as u32), 0).with_context(|| format!("cannot read counter {}", c.name()))?;
+        Ok(v.iter().sum())
+    }
+
     pub fn global_stats(&self) -> Result<BTreeMap<&'static str, u64>> {
         let mut out = BTreeMap::new();
         for c in Counter::ALL {
-            let v = self.global.get(&(c as u32), 0).with_context(|| format!("cannot read counter {}", c.name()))?;
-            out.insert(c.name(), v.iter().sum());
+            out.insert(c.name(), self.counter(c)?);
         }
         debug_assert_eq!(out.len(), counters::COUNT as usize);
         Ok(out)

@@ -1,7 +1,7 @@
 //! The production [`Dataplane`]: the pinned BPF maps plus the routes
 //! through the VTEP and DirectRouting's routes through the underlay.
 //! Observing reads them all back from the kernel.
-use std::net::Ipv4Addr;
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use anyhow::Result;
 use edgevx_common::maps::ACCEPT_ANY_INNER_SOURCE;
@@ -28,27 +28,31 @@ pub struct Programmed<'a> {
 impl Dataplane for Programmed<'_> {
     async fn observe(&mut self) -> Result<Contents> {
         let table = device::MainTable::read(self.handle).await?;
-        Ok(Contents {
-            subnets: self
-                .maps
-                .subnets()?
-                .into_iter()
-                .map(|(net, e)| (net, Tunnel { public_ip: e.public_ip.into(), vtep_mac: e.vtep_mac }))
-                .collect(),
-            accept: self
-                .maps
-                .accepted()?
-                .into_iter()
-                .map(|(ip, a)| {
-                    // an entry with a bad prefix (written by hand) reads as 0.0.0.0/0, which no
-                    // plan contains: the diff overwrites it
-                    let pod_subnet = Ipv4Net::new(a.pod_subnet.into(), a.prefix_len).unwrap_or_default();
-                    (ip, Accept { pod_subnet, any_inner_source: a.flags & ACCEPT_ANY_INNER_SOURCE != 0 })
-                })
-                .collect(),
-            routes: table.via(self.vtep_index).collect(),
-            direct: table.direct(self.underlay_index, self.network).collect(),
-        })
+        let subnets: BTreeMap<Ipv4Net, Tunnel> = self
+            .maps
+            .subnets()?
+            .into_iter()
+            .map(|(net, e)| (net, Tunnel { public_ip: e.public_ip.into(), vtep_mac: e.vtep_mac }))
+            .collect();
+        let accept: BTreeMap<Ipv4Addr, Accept> = self
+            .maps
+            .accepted()?
+            .into_iter()
+            .map(|(ip, a)| {
+                // an entry with a bad prefix (written by hand) reads as 0.0.0.0/0, which no
+                // plan contains: the diff overwrites it
+                let pod_subnet = Ipv4Net::new(a.pod_subnet.into(), a.prefix_len).unwrap_or_default();
+                (ip, Accept { pod_subnet, any_inner_source: a.flags & ACCEPT_ANY_INNER_SOURCE != 0 })
+            })
+            .collect();
+        // a direct route is ours only through a programmed peer's address or
+        // to a programmed peer's subnet: anyone else's route into the Network
+        // through the underlay (an appliance's, written by hand) is left alone
+        let direct = table
+            .direct(self.underlay_index, self.network)
+            .filter(|(dst, gw)| accept.contains_key(gw) || subnets.contains_key(dst))
+            .collect();
+        Ok(Contents { routes: table.via(self.vtep_index).collect(), direct, subnets, accept })
     }
 
     async fn on_link(&mut self) -> Result<OnLink> {

@@ -33,6 +33,7 @@ mod kernel;
 pub mod lock;
 mod mtu;
 mod node;
+mod off_underlay;
 mod warned;
 
 use check::{Checked, Source, check};
@@ -288,6 +289,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     c.iface
                 ),
             };
+            if let Phase::Up(n) = &mut phase {
+                n.warn_off_underlay();
+            }
             if let (Phase::Up(n), Some(d)) = (&mut phase, &desired) {
                 if let Err(e) = n.follow_mtu(&d.conf, underlay.mtu, &c.args.subnet_file, &state).await {
                     warn!("cannot bring the VTEP's MTU in line with the underlay's, retrying: {e:#}");

@@ -1,6 +1,6 @@
 //! The VTEP's MTU follows the underlay's while the agent runs.
 use anyhow::{Context, Result};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::node::Node;
 use crate::{dataplane::device, netconf::NetConf, state::StateDir, subnet_env};
@@ -29,6 +29,14 @@ impl Node {
             return Ok(());
         }
         if have != Some(want) {
+            if let Some(backend) = super::config::capped(conf, underlay_mtu) {
+                warn!(
+                    backend_mtu = backend,
+                    underlay_mtu,
+                    vtep_mtu = want,
+                    "Backend.MTU is above the underlay's MTU; the VTEP uses what the underlay carries"
+                );
+            }
             device::set_mtu(&self.handle, self.vtep_index, want).await?;
             info!(device = %self.record.vtep_device, underlay_mtu, was = ?have, mtu = want,
                 "VTEP MTU set to what the underlay carries once encapsulated");

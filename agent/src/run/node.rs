@@ -52,6 +52,8 @@ pub(super) struct Node {
     /// Which peers are on-link, read with `observed` and dropped with it
     /// (DirectRouting only).
     on_link: Option<reconcile::OnLink>,
+    /// `drop_vxlan_off_underlay` when last looked at (`warn_off_underlay`).
+    pub(super) off_underlay_seen: Option<u64>,
 }
 
 pub(super) async fn bring_up(
@@ -161,7 +163,6 @@ pub(super) async fn bring_up(
         ip_masq = c.args.ip_masq, "VTEP ready");
     Ok(Node {
         handle: handle.clone(),
-        maps,
         vtep_index,
         underlay_index: c.underlay.index,
         own,
@@ -175,6 +176,8 @@ pub(super) async fn bring_up(
         accepted: Vec::new(),
         observed: None,
         on_link: None,
+        off_underlay_seen: maps.counter(edgevx_common::counters::Counter::DropVxlanOffUnderlay).ok(),
+        maps,
     })
 }
 

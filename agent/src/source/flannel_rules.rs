@@ -166,11 +166,12 @@ impl Rules<'_> {
             };
             if name == self.own_name {
                 own_seen += 1;
+                if own_seen > 1 {
+                    view.own = None;
+                    view.own_problem = Some(format!("own node {name} is listed {own_seen} times"));
+                    continue;
+                }
                 match self.own(node) {
-                    _ if own_seen > 1 => {
-                        view.own = None;
-                        view.own_problem = Some(format!("own node {name} is listed {own_seen} times"));
-                    }
                     Ok(own) => {
                         view.own = Some(own);
                         view.own_problem = None;

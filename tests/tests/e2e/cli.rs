@@ -129,6 +129,7 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
         assert_eq!(out.status.code(), Some(2), "{variant}: {err}");
         // with iptables-nft the run goes on to the next check (no bpffs mounted here)
         assert_eq!(err.contains("EnableNFTables"), refused, "{variant}: {err}");
+        assert_eq!(err.contains("is not a bpffs"), !refused, "{variant}: {err}");
     }
     // every flag right, but no bpffs at --bpffs: edgevx does not mount one, it says so
     let mut args = vec!["run".to_string()];

@@ -265,7 +265,7 @@ impl Setup {
 
 #[test]
 fn vxlan_from_a_stranger_is_refused_by_every_path_and_an_exempt_peer_gets_through() -> Result<()> {
-    let s = setup()?;
+    let mut s = setup()?;
     for p in &PATHS {
         s.refused(&format!("a stranger {}", p.what), p.stranger, p.link, p.to, "udp", p.stranger_refused_by)?;
         if p.broadcast {
@@ -294,6 +294,8 @@ fn vxlan_from_a_stranger_is_refused_by_every_path_and_an_exempt_peer_gets_throug
     let short = Counted::Agent("drop_short_fragment");
     s.refused("8 bytes of UDP in the first fragment", PEER, "eth0", "198.18.0.1", "frag8", short)?;
     s.refused("16 bytes of UDP in the first fragment", PEER, "eth0", "198.18.0.1", "frag16", short)?;
+    // the peers refused off the underlay are named in the log (at the next check, 10 s at most)
+    s.a1.wait_log("drop_vxlan_off_underlay", std::time::Duration::from_secs(20))?;
     Ok(())
 }
 

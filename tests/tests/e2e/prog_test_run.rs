@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use aya::{
     Ebpf, EbpfLoader, TestRun, TestRunOptions,
     maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, PerCpuValues, lpm_trie::Key},
-    programs::SchedClassifier,
+    programs::{SchedClassifier, SkLookup},
 };
 use edgevx_common::{
     counters::Counter,
@@ -493,5 +493,18 @@ fn any_local_destination_is_judged_and_tiny_first_fragments_are_dropped() -> Res
     later[21] = 0x03;
     let later = fix_outer_checksum(later);
     assert_eq!(l.run("edgevx_decap", &later)?, (NEXT, later));
+    Ok(())
+}
+
+/// Both socket-lookup guards pass this kernel's verifier: the full one and
+/// the one the agent falls back to before Linux 5.17 (the fallback itself
+/// cannot happen here: this verifier accepts the full guard).
+#[test]
+fn both_socket_lookup_guards_pass_the_verifier() -> Result<()> {
+    let mut l = load(0)?;
+    for p in ["edgevx_guard", "edgevx_guard_compat"] {
+        let prog: &mut SkLookup = l.ebpf.program_mut(p).with_context(|| format!("no program {p}"))?.try_into()?;
+        prog.load().with_context(|| format!("the verifier refused {p}"))?;
+    }
     Ok(())
 }

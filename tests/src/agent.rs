@@ -2,7 +2,7 @@
 use std::{
     fs::File,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
@@ -183,6 +183,21 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// `edgevx cleanup` on `host`'s state dir and bpffs with `extra` flags,
+/// waited for; the caller judges its output.
+pub fn cleanup(host: &Host, extra: &[&str]) -> Result<Output> {
+    let out = host
+        .ns
+        .cmd(&edgevx_bin().to_string_lossy())
+        .args(["cleanup", "--state-dir"])
+        .arg(host.state_dir())
+        .arg("--bpffs")
+        .arg(host.bpffs_dir())
+        .args(extra)
+        .output()?;
+    Ok(out)
 }
 
 pub fn status(state_dir: &Path, bpffs: &Path) -> Result<Value> {

@@ -5,6 +5,20 @@ use tracing::{info, warn};
 use super::node::Node;
 use crate::{dataplane::device, netconf::NetConf, state::StateDir, subnet_env};
 
+/// Says when `Backend.MTU` was capped to what the underlay carries (at
+/// bring-up, and whenever the VTEP's MTU is set again).
+pub(super) fn warn_if_capped(conf: &NetConf, underlay_mtu: u32, vtep_mtu: u32) {
+    if let Some(backend) = super::config::capped(conf, underlay_mtu) {
+        warn!(
+            backend_mtu = backend,
+            underlay_mtu,
+            vtep_mtu,
+            "Backend.MTU is above the underlay's MTU; the VTEP uses what the underlay carries (kernel VXLAN would \
+             fragment the outer packets, edgevx's encap does not)"
+        );
+    }
+}
+
 impl Node {
     /// Keeps the VTEP's MTU at what the underlay carries once encapsulated
     /// (`config::vtep_mtu`), as the kernel holds it: after the underlay's MTU
@@ -29,14 +43,7 @@ impl Node {
             return Ok(());
         }
         if have != Some(want) {
-            if let Some(backend) = super::config::capped(conf, underlay_mtu) {
-                warn!(
-                    backend_mtu = backend,
-                    underlay_mtu,
-                    vtep_mtu = want,
-                    "Backend.MTU is above the underlay's MTU; the VTEP uses what the underlay carries"
-                );
-            }
+            warn_if_capped(conf, underlay_mtu, want);
             device::set_mtu(&self.handle, self.vtep_index, want).await?;
             info!(device = %self.record.vtep_device, underlay_mtu, was = ?have, mtu = want,
                 "VTEP MTU set to what the underlay carries once encapsulated");

@@ -69,15 +69,7 @@ pub(super) async fn bring_up(
     // the underlay's MTU now: it may have changed since the start-up checks
     let underlay_mtu = device::underlay(handle, &c.iface).await.map_or(c.underlay.mtu, |u| u.mtu);
     let mtu = super::config::vtep_mtu(conf, underlay_mtu);
-    if let Some(backend) = super::config::capped(conf, underlay_mtu) {
-        warn!(
-            backend_mtu = backend,
-            underlay_mtu,
-            vtep_mtu = mtu,
-            "Backend.MTU is above the underlay's MTU; the VTEP uses what the underlay carries (kernel VXLAN would \
-             fragment the outer packets, edgevx's encap does not)"
-        );
-    }
+    super::mtu::warn_if_capped(conf, underlay_mtu, mtu);
     bpffs::ensure_dir_on_bpffs(&c.args.paths.bpffs)?;
     let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
     let ebpf = loader::load(&pins)?;

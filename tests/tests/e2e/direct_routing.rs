@@ -11,8 +11,7 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use edgevx_tests::{
-    agent::{Agent, wait_status},
-    edgevx_bin,
+    agent::{self, Agent, wait_status},
     netns::Netns,
     nodes::{flannel_node, node_list, write},
     router::{Router, WireCounters, far_ip, kernel_add_lease_at},
@@ -201,14 +200,7 @@ fn direct_routes_are_repaired_removed_with_their_peer_and_replaced_when_direct_r
 
 /// `edgevx cleanup` on node `h` with `extra` flags; fails with its output.
 fn cleanup(h: &Host, extra: &[&str]) -> Result<()> {
-    let out =
-        h.ns.cmd(&edgevx_bin().to_string_lossy())
-            .args(["cleanup", "--state-dir"])
-            .arg(h.state_dir())
-            .arg("--bpffs")
-            .arg(h.bpffs_dir())
-            .args(extra)
-            .output()?;
+    let out = agent::cleanup(h, extra)?;
     ensure!(out.status.success(), "cleanup {extra:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     Ok(())
 }

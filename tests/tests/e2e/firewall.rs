@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use edgevx_tests::{
-    agent::Agent,
-    edgevx_bin,
+    agent::{self, Agent},
     kube_proxy::{KubeProxy, Mode, Proto, Service},
     netns::Netns,
     nodes::{flannel_node, node_list, write},
@@ -91,14 +90,7 @@ fn ip_masq_and_forward_rules_are_flannels_restart_unchanged_and_go_with_cleanup(
     agent.stop()?;
 
     // cleanup takes the chains and their jumps
-    let (state, bpffs) = (host.state_dir(), host.bpffs_dir());
-    let out = n1
-        .cmd(&edgevx_bin().to_string_lossy())
-        .args(["cleanup", "--state-dir"])
-        .arg(&state)
-        .arg("--bpffs")
-        .arg(&bpffs)
-        .output()?;
+    let out = agent::cleanup(host, &[])?;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let left = rules(n1)?;
     assert!(!left.contains("EDGEVX"), "cleanup left rules behind:\n{left}");

@@ -3,13 +3,13 @@
 //! adopts flannel.1 with the MAC edgevx kept, `edgevx cleanup --keep-vtep`
 //! hands the kernel every peer and removes the programs. What the path may
 //! lose is stated in MIGRATION.md as a count of pings: [`LOSS_BOUND`].
-use std::{process::Output, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use edgevx_tests::{
     agent, edgevx_bin,
     scenario::{EdgevxAndFlannel, KERNEL_MAC, edgevx_and_flannel},
-    topo::{Host, pod_ip, underlay_ip},
+    topo::{pod_ip, underlay_ip},
     traffic::{BackgroundPing, ping},
 };
 
@@ -21,18 +21,6 @@ const LOSS_BOUND: u32 = 0;
 
 /// Pings per direction, at 10 ms: the rollback happens in their middle.
 const PINGS: u32 = 400;
-
-fn cleanup(h: &Host, extra: &[&str]) -> Result<Output> {
-    let out =
-        h.ns.cmd(&edgevx_bin().to_string_lossy())
-            .args(["cleanup", "--state-dir"])
-            .arg(h.state_dir())
-            .arg("--bpffs")
-            .arg(h.bpffs_dir())
-            .args(extra)
-            .output()?;
-    Ok(out)
-}
 
 fn pings_both_ways(s: &EdgevxAndFlannel) -> Result<Vec<BackgroundPing>> {
     let c = &s.cluster;
@@ -106,7 +94,7 @@ fn roll_back(attach: &str) -> Result<()> {
     //    the device and its MAC, and writes its arp, fdb and route per lease
     s.cluster.host(1).kernel_add_peer(2, KERNEL_MAC)?;
     // 3. edgevx cleanup --keep-vtep: the programs go, the kernel carries on
-    let out = cleanup(s.cluster.host(1), &["--keep-vtep"])?;
+    let out = agent::cleanup(s.cluster.host(1), &["--keep-vtep"])?;
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
     ensure!(out.status.success(), "cleanup --keep-vtep failed: {log}");
     ensure!(log.contains("kept, with its MAC"), "{log}");
@@ -126,7 +114,7 @@ fn cleanup_keep_vtep_alone_leaves_a_kernel_node_that_forwards() -> Result<()> {
     let mut s = edgevx_and_flannel(&[])?;
     let pingers = pings_both_ways(&s)?;
     s.agent.stop()?;
-    let out = cleanup(s.cluster.host(1), &["--keep-vtep"])?;
+    let out = agent::cleanup(s.cluster.host(1), &["--keep-vtep"])?;
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
     ensure!(out.status.success(), "cleanup --keep-vtep failed: {log}");
     ensure!(log.contains("arp_added=1") && log.contains("fdb_added=1"), "cleanup wrote no entries: {log}");
@@ -144,7 +132,7 @@ fn cleanup_refuses_what_it_cannot_do_safely() -> Result<()> {
     // would attach them again within a second
     let mut s = edgevx_and_flannel(&[])?;
     for extra in [&[][..], &["--keep-vtep"]] {
-        let out = cleanup(s.cluster.host(1), extra)?;
+        let out = agent::cleanup(s.cluster.host(1), extra)?;
         let err = String::from_utf8_lossy(&out.stderr);
         ensure!(out.status.code() == Some(2), "cleanup {extra:?} ran beside the agent: {err}");
         ensure!(err.contains("still running") && err.contains("stop it first"), "{err}");

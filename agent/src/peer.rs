@@ -1,7 +1,7 @@
 //! The desired-state model every source produces: our own node and its peers.
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use crate::mac::VtepMac;
@@ -20,6 +20,19 @@ pub struct Peer {
     /// [`crate::source::leases::ANY_INNER_SOURCE_FIELD`].
     #[serde(default)]
     pub any_inner_source: bool,
+    /// The peer's IPv6 half when the network is dual-stack (`EnableIPv6`):
+    /// carried by its own `flannel-v6.<VNI>` device, with its own MAC.
+    #[serde(default)]
+    pub v6: Option<PeerV6>,
+}
+
+/// A peer's IPv6 VTEP (`public-ipv6`, `backend-v6-data`, the IPv6 pod CIDR;
+/// in etcd, `PublicIPv6`, `BackendV6Data` and the key's `&<v6>` part).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerV6 {
+    pub subnet: Ipv6Net,
+    pub public_ip: Ipv6Addr,
+    pub vtep_mac: VtepMac,
 }
 
 /// What the cluster says about this node.
@@ -30,6 +43,15 @@ pub struct OwnNode {
     pub published_mac: Option<VtepMac>,
     /// `node-public-ip`: the address to use as our VTEP source.
     pub node_public_ip: Option<Ipv4Addr>,
+    /// Dual-stack: our IPv6 pod CIDR (`None` when IPv6 is off).
+    #[serde(default)]
+    pub subnet6: Option<Ipv6Net>,
+    /// The VtepMAC in our own `backend-v6-data`, if it parses.
+    #[serde(default)]
+    pub published_mac6: Option<VtepMac>,
+    /// `node-public-ipv6`.
+    #[serde(default)]
+    pub node_public_ipv6: Option<Ipv6Addr>,
 }
 
 /// A node that was not turned into a peer, and why; logged by name.

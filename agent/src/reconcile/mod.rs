@@ -32,5 +32,6 @@ pub(crate) fn test_peer(node: &str, subnet: &str, ip: &str) -> crate::peer::Peer
         public_ip: ip.parse().unwrap(),
         vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
         any_inner_source: false,
+        v6: None,
     }
 }

@@ -140,6 +140,7 @@ mod tests {
                         public_ip: [198, 18, 1, i as u8].into(),
                         vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
                         any_inner_source: false,
+                        v6: None,
                     }
                 })
                 .collect();

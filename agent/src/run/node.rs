@@ -279,7 +279,7 @@ impl Node {
     /// What this node publishes about itself (annotations, etcd lease).
     pub(super) fn local_vtep(&self) -> LocalVtep {
         let r = &self.record;
-        LocalVtep { mac: r.vtep_mac, public_ip: r.public_ip, vni: r.vni, subnet: self.own.subnet }
+        LocalVtep { mac: r.vtep_mac, public_ip: r.public_ip, vni: r.vni, subnet: self.own.subnet, v6: None }
     }
 
     /// Whether the VTEP device and both attached programs are still there.

@@ -232,7 +232,14 @@ impl Session {
         Desired {
             conf: self.conf.clone(),
             view: ClusterView {
-                own: Some(OwnNode { subnet: self.own, published_mac: mac, node_public_ip: None }),
+                own: Some(OwnNode {
+                    subnet: self.own,
+                    published_mac: mac,
+                    node_public_ip: None,
+                    subnet6: None,
+                    published_mac6: None,
+                    node_public_ipv6: None,
+                }),
                 own_problem: None,
                 peers,
                 rejected,

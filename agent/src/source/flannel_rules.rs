@@ -121,7 +121,7 @@ impl Rules<'_> {
         super::peer_record::check(public_ip, subnet, self.network, own_ips)
             .map_err(|e| format!("public-ip annotation or pod CIDR: {e}"))?;
         let any_inner_source = ann.get(ANY_INNER_SOURCE) == Some("true");
-        Ok(Verdict::Peer(Peer { node: name.to_string(), subnet, public_ip, vtep_mac, any_inner_source }))
+        Ok(Verdict::Peer(Peer { node: name.to_string(), subnet, public_ip, vtep_mac, any_inner_source, v6: None }))
     }
 
     fn own(&self, node: &Value) -> Result<OwnNode, String> {
@@ -135,7 +135,14 @@ impl Rules<'_> {
             Some(ip) => Some(parse_ip("node-public-ip", ip)?),
             None => None,
         };
-        Ok(OwnNode { subnet, published_mac, node_public_ip })
+        Ok(OwnNode {
+            subnet,
+            published_mac,
+            node_public_ip,
+            subnet6: None,
+            published_mac6: None,
+            node_public_ipv6: None,
+        })
     }
 
     /// The addresses our own Node publishes (public-ip, its overwrite,

@@ -235,6 +235,7 @@ mod tests {
             public_ip: "198.18.0.1".parse().unwrap(),
             vni: 1,
             subnet: "10.244.1.0/24".parse().unwrap(),
+            v6: None,
         };
         let want = wanted_annotations(&names, &local, &BTreeMap::new());
         assert_eq!(want["flannel.alpha.coreos.com/backend-data"], r#"{"VNI":1,"VtepMAC":"02:aa:00:00:00:01"}"#);

@@ -86,7 +86,7 @@ pub fn peers(
             Ok(Lease { vtep_mac: None, .. }) => rejected.push(reject("lease has no BackendData.VtepMAC".into())),
             Ok(Lease { subnet, public_ip, vtep_mac: Some(mac), .. }) => {
                 let any_inner_source = lease_allows_any_inner_source(value);
-                peers.push(Peer { node: key.clone(), subnet, public_ip, vtep_mac: mac, any_inner_source })
+                peers.push(Peer { node: key.clone(), subnet, public_ip, vtep_mac: mac, any_inner_source, v6: None })
             }
         }
     }

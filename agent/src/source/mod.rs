@@ -10,9 +10,9 @@ pub mod leases;
 pub mod nodes_file;
 pub mod peer_record;
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -32,6 +32,17 @@ pub struct LocalVtep {
     pub public_ip: Ipv4Addr,
     pub vni: u32,
     pub subnet: Ipv4Net,
+    /// Dual-stack: `flannel-v6.<VNI>` (published as `backend-v6-data` and
+    /// `public-ipv6`).
+    pub v6: Option<LocalVtepV6>,
+}
+
+/// Our IPv6 VTEP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalVtepV6 {
+    pub mac: VtepMac,
+    pub public_ip: Ipv6Addr,
+    pub subnet: Ipv6Net,
 }
 
 /// Reads Node objects (from a file or the API) with flannel's rules.

@@ -25,6 +25,16 @@ pub struct NetConf {
     /// iptables-nft, so they land in nftables too (`netfilter::check_backend`).
     #[serde(default)]
     pub nftables: bool,
+    /// `EnableIPv6` with `IPv6Network` (dual-stack); `None` when IPv6 is off.
+    #[serde(default)]
+    pub ipv6: Option<Ipv6Conf>,
+}
+
+/// The IPv6 half of a dual-stack network config.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Ipv6Conf {
+    /// `IPv6Network`.
+    pub network: ipnet::Ipv6Net,
 }
 
 impl Default for NetConf {
@@ -36,6 +46,7 @@ impl Default for NetConf {
             mtu: None,
             direct_routing: false,
             nftables: false,
+            ipv6: None,
         }
     }
 }

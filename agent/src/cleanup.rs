@@ -85,8 +85,10 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         }
         (Some(_), None) if args.keep_vtep => {}
         (Some(rec), None) => {
-            if device::delete_link(&handle, &rec.vtep_device).await? {
-                info!(device = %rec.vtep_device, "deleted (its routes went with it)");
+            for name in std::iter::once(&rec.vtep_device).chain(rec.v6.as_ref().map(|v6| &v6.device)) {
+                if device::delete_link(&handle, name).await? {
+                    info!(device = %name, "deleted (its routes went with it)");
+                }
             }
             let peers = state.load_peers().with_context(|| {
                 format!(
@@ -116,6 +118,16 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
             }
         }
         Err(e) => info!("no iptables here, so no firewall rules to remove: {e:#}"),
+    }
+    if rec.as_ref().is_some_and(|r| r.v6.is_some()) {
+        match crate::netfilter::Firewall::new6() {
+            Ok(fw) => {
+                if fw.remove_all().context("cannot remove the IPv6 firewall rules")? {
+                    info!("removed edgevx's ip6tables chains");
+                }
+            }
+            Err(e) => warn!("cannot remove the IPv6 firewall rules: {e:#}"),
+        }
     }
     let mut files = vec![AGENT_FILE, PEERS_FILE, crate::cache::VIEW_FILE];
     if args.purge_mac {

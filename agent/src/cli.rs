@@ -100,6 +100,11 @@ pub struct RunArgs {
     /// (default: the underlay interface's IPv4).
     #[arg(long, env = "EDGEVX_PUBLIC_IP")]
     pub public_ip: Option<Ipv4Addr>,
+    /// The IPv6 VTEP's source address when the network is dual-stack
+    /// (`EnableIPv6`); the Node's node-public-ipv6 annotation beats it
+    /// (default: the underlay interface's global IPv6 address).
+    #[arg(long, env = "EDGEVX_PUBLIC_IPV6")]
+    pub public_ipv6: Option<std::net::Ipv6Addr>,
     /// Prefix of flannel's node annotations.
     #[arg(long, env = "EDGEVX_KUBE_ANNOTATION_PREFIX", default_value = DEFAULT_PREFIX)]
     pub kube_annotation_prefix: String,

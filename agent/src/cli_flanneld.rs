@@ -40,13 +40,7 @@ pub const FLAGS: &[(&str, Meaning)] = &[
     ("iface-can-reach", Value { edgevx: "iface-can-reach" }),
     ("subnet-file", Value { edgevx: "subnet-file" }),
     ("public-ip", Value { edgevx: "public-ip" }),
-    (
-        "public-ipv6",
-        Refused {
-            reason: "edgevx is IPv4-only for now (dual-stack is not supported); drop the flag and run an IPv4 cluster",
-            bool_default_false: false,
-        },
-    ),
+    ("public-ipv6", Value { edgevx: "public-ipv6" }),
     ("subnet-lease-renew-margin", Minutes { edgevx_secs: "subnet-lease-renew-margin-secs" }),
     ("ip-masq", Switch { edgevx: "ip-masq" }),
     (

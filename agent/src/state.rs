@@ -192,6 +192,9 @@ pub struct AgentRecord {
     pub pod_bridge: String,
     pub subnet_file: PathBuf,
     pub pid: u32,
+    /// The IPv6 VTEP of a dual-stack network.
+    #[serde(default)]
+    pub v6: Option<crate::run::node6::Record6>,
 }
 
 fn default_pod_bridge() -> String {

@@ -82,6 +82,15 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         "local_pods": maps.as_ref().map(|m| m.local_pods().len()).unwrap_or(0),
         "counters": counters,
         "peers": peers,
+        // dual-stack: flannel-v6.<VNI> (null when IPv6 is off)
+        "vtep6": rec.v6.as_ref().map(|v6| json!({
+            "device": v6.device,
+            "mac": v6.mac.to_string(),
+            "public_ip": v6.public_ip.to_string(),
+            "subnet": v6.subnet.to_string(),
+            "network": v6.network.to_string(),
+            "mtu": v6.mtu,
+        })),
     }))
 }
 
@@ -109,6 +118,17 @@ pub fn run(args: StatusArgs) -> Result<()> {
         s("mtu"),
         s("delivery")
     );
+    if let Some(v6) = v["vtep6"].as_object() {
+        let f = |k: &str| v6.get(k).map(|x| x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string()));
+        println!(
+            "vtep {} mac {} public-ip {} subnet {} mtu {} (IPv6)",
+            f("device").unwrap_or_default(),
+            f("mac").unwrap_or_default(),
+            f("public_ip").unwrap_or_default(),
+            f("subnet").unwrap_or_default(),
+            f("mtu").unwrap_or_default()
+        );
+    }
     println!(
         "\n{:<20} {:<18} {:<16} {:<18} {:<6} {:>12} {:>12}",
         "PEER", "SUBNET", "PUBLIC IP", "VTEP MAC", "ROUTE", "TX PKTS", "RX PKTS"

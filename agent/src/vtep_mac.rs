@@ -35,6 +35,11 @@ pub fn choose(published: Option<VtepMac>, state: &StateDir) -> Result<(VtepMac, 
     Ok((mac, source))
 }
 
+// SHIM-DROP-BEFORE-MERGE
+pub fn choose_v6(published: Option<VtepMac>, state: &StateDir) -> Result<(VtepMac, MacSource)> {
+    choose(published, state)
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs;

@@ -2,7 +2,7 @@
 //! UDP datagrams verified byte for byte (the `edgevx-testpeer` binary).
 use std::{
     io::{BufRead, BufReader},
-    net::Ipv4Addr,
+    net::IpAddr,
     path::PathBuf,
     process::{Child, Stdio},
 };
@@ -12,7 +12,8 @@ use anyhow::{Context, Result, bail, ensure};
 use crate::netns::Netns;
 
 /// Ping counts: (transmitted, received).
-pub fn ping(from: &Netns, to: Ipv4Addr, count: u32, interval: &str) -> Result<(u32, u32)> {
+pub fn ping(from: &Netns, to: impl Into<IpAddr>, count: u32, interval: &str) -> Result<(u32, u32)> {
+    let to: IpAddr = to.into();
     let out =
         from.output(&["ping", "-n", "-q", "-c", &count.to_string(), "-i", interval, "-W", "1", &to.to_string()])?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -23,7 +24,8 @@ pub fn ping(from: &Netns, to: Ipv4Addr, count: u32, interval: &str) -> Result<(u
 }
 
 /// Waits until `to` answers a ping from `from` (up to `tries` seconds).
-pub fn wait_reachable(from: &Netns, to: Ipv4Addr, tries: u32) -> Result<()> {
+pub fn wait_reachable(from: &Netns, to: impl Into<IpAddr>, tries: u32) -> Result<()> {
+    let to: IpAddr = to.into();
     for _ in 0..tries {
         if ping(from, to, 1, "0.2")?.1 == 1 {
             return Ok(());
@@ -40,7 +42,8 @@ pub struct BackgroundPing {
 }
 
 impl BackgroundPing {
-    pub fn start(from: &Netns, to: Ipv4Addr, count: u32, interval: &str) -> Result<Self> {
+    pub fn start(from: &Netns, to: impl Into<IpAddr>, count: u32, interval: &str) -> Result<Self> {
+        let to: IpAddr = to.into();
         let child = from
             .cmd("ping")
             .args(["-n", "-q", "-c", &count.to_string(), "-i", interval, "-W", "1", &to.to_string()])
@@ -106,7 +109,8 @@ impl Peer {
 
     /// Sends `bytes` over TCP from `from` to `to_ip` (in `to`); both ends'
     /// SHA-256 must match.
-    pub fn tcp_transfer(&self, from: &Netns, to: &Netns, to_ip: Ipv4Addr, bytes: u64) -> Result<String> {
+    pub fn tcp_transfer(&self, from: &Netns, to: &Netns, to_ip: impl Into<IpAddr>, bytes: u64) -> Result<String> {
+        let to_ip: IpAddr = to_ip.into();
         let (mut rx, mut out) = self.listen(to, &["tcp-recv", "5201"])?;
         let sent = from.run(&[self.bin(), "tcp-send", &to_ip.to_string(), "5201", &bytes.to_string()])?;
         let mut got = String::new();
@@ -118,7 +122,15 @@ impl Peer {
     }
 
     /// Sends `count` datagrams of `size` bytes; returns how many arrived intact.
-    pub fn udp_datagrams(&self, from: &Netns, to: &Netns, to_ip: Ipv4Addr, count: u32, size: u32) -> Result<u32> {
+    pub fn udp_datagrams(
+        &self,
+        from: &Netns,
+        to: &Netns,
+        to_ip: impl Into<IpAddr>,
+        count: u32,
+        size: u32,
+    ) -> Result<u32> {
+        let to_ip: IpAddr = to_ip.into();
         let (c, s) = (count.to_string(), size.to_string());
         let (mut rx, mut out) = self.listen(to, &["udp-recv", "5202", &c, &s, "2000"])?;
         from.run(&[self.bin(), "udp-send", &to_ip.to_string(), "5202", &c, &s])?;

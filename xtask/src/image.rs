@@ -117,6 +117,11 @@ fn contents(arch: Arch) -> Vec<Item> {
             why: "the name the agent runs; xtables-nft-multi acts as the program its argv[0] names",
         },
         Item {
+            from: Source::Link("xtables-nft-multi"),
+            to: "/usr/sbin/ip6tables".into(),
+            why: "the name the agent runs for the IPv6 rules of a dual-stack network (EnableIPv6)",
+        },
+        Item {
             from: Source::Plugins(xtables.clone()),
             to: xtables,
             why: "iptables' matches and targets (-m mark, -m comment, MASQUERADE), and every one that other \
@@ -427,7 +432,7 @@ fn commit(arch: Arch, rootfs: &Path, store: &Path, archive: &Path) -> Result<()>
         // In a container of its own: `buildah run` leaves mount points behind.
         let check = format!("{working}-check");
         exec::output(b.cmd().args(["from", "--name", &check, &image]))?;
-        for program in ["/usr/local/bin/edgevx", "/usr/sbin/iptables", "/usr/sbin/nft"] {
+        for program in ["/usr/local/bin/edgevx", "/usr/sbin/iptables", "/usr/sbin/ip6tables", "/usr/sbin/nft"] {
             let out = exec::output(b.cmd().args(["run", "--isolation", "chroot", &check, "--", program, "--version"]))
                 .with_context(|| format!("{program} does not run in the image"))?;
             eprintln!("xtask: in the image: {}", out.trim());

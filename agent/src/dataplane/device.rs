@@ -4,7 +4,7 @@
 //! for the whole Network through it (flanneld adds one per remote subnet). Unlike flannel it gets no fdb and no arp
 //! entries: the TC program on its egress encapsulates from the BPF maps.
 //! It is NOARP, so the kernel never tries to resolve the on-link gateways.
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context, Result, bail};
 use futures::TryStreamExt;
@@ -13,7 +13,7 @@ use rtnetlink::{
     Handle, LinkUnspec, LinkVxlan, RouteMessageBuilder,
     packet_route::{
         AddressFamily,
-        address::AddressAttribute,
+        address::{AddressAttribute, AddressFlags, AddressScope},
         link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
         neighbour::NeighbourState,
         route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType},
@@ -28,6 +28,10 @@ pub struct Underlay {
     pub index: u32,
     pub mtu: u32,
     pub ipv4: Option<Ipv4Addr>,
+    /// The global IPv6 address flannel would pick (`GetInterfaceIP6Addrs`'s
+    /// first): permanent before dynamic, non-temporary before temporary;
+    /// deprecated, tentative and link-local addresses never.
+    pub ipv6: Option<Ipv6Addr>,
 }
 
 /// What `flannel.<VNI>` must look like.
@@ -66,17 +70,42 @@ pub async fn underlay(handle: &Handle, name: &str) -> Result<Underlay> {
         .unwrap_or(1500);
     let mut addrs = handle.address().get().set_link_index_filter(index).execute();
     let mut ipv4 = None;
+    // (rank, address): the lowest rank wins, the first of a rank stays
+    let mut ipv6: Option<(u8, Ipv6Addr)> = None;
     while let Some(msg) = addrs.try_next().await.with_context(|| format!("cannot list addresses of {name}"))? {
+        let flags = msg
+            .attributes
+            .iter()
+            .find_map(|a| if let AddressAttribute::Flags(f) = a { Some(*f) } else { None })
+            .unwrap_or(AddressFlags::empty());
         for a in &msg.attributes {
-            if let AddressAttribute::Address(IpAddr::V4(ip)) = a {
-                ipv4.get_or_insert(*ip);
+            match a {
+                AddressAttribute::Address(IpAddr::V4(ip)) => {
+                    ipv4.get_or_insert(*ip);
+                }
+                AddressAttribute::Address(IpAddr::V6(ip)) if msg.header.scope == AddressScope::Universe => {
+                    if let Some(rank) = ipv6_rank(flags) {
+                        if ipv6.is_none_or(|(r, _)| rank < r) {
+                            ipv6 = Some((rank, *ip));
+                        }
+                    }
+                }
+                _ => {}
             }
         }
     }
-    Ok(Underlay { index, mtu, ipv4 })
+    Ok(Underlay { index, mtu, ipv4, ipv6: ipv6.map(|(_, ip)| ip) })
 }
 
-fn vxlan_info(link: &LinkMessage) -> Option<&Vec<InfoVxlan>> {
+/// How good a global IPv6 address is as a VTEP source; `None`: unusable.
+fn ipv6_rank(flags: AddressFlags) -> Option<u8> {
+    if flags.intersects(AddressFlags::Tentative | AddressFlags::Deprecated | AddressFlags::Dadfailed) {
+        return None;
+    }
+    Some(u8::from(!flags.contains(AddressFlags::Permanent)) * 2 + u8::from(flags.contains(AddressFlags::Secondary)))
+}
+
+pub(crate) fn vxlan_info(link: &LinkMessage) -> Option<&Vec<InfoVxlan>> {
     link.attributes.iter().find_map(|a| match a {
         LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
             LinkInfo::Data(InfoData::Vxlan(v)) => Some(v),
@@ -86,7 +115,7 @@ fn vxlan_info(link: &LinkMessage) -> Option<&Vec<InfoVxlan>> {
     })
 }
 
-fn is_vxlan(link: &LinkMessage) -> bool {
+pub(crate) fn is_vxlan(link: &LinkMessage) -> bool {
     link.attributes.iter().any(|a| {
         matches!(a, LinkAttribute::LinkInfo(infos) if infos.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Vxlan))))
     })
@@ -148,7 +177,7 @@ pub async fn ensure_vtep(handle: &Handle, spec: &VtepSpec) -> Result<u32> {
     Ok(link.header.index)
 }
 
-fn link_mac(link: &LinkMessage) -> Option<Vec<u8>> {
+pub(crate) fn link_mac(link: &LinkMessage) -> Option<Vec<u8>> {
     link.attributes.iter().find_map(|a| if let LinkAttribute::Address(m) = a { Some(m.clone()) } else { None })
 }
 

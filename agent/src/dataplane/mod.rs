@@ -8,3 +8,5 @@ pub mod loader;
 pub mod local_pods;
 pub mod maps;
 pub mod peers;
+pub mod peers6;
+pub mod vtep6;

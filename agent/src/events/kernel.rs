@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use futures::StreamExt;
 use rtnetlink::{
-    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_LINK, RTMGRP_NEIGH},
+    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_ROUTE, RTMGRP_LINK, RTMGRP_NEIGH},
     packet_core::NetlinkPayload,
     packet_route::{
         RouteNetlinkMessage,
@@ -63,13 +63,13 @@ pub fn classify(msg: RouteNetlinkMessage) -> Option<KernelEvent> {
     }
 }
 
-/// Subscribes to link, IPv4 address, neighbour and IPv4 route changes in
+/// Subscribes to link, IPv4 address, neighbour and route changes in
 /// this network namespace; the events arrive on the returned channel
 /// until it is dropped.
 pub fn subscribe() -> Result<mpsc::Receiver<KernelEvent>> {
     let (mut conn, _handle, mut messages) =
         rtnetlink::new_connection().context("cannot open a netlink socket for kernel events")?;
-    let groups = RTMGRP_LINK | RTMGRP_NEIGH | RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE;
+    let groups = RTMGRP_LINK | RTMGRP_NEIGH | RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE;
     conn.socket_mut()
         .socket_mut()
         .bind(&SocketAddr::new(0, groups))

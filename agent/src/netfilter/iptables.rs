@@ -20,7 +20,17 @@ fn err(what: String) -> impl FnOnce(Box<dyn std::error::Error>) -> anyhow::Error
 impl Firewall {
     /// Fails, naming the binary, where `iptables` cannot be run.
     pub fn new() -> Result<Self> {
-        let mut ipt = iptables::new(false).map_err(err("cannot run iptables (is it installed?)".into()))?;
+        Self::for_family(false)
+    }
+
+    /// `ip6tables`, for the IPv6 half of a dual-stack node.
+    pub fn new6() -> Result<Self> {
+        Self::for_family(true)
+    }
+
+    fn for_family(v6: bool) -> Result<Self> {
+        let binary = if v6 { "ip6tables" } else { "iptables" };
+        let mut ipt = iptables::new(v6).map_err(err(format!("cannot run {binary} (is it installed?)")))?;
         // never reverse-resolve addresses: without DNS (an edge node cut off
         // from the cloud) a plain `iptables -L` blocks for seconds or forever
         ipt.set_numeric(true);

@@ -1,6 +1,6 @@
 //! What the rules are: a pure function of the network, our subnet and the
 //! options, so the same input always gives the same rules in the same order.
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 /// kube-proxy's masquerade mark (`--masquerade-bit` 14): traffic it marks is
 /// masqueraded by kube-proxy itself, so flannel's chain lets it pass.
@@ -49,39 +49,63 @@ pub struct RuleSet {
 /// node's pod subnet) and `vxlan_port`: the broadcast and multicast guard
 /// always, flannel's masquerade and forward rules when asked.
 pub fn plan(network: Ipv4Net, subnet: Ipv4Net, vxlan_port: u16, ip_masq: bool, forward: bool) -> RuleSet {
-    let mut chains = vec![vxlan_guard(vxlan_port)];
-    if ip_masq {
-        let (n, s) = (network.to_string(), subnet.to_string());
-        chains.push(Chain {
-            table: "nat",
-            name: MASQ_CHAIN,
-            parent: "POSTROUTING",
-            jump_first: true,
-            rules: vec![
-                // kube-proxy masquerades what it marked; doing it twice breaks
-                // checksums on older kernels (flannel#1279, kubernetes#88986)
-                format!("-m mark --mark {KUBE_PROXY_MARK} -j RETURN"),
-                // pod to pod keeps its source, on this node and across nodes
-                format!("-s {n} -d {n} -j RETURN"),
-                // traffic from outside to our pods arrives as it was sent
-                format!("! -s {n} -d {s} -j RETURN"),
-                // pods to anywhere outside the Network, except multicast
-                format!("-s {n} ! -d 224.0.0.0/4 -j MASQUERADE --random-fully"),
-                // the host (or a NodePort client) towards remote pods
-                format!("! -s {n} -d {n} -j MASQUERADE --random-fully"),
-            ],
-        });
+    let family =
+        Family { network: network.to_string(), subnet: subnet.to_string(), multicast: "224.0.0.0/4", v6: false };
+    family.plan(vxlan_port, ip_masq, forward)
+}
+
+/// The same rules for the IPv6 half of a dual-stack node, for `ip6tables`
+/// (flannel's `MasqIP6Rules` and its IPv6 forward rules): IPv6 has no
+/// broadcast, and its multicast is ff00::/8.
+pub fn plan6(network: Ipv6Net, subnet: Ipv6Net, vxlan_port: u16, ip_masq: bool, forward: bool) -> RuleSet {
+    let family = Family { network: network.to_string(), subnet: subnet.to_string(), multicast: "ff00::/8", v6: true };
+    family.plan(vxlan_port, ip_masq, forward)
+}
+
+/// One address family's networks, as the rules spell them.
+struct Family {
+    network: String,
+    subnet: String,
+    multicast: &'static str,
+    v6: bool,
+}
+
+impl Family {
+    fn plan(&self, vxlan_port: u16, ip_masq: bool, forward: bool) -> RuleSet {
+        let mut chains = vec![vxlan_guard(vxlan_port, self.v6)];
+        let (n, s, m) = (&self.network, &self.subnet, self.multicast);
+        if ip_masq {
+            chains.push(Chain {
+                table: "nat",
+                name: MASQ_CHAIN,
+                parent: "POSTROUTING",
+                jump_first: true,
+                rules: vec![
+                    // kube-proxy masquerades what it marked; doing it twice breaks
+                    // checksums on older kernels (flannel#1279, kubernetes#88986)
+                    format!("-m mark --mark {KUBE_PROXY_MARK} -j RETURN"),
+                    // pod to pod keeps its source, on this node and across nodes
+                    format!("-s {n} -d {n} -j RETURN"),
+                    // traffic from outside to our pods arrives as it was sent
+                    format!("! -s {n} -d {s} -j RETURN"),
+                    // pods to anywhere outside the Network, except multicast
+                    format!("-s {n} ! -d {m} -j MASQUERADE --random-fully"),
+                    // the host (or a NodePort client) towards remote pods
+                    format!("! -s {n} -d {n} -j MASQUERADE --random-fully"),
+                ],
+            });
+        }
+        if forward {
+            chains.push(Chain {
+                table: "filter",
+                name: FWD_CHAIN,
+                parent: "FORWARD",
+                jump_first: false,
+                rules: vec![format!("-s {n} -j ACCEPT"), format!("-d {n} -j ACCEPT")],
+            });
+        }
+        RuleSet { chains }
     }
-    if forward {
-        chains.push(Chain {
-            table: "filter",
-            name: FWD_CHAIN,
-            parent: "FORWARD",
-            jump_first: false,
-            rules: vec![format!("-s {network} -j ACCEPT"), format!("-d {network} -j ACCEPT")],
-        });
-    }
-    RuleSet { chains }
 }
 
 /// `filter/EDGEVX-INPUT`, jumped to first from INPUT: VXLAN sent to a
@@ -96,14 +120,18 @@ pub fn plan(network: Ipv4Net, subnet: Ipv4Net, vxlan_port: u16, ip_masq: bool, f
 /// each peer's public IP only. INPUT sees a datagram after reassembly
 /// (`ip_local_deliver`), so fragments cannot slip past the port match.
 /// The rules are written as `iptables -S` prints them back.
-fn vxlan_guard(port: u16) -> Chain {
+/// For IPv6 (`v6`) only multicast: there is no broadcast, and the kernel
+/// delivers IPv6 multicast to every bound socket the same way
+/// (`__udp6_lib_mcast_deliver`, `IPV6_MULTICAST_ALL` on by default).
+fn vxlan_guard(port: u16, v6: bool) -> Chain {
     let rule = |kind: &str| format!("-p udp -m udp --dport {port} -m addrtype --dst-type {kind} -j DROP");
+    let kinds: &[&str] = if v6 { &["MULTICAST"] } else { &["BROADCAST", "MULTICAST"] };
     Chain {
         table: "filter",
         name: INPUT_CHAIN,
         parent: "INPUT",
         jump_first: true,
-        rules: vec![rule("BROADCAST"), rule("MULTICAST")],
+        rules: kinds.iter().map(|k| rule(k)).collect(),
     }
 }
 
@@ -173,6 +201,26 @@ mod tests {
     fn the_guard_follows_the_configured_port() {
         let set = plan(net("10.244.0.0/16"), net("10.244.1.0/24"), 4789, false, false);
         assert!(set.chains[0].rules.iter().all(|r| r.contains("--dport 4789 ")), "{:?}", set.chains[0].rules);
+    }
+
+    #[test]
+    fn the_ipv6_twins_spell_ipv6_networks_and_have_no_broadcast() {
+        let net6 = |s: &str| -> Ipv6Net { s.parse().unwrap() };
+        let set = plan6(net6("fd00:10:244::/56"), net6("fd00:10:244:1::/64"), 8472, true, true);
+        assert_eq!(set.chains[0].rules, ["-p udp -m udp --dport 8472 -m addrtype --dst-type MULTICAST -j DROP"]);
+        let masq = set.chains.iter().find(|c| c.name == MASQ_CHAIN).unwrap();
+        assert_eq!(
+            masq.rules,
+            [
+                "-m mark --mark 0x4000/0x4000 -j RETURN",
+                "-s fd00:10:244::/56 -d fd00:10:244::/56 -j RETURN",
+                "! -s fd00:10:244::/56 -d fd00:10:244:1::/64 -j RETURN",
+                "-s fd00:10:244::/56 ! -d ff00::/8 -j MASQUERADE --random-fully",
+                "! -s fd00:10:244::/56 -d fd00:10:244::/56 -j MASQUERADE --random-fully",
+            ]
+        );
+        let fwd = set.chains.iter().find(|c| c.name == FWD_CHAIN).unwrap();
+        assert_eq!(fwd.rules, ["-s fd00:10:244::/56 -j ACCEPT", "-d fd00:10:244::/56 -j ACCEPT"]);
     }
 
     #[test]

@@ -33,6 +33,7 @@ mod kernel;
 pub mod lock;
 mod mtu;
 mod node;
+pub mod node6;
 mod off_underlay;
 mod warned;
 
@@ -244,10 +245,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 let Phase::Up(n) = &mut phase else { continue };
                 // with DirectRouting, the underlay's routes are ours too, or say what is on-link
                 let direct = desired.as_ref().is_some_and(|d| d.conf.direct_routing);
+                // the IPv6 VTEP's routes, neighbours and fdb entries are ours too
+                let vtep6 = n.v6.as_ref().map(|s| s.index);
                 match ev {
                     KernelEvent::Route { oif, .. }
-                        if oif == Some(n.vtep_index) || (direct && oif == Some(c.underlay.index)) =>
+                        if oif == Some(n.vtep_index) || (direct && oif == Some(c.underlay.index)) || oif.is_some() && oif == vtep6 =>
                     {
+                        n.observed = None;
+                        Due::soon(&mut due.pass, SETTLE)
+                    }
+                    KernelEvent::Neighbour { index } if Some(index) == vtep6 => {
                         n.observed = None;
                         Due::soon(&mut due.pass, SETTLE)
                     }

@@ -34,6 +34,10 @@ impl Node {
         subnet_file: &std::path::Path,
         state: &StateDir,
     ) -> Result<()> {
+        if let Some(v6) = &mut self.v6 {
+            v6.follow_mtu(&self.handle, conf, underlay_mtu).await?;
+            self.record.v6 = Some(v6.record.clone());
+        }
         let want = super::config::vtep_mtu(conf, underlay_mtu);
         let link = device::link_by_name(&self.handle, &self.record.vtep_device)
             .await?

@@ -54,6 +54,8 @@ pub(super) struct Node {
     on_link: Option<reconcile::OnLink>,
     /// `drop_vxlan_off_underlay` when last looked at (`warn_off_underlay`).
     pub(super) off_underlay_seen: Option<u64>,
+    /// `flannel-v6.<VNI>` when the network is dual-stack.
+    pub(super) v6: Option<super::node6::Side6>,
 }
 
 pub(super) async fn bring_up(
@@ -125,6 +127,7 @@ pub(super) async fn bring_up(
     firewall
         .apply(&netfilter::plan(conf.network, own.subnet, conf.port, c.args.ip_masq, forward_rules))
         .context("cannot install the firewall rules")?;
+    let v6 = super::node6::bring_up6(c, conf, &own, state, handle, underlay_mtu).await?;
 
     subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, mtu, c.args.ip_masq)
         .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
@@ -149,6 +152,7 @@ pub(super) async fn bring_up(
         pod_bridge: c.args.pod_bridge.clone(),
         subnet_file: c.args.subnet_file.clone(),
         pid: std::process::id(),
+        v6: v6.as_ref().map(|s| s.record.clone()),
     };
     state.save_agent(&record)?;
     info!(device = %spec.name, %mac, %public_ip, subnet = %own.subnet, mtu, bypass_netfilter = bypass,
@@ -170,6 +174,7 @@ pub(super) async fn bring_up(
         on_link: None,
         off_underlay_seen: maps.counter(edgevx_common::counters::Counter::DropVxlanOffUnderlay).ok(),
         maps,
+        v6,
     })
 }
 
@@ -217,6 +222,9 @@ impl Node {
         };
         let cached = self.observed.take();
         let fresh = cached.is_none();
+        if let Some(v6) = self.v6.as_mut().filter(|_| fresh) {
+            v6.observed = None; // a resync or a route event reads both back
+        }
         let observed = match cached {
             Some(o) => o,
             None => match dp.observe().await {
@@ -273,13 +281,22 @@ impl Node {
             }
             self.accepted = accepted;
         }
+        if let Some(v6) = &mut self.v6 {
+            ok &= v6.reconcile(&self.handle, &self.accepted).await;
+        }
         ok
     }
 
     /// What this node publishes about itself (annotations, etcd lease).
     pub(super) fn local_vtep(&self) -> LocalVtep {
         let r = &self.record;
-        LocalVtep { mac: r.vtep_mac, public_ip: r.public_ip, vni: r.vni, subnet: self.own.subnet, v6: None }
+        LocalVtep {
+            mac: r.vtep_mac,
+            public_ip: r.public_ip,
+            vni: r.vni,
+            subnet: self.own.subnet,
+            v6: self.v6.as_ref().map(|s| s.local()),
+        }
     }
 
     /// Whether the VTEP device and both attached programs are still there.
@@ -289,8 +306,13 @@ impl Node {
         }
         let device_ok = matches!(device::link_by_name(&self.handle, &self.record.vtep_device).await,
             Ok(Some(l)) if l.header.index == self.vtep_index);
+        let v6_ok = match &self.v6 {
+            Some(v6) => v6.intact(&self.handle).await,
+            None => true,
+        };
         let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
         device_ok
+            && v6_ok
             && loader::attached_as(mode, &self.handle, pins, loader::ENCAP, &r.vtep_device, TcAttachType::Egress).await
             && loader::attached_as(mode, &self.handle, pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await
     }
@@ -364,6 +386,9 @@ impl Node {
         let rules = netfilter::plan(r.network, self.own.subnet, r.port, r.ip_masq, self.forward_rules);
         if let Err(e) = self.firewall.apply(&rules) {
             warn!("cannot restore the firewall rules: {e:#}");
+        }
+        if let Some(v6) = &self.v6 {
+            v6.enforce_rules(r.port, r.ip_masq, self.forward_rules);
         }
     }
 }

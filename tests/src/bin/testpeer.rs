@@ -45,7 +45,11 @@ fn run(args: &[String]) -> Result<(), String> {
     let num = |i: usize| -> Result<u64, String> { arg(i)?.parse().map_err(|e| format!("argument {i}: {e}")) };
     match arg(0)?.as_str() {
         "tcp-recv" => {
-            let l = TcpListener::bind(("0.0.0.0", num(1)? as u16)).map_err(|e| e.to_string())?;
+            // "::" takes IPv4 too (bindv6only is 0); "0.0.0.0" where IPv6 is off
+            let port = num(1)? as u16;
+            let l = TcpListener::bind(("::", port))
+                .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+                .map_err(|e| e.to_string())?;
             ready();
             let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
             let (mut h, mut n, mut buf) = (Sha256::new(), 0u64, vec![0u8; 1 << 16]);
@@ -83,7 +87,9 @@ fn run(args: &[String]) -> Result<(), String> {
         }
         "udp-recv" => {
             let (port, count, size, ms) = (num(1)? as u16, num(2)?, num(3)? as usize, num(4)?);
-            let s = UdpSocket::bind(("0.0.0.0", port)).map_err(|e| e.to_string())?;
+            let s = UdpSocket::bind(("::", port))
+                .or_else(|_| UdpSocket::bind(("0.0.0.0", port)))
+                .map_err(|e| e.to_string())?;
             s.set_read_timeout(Some(Duration::from_millis(ms))).map_err(|e| e.to_string())?;
             ready();
             let (mut good, mut bad, mut buf) = (0u64, 0u64, vec![0u8; 65536]);
@@ -101,7 +107,8 @@ fn run(args: &[String]) -> Result<(), String> {
         }
         "udp-send" => {
             let (ip, port, count, size) = (arg(1)?, num(2)? as u16, num(3)?, num(4)? as usize);
-            let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+            let any = if ip.contains(':') { "[::]:0" } else { "0.0.0.0:0" };
+            let s = UdpSocket::bind(any).map_err(|e| e.to_string())?;
             for seq in 0..count {
                 s.send_to(&datagram(seq as u32, size), (ip.as_str(), port)).map_err(|e| e.to_string())?;
                 if seq % 16 == 15 {

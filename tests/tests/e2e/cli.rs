@@ -17,10 +17,7 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
     let bad_conf = c.dir.join("net-conf.json");
     std::fs::write(&bad_conf, r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":0}}"#)?;
     let ipv6_conf = c.dir.join("net-conf-ipv6.json");
-    std::fs::write(
-        &ipv6_conf,
-        r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{"Type":"vxlan"}}"#,
-    )?;
+    std::fs::write(&ipv6_conf, r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"Backend":{"Type":"vxlan"}}"#)?;
     let (state, bpffs) = (h.state_dir(), h.bpffs_dir());
     let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
     let (nodes, bad_conf, ipv6_conf) = (s(&nodes), s(&bad_conf), s(&ipv6_conf));
@@ -31,7 +28,7 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
         ("--iface", "nosuch0", "nosuch0"),
         ("--nodes-file", "/nonexistent/nodes.json", "/nonexistent/nodes.json"),
         ("--net-conf", &bad_conf, "Backend.VNI"),
-        ("--net-conf", &ipv6_conf, "EnableIPv6"),
+        ("--net-conf", &ipv6_conf, "IPv6Network"),
         ("--net-conf", "/nonexistent/net-conf.json", "/nonexistent/net-conf.json"),
         ("--kube-annotation-prefix", "a/b/c", "a/b/c"),
         ("--public-ip", "300.1.1.1", "300.1.1.1"),

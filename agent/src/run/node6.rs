@@ -1,0 +1,162 @@
+//! The IPv6 half of a dual-stack node (`EnableIPv6`): `flannel-v6.<VNI>`
+//! brought up beside `flannel.<VNI>` and kept equal to the IPv6 halves of
+//! the peers the IPv4 pass chose, flannel's way (neighbour, fdb, route per
+//! peer; the kernel carries the packets), plus the `ip6tables` twins of
+//! the firewall chains.
+use std::net::Ipv6Addr;
+
+use anyhow::{Context, Result};
+use ipnet::Ipv6Net;
+use rtnetlink::Handle;
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use super::{check::Checked, config};
+use crate::{
+    dataplane::{
+        device,
+        peers6::{self, Tables6},
+        vtep6::{self, Vtep6Spec},
+    },
+    mac::VtepMac,
+    netconf::NetConf,
+    netfilter,
+    peer::{OwnNode, Peer},
+    source::LocalVtepV6,
+    state::StateDir,
+    vtep_mac,
+};
+
+/// What the IPv6 VTEP was set up with (in the agent record, for `edgevx
+/// status` and cleanup).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record6 {
+    pub device: String,
+    pub mac: VtepMac,
+    pub public_ip: Ipv6Addr,
+    pub subnet: Ipv6Net,
+    pub network: Ipv6Net,
+    pub mtu: u32,
+}
+
+/// The IPv6 VTEP once it is up.
+pub(super) struct Side6 {
+    pub(super) index: u32,
+    pub(super) record: Record6,
+    firewall: netfilter::Firewall,
+    /// What the last pass left in the kernel when every write went through
+    /// (dropped with the IPv4 side's `observed`).
+    pub(super) observed: Option<Tables6>,
+    /// The nodes whose IPv6 half was last skipped, to warn once per change.
+    skipped: Vec<peers6::Skipped6>,
+}
+
+/// Brings up `flannel-v6.<VNI>` when the network is dual-stack; `None`
+/// when it is not.
+pub(super) async fn bring_up6(
+    c: &Checked,
+    conf: &NetConf,
+    own: &OwnNode,
+    state: &StateDir,
+    handle: &Handle,
+    underlay_mtu: u32,
+) -> Result<Option<Side6>> {
+    let (ip_masq, forward) = (c.args.ip_masq, c.args.iptables_forward_rules);
+    let Some(v6) = &conf.ipv6 else { return Ok(None) };
+    let subnet = own.subnet6.context(
+        "the network is dual-stack (EnableIPv6), but this node has no IPv6 pod CIDR (spec.podCIDRs, or the etcd lease)",
+    )?;
+    let (mac, _) = vtep_mac::choose_v6(own.published_mac6, state)?;
+    let public_ip = config::public_ipv6(c.args.public_ipv6, own.node_public_ipv6, &c.underlay).with_context(|| {
+        format!(
+            "the network is dual-stack (EnableIPv6), but {} has no usable global IPv6 address: add one, or give \
+             --public-ipv6 (or the node-public-ipv6 annotation)",
+            c.iface
+        )
+    })?;
+    let spec = Vtep6Spec {
+        name: vtep6::vtep6_name(conf.vni),
+        vni: conf.vni,
+        port: conf.port,
+        local: public_ip,
+        underlay_index: c.underlay.index,
+        mac,
+        mtu: config::vtep6_mtu(conf, underlay_mtu),
+    };
+    let index = vtep6::ensure_vtep6(handle, &spec).await?;
+    vtep6::ensure_address6(handle, index, subnet).await?;
+    let firewall = netfilter::Firewall::new6()?;
+    firewall
+        .apply(&netfilter::plan6(v6.network, subnet, conf.port, ip_masq, forward))
+        .context("cannot install the IPv6 firewall rules")?;
+    info!(device = %spec.name, %mac, %public_ip, %subnet, mtu = spec.mtu, "IPv6 VTEP ready");
+    let record = Record6 { device: spec.name, mac, public_ip, subnet, network: v6.network, mtu: spec.mtu };
+    Ok(Some(Side6 { index, record, firewall, observed: None, skipped: Vec::new() }))
+}
+
+impl Side6 {
+    /// What this node publishes about its IPv6 VTEP.
+    pub(super) fn local(&self) -> LocalVtepV6 {
+        LocalVtepV6 { mac: self.record.mac, public_ip: self.record.public_ip, subnet: self.record.subnet }
+    }
+
+    /// Brings the device's neighbour, fdb and route entries in line with
+    /// the IPv6 halves of `peers`; returns whether every write went through.
+    pub(super) async fn reconcile(&mut self, handle: &Handle, peers: &[Peer]) -> bool {
+        let have = match self.observed.take() {
+            Some(t) => t,
+            None => match peers6::observe6(handle, self.index).await {
+                Ok(t) => t,
+                Err(e) => {
+                    warn!("cannot read back the IPv6 VTEP's entries: {e:#}");
+                    return false;
+                }
+            },
+        };
+        let (want, skipped) = peers6::plan6(peers);
+        if skipped != self.skipped {
+            for s in &skipped {
+                warn!(node = %s.node, "IPv6 half not programmed: {}", s.reason);
+            }
+            self.skipped = skipped;
+        }
+        match peers6::apply6(handle, self.index, &have, &want).await {
+            Ok(done) => {
+                if done != peers6::Applied6::default() {
+                    tracing::debug!(written = done.written, removed = done.removed, "IPv6 VTEP entries updated");
+                }
+                self.observed = Some(want);
+                true
+            }
+            Err(e) => {
+                warn!("cannot program the IPv6 VTEP, retrying: {e:#}");
+                false
+            }
+        }
+    }
+
+    /// Whether `flannel-v6.<VNI>` is still the device we set up.
+    pub(super) async fn intact(&self, handle: &Handle) -> bool {
+        matches!(device::link_by_name(handle, &self.record.device).await, Ok(Some(l)) if l.header.index == self.index)
+    }
+
+    /// Keeps the device's MTU at what the underlay's now allows.
+    pub(super) async fn follow_mtu(&mut self, handle: &Handle, conf: &NetConf, underlay_mtu: u32) -> Result<()> {
+        let want = config::vtep6_mtu(conf, underlay_mtu);
+        let link = device::link_by_name(handle, &self.record.device).await?;
+        if link.as_ref().and_then(device::link_mtu) != Some(want) {
+            device::set_mtu(handle, self.index, want).await?;
+            info!(device = %self.record.device, mtu = want, "IPv6 VTEP MTU follows the underlay");
+        }
+        self.record.mtu = want;
+        Ok(())
+    }
+
+    /// Re-asserts the IPv6 firewall chains.
+    pub(super) fn enforce_rules(&self, port: u16, ip_masq: bool, forward: bool) {
+        let r = &self.record;
+        if let Err(e) = self.firewall.apply(&netfilter::plan6(r.network, r.subnet, port, ip_masq, forward)) {
+            warn!("cannot restore the IPv6 firewall rules: {e:#}");
+        }
+    }
+}

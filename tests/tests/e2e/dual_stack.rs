@@ -1,0 +1,212 @@
+//! Dual-stack (`EnableIPv6`): edgevx against a kernel dual-stack flannel
+//! node. Node 1 runs edgevx from a nodes file; node 2 has flanneld's
+//! `flannel.1` and `flannel-v6.1` with exactly the entries flanneld
+//! installs for node 1. IPv6 pods talk over an IPv6 underlay, IPv4 pods
+//! over the IPv4 one, both ways.
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Context, Result, ensure};
+use edgevx_tests::{
+    agent::{Agent, cleanup},
+    dual::{add_ipv6, base6, flannel_node6, kernel_add_peer6, kernel_vtep6, net_conf, pod_ip6, subnet6, underlay_ip6},
+    netns::Netns,
+    nodes::{node_list, write},
+    topo::{Cluster, pod_ip},
+    traffic::{ping, wait_reachable},
+};
+
+use crate::{KERNEL_MAC, MIB, testpeer};
+
+const KERNEL_MAC6: &str = "02:00:00:00:06:02";
+
+struct Pair {
+    c: Cluster,
+    agent: Agent,
+    nodes_file: PathBuf,
+    conf: PathBuf,
+    /// node 1's VTEP MACs (IPv4, IPv6), as its status reports them
+    macs: (String, String),
+}
+
+/// Brings up node 1 (edgevx, dual-stack) and node 2 (kernel flannel,
+/// dual-stack), and waits until the pods reach each other in both families.
+fn pair() -> Result<Pair> {
+    let mut c = Cluster::new(2)?;
+    for i in 1..=2 {
+        add_ipv6(c.host(i))?;
+    }
+    c.host_mut(1).mount_bpffs()?;
+    let conf = c.dir.join("net-conf.json");
+    std::fs::write(&conf, net_conf())?;
+    let nodes_file = c.dir.join("nodes.json");
+    write(&nodes_file, &node_list(vec![flannel_node6(1, None), flannel_node6(2, Some((KERNEL_MAC, KERNEL_MAC6)))]))?;
+    let agent = Agent::start(c.host(1), &nodes_file, &["--net-conf", conf.to_str().context("path")?])?;
+    let s = agent.status()?;
+    let mac = s["vtep_mac"].as_str().context("no vtep_mac")?.to_string();
+    let mac6 = s["vtep6"]["mac"].as_str().with_context(|| format!("no vtep6 in the status: {s:#}"))?.to_string();
+    ensure!(mac != mac6, "the two VTEPs share a MAC ({mac}); flannel gives each its own");
+    let h2 = c.host(2);
+    h2.kernel_vtep(KERNEL_MAC)?;
+    h2.kernel_add_peer(1, &mac)?;
+    kernel_vtep6(h2, KERNEL_MAC6)?;
+    kernel_add_peer6(h2, 1, &mac6)?;
+    for (from, to) in [(1, 2), (2, 1)] {
+        wait_reachable(&c.host(from).pod, pod_ip(to), 20)?;
+        wait_reachable(&c.host(from).pod, pod_ip6(to), 20)?;
+    }
+    Ok(Pair { c, agent, nodes_file, conf, macs: (mac, mac6) })
+}
+
+/// `ip -6 neigh`, `bridge fdb` and `ip -6 route` of node 1's flannel-v6.1.
+fn v6_entries(ns: &Netns) -> Result<(String, String, String)> {
+    Ok((
+        ns.run(&["ip", "-6", "neigh", "show", "dev", "flannel-v6.1", "nud", "permanent"])?,
+        ns.run(&["bridge", "fdb", "show", "dev", "flannel-v6.1"])?,
+        ns.run(&["ip", "-6", "route", "show", "dev", "flannel-v6.1"])?,
+    ))
+}
+
+#[test]
+fn dual_stack_interoperates_with_a_kernel_flannel_node_both_ways() -> Result<()> {
+    let p = pair()?;
+    let (h1, h2) = (p.c.host(1), p.c.host(2));
+    let (p1, p2) = (&h1.pod, &h2.pod);
+
+    // flannel's device, as flannel builds it
+    let link = h1.ns.run(&["ip", "-d", "link", "show", "flannel-v6.1"])?;
+    for want in [
+        "vxlan id 1".to_string(),
+        format!("local {}", underlay_ip6(1)),
+        "dstport 8472".into(),
+        "nolearning".into(),
+        "mtu 1430".into(),
+        "noudp6zerocsumtx noudp6zerocsumrx".into(),
+        p.macs.1.clone(),
+    ] {
+        ensure!(link.contains(&want), "flannel-v6.1 lacks {want:?}:\n{link}");
+    }
+    ensure!(!link.contains("NOARP"), "flannel-v6.1 must resolve through its neighbours, as flannel's does:\n{link}");
+    let addrs = h1.ns.run(&["ip", "-6", "addr", "show", "dev", "flannel-v6.1", "scope", "global"])?;
+    ensure!(addrs.contains(&format!("{}/128", base6(1))), "{addrs}");
+    let ra = h1.ns.run(&["sysctl", "-n", "net.ipv6.conf.flannel-v6/1.accept_ra"])?;
+    ensure!(ra.trim() == "0", "accept_ra is {ra}");
+    // flannel's three entries for node 2
+    let (neigh, fdb, routes) = v6_entries(&h1.ns)?;
+    ensure!(neigh.contains(&format!("{} lladdr {KERNEL_MAC6} PERMANENT", base6(2))), "{neigh}");
+    ensure!(fdb.contains(&format!("{KERNEL_MAC6} dst {} self permanent", underlay_ip6(2))), "{fdb}");
+    ensure!(routes.contains(&format!("{} via {} proto boot onlink", subnet6(2), base6(2))), "{routes}");
+
+    assert_eq!(ping(p1, pod_ip6(2), 10, "0.05")?, (10, 10), "ICMPv6 edgevx -> kernel");
+    assert_eq!(ping(p2, pod_ip6(1), 10, "0.05")?, (10, 10), "ICMPv6 kernel -> edgevx");
+    let peer = testpeer();
+    peer.tcp_transfer(p1, p2, pod_ip6(2), 64 * MIB)?;
+    peer.tcp_transfer(p2, p1, pod_ip6(1), 64 * MIB)?;
+    // 1200 bytes: below flannel-v6's 1430 (the pods' MTU, 1450, is the IPv4 VTEP's, as with flannel)
+    assert_eq!(peer.udp_datagrams(p1, p2, pod_ip6(2), 300, 1200)?, 300, "UDP over IPv6 edgevx -> kernel");
+    assert_eq!(peer.udp_datagrams(p2, p1, pod_ip6(1), 300, 1200)?, 300, "UDP over IPv6 kernel -> edgevx");
+    // the IPv4 half still works beside it
+    assert_eq!(ping(p1, pod_ip(2), 5, "0.05")?, (5, 5), "ICMP edgevx -> kernel");
+    peer.tcp_transfer(p2, p1, pod_ip(1), 16 * MIB)?;
+    // a frame the IPv6 VTEP cannot carry whole: the kernel answers "packet
+    // too big" and the pod's next try fits (flannel's MTU gap, inherited)
+    let big =
+        p1.output(&["ping", "-6", "-c", "3", "-i", "0.3", "-s", "1402", "-M", "want", &pod_ip6(2).to_string()])?;
+    let text = String::from_utf8_lossy(&big.stdout);
+    ensure!(!text.contains(" 0 received"), "no 1450-byte ICMPv6 echo got through after the PTB:\n{text}");
+    // the underlay really carries IPv6 VXLAN with a UDP checksum the kernel peer verified
+    let snmp = h2.ns.run(&["cat", "/proc/net/snmp6"])?;
+    let csum_errors = snmp.lines().find(|l| l.starts_with("Udp6InCsumErrors")).context("no Udp6InCsumErrors")?;
+    ensure!(csum_errors.split_whitespace().nth(1) == Some("0"), "{csum_errors}");
+    Ok(())
+}
+
+#[test]
+fn dual_stack_entries_follow_the_view_and_are_repaired() -> Result<()> {
+    let mut p = pair()?;
+    let h1 = p.c.host(1);
+    // a route deleted by hand comes back
+    h1.ns.run(&["ip", "-6", "route", "del", &subnet6(2), "dev", "flannel-v6.1"])?;
+    wait_until(Duration::from_secs(15), "the deleted IPv6 route restored", || {
+        Ok(v6_entries(&h1.ns)?.2.contains(&subnet6(2)))
+    })?;
+    // a stale entry nobody wants goes
+    h1.ns.run(&[
+        "ip",
+        "-6",
+        "neigh",
+        "replace",
+        &base6(9),
+        "lladdr",
+        "02:00:00:00:09:09",
+        "dev",
+        "flannel-v6.1",
+        "nud",
+        "permanent",
+    ])?;
+    h1.ns.run(&["ip", "-6", "route", "replace", &subnet6(9), "via", &base6(9), "dev", "flannel-v6.1", "onlink"])?;
+    wait_until(Duration::from_secs(15), "the stale IPv6 entries removed", || {
+        let (neigh, _, routes) = v6_entries(&h1.ns)?;
+        Ok(!neigh.contains(&base6(9)) && !routes.contains(&subnet6(9)))
+    })?;
+    // node 2 leaves the view: its three entries go
+    write(&p.nodes_file, &node_list(vec![flannel_node6(1, None)]))?;
+    wait_until(Duration::from_secs(15), "node 2's IPv6 entries removed", || {
+        let (neigh, fdb, routes) = v6_entries(&h1.ns)?;
+        Ok(neigh.trim().is_empty() && !fdb.contains(" dst ") && routes.lines().all(|l| !l.contains(" via ")))
+    })?;
+    // and come back with it
+    write(&p.nodes_file, &node_list(vec![flannel_node6(1, None), flannel_node6(2, Some((KERNEL_MAC, KERNEL_MAC6)))]))?;
+    wait_reachable(&h1.pod, pod_ip6(2), 20)?;
+    p.agent.stop()?;
+    Ok(())
+}
+
+#[test]
+fn the_ipv6_vtep_keeps_its_mac_across_a_restart_and_cleanup_removes_it() -> Result<()> {
+    let mut p = pair()?;
+    p.agent.stop()?;
+    let h1 = p.c.host(1);
+    // a reboot loses the device; the state dir keeps the MAC
+    h1.ns.run(&["ip", "link", "del", "flannel-v6.1"])?;
+    let conf = p.conf.to_str().context("path")?.to_string();
+    let mut agent = Agent::start(h1, &p.nodes_file, &["--net-conf", &conf])?;
+    let s = agent.status()?;
+    assert_eq!(s["vtep6"]["mac"].as_str(), Some(p.macs.1.as_str()), "{s:#}");
+    wait_reachable(&h1.pod, pod_ip6(2), 20)?;
+    agent.stop()?;
+    let out = cleanup(h1, &[])?;
+    ensure!(out.status.success(), "cleanup failed: {}", String::from_utf8_lossy(&out.stderr));
+    let links = h1.ns.run(&["ip", "link", "show"])?;
+    ensure!(!links.contains("flannel-v6.1") && !links.contains("flannel.1"), "{links}");
+    let rules = h1.ns.run(&["ip6tables", "-S"])?;
+    ensure!(!rules.contains("EDGEVX"), "{rules}");
+    Ok(())
+}
+
+#[test]
+fn dual_stack_without_an_ipv6_address_on_the_underlay_names_the_fix() -> Result<()> {
+    let mut c = Cluster::new(1)?;
+    c.host_mut(1).mount_bpffs()?;
+    let conf = c.dir.join("net-conf.json");
+    std::fs::write(&conf, net_conf())?;
+    let nodes_file = c.dir.join("nodes.json");
+    write(&nodes_file, &node_list(vec![flannel_node6(1, None)]))?;
+    let mut agent = Agent::spawn(
+        c.host(1),
+        &["--nodes-file", nodes_file.to_str().context("path")?, "--net-conf", conf.to_str().context("path")?],
+    )?;
+    agent.wait_log("has no usable global IPv6 address: add one, or give --public-ipv6", Duration::from_secs(20))?;
+    ensure!(!agent.log_text().contains("dataplane up"), "came up without an IPv6 source");
+    Ok(())
+}
+
+fn wait_until(timeout: Duration, what: &str, mut ok: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if ok()? {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    anyhow::bail!("timed out waiting for {what}")
+}

@@ -50,7 +50,8 @@ impl Node {
         }
         if self.record.mtu != want {
             let r = &self.record;
-            subnet_env::write(subnet_file, r.network, self.own.subnet, want, r.ip_masq)
+            // TODO(lead): v6
+            subnet_env::write(subnet_file, r.network, self.own.subnet, None, want, r.ip_masq)
                 .with_context(|| format!("cannot write {}", subnet_file.display()))?;
             self.record.mtu = want;
             state.save_agent(&self.record)?;

@@ -126,7 +126,8 @@ pub(super) async fn bring_up(
         .apply(&netfilter::plan(conf.network, own.subnet, conf.port, c.args.ip_masq, forward_rules))
         .context("cannot install the firewall rules")?;
 
-    subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, mtu, c.args.ip_masq)
+    // TODO(lead): v6
+    subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, None, mtu, c.args.ip_masq)
         .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
     let record = AgentRecord {
         node: c.node.clone(),
@@ -238,7 +239,7 @@ impl Node {
                 }
             },
         };
-        let (accepted, rejected) = reconcile::select(self.own.subnet, &observed, &view.peers);
+        let (accepted, rejected) = reconcile::select(self.own.subnet, self.own.subnet6, &observed, &view.peers);
         warned.conflicts(&rejected);
         let want = reconcile::plan(&accepted, network, &on_link);
         let mut changes = reconcile::diff(&want, &observed);
@@ -370,7 +371,8 @@ impl Node {
 
 pub(super) async fn readdress(n: &mut Node, c: &Checked, own: &OwnNode, state: &StateDir) -> Result<()> {
     device::ensure_address(&n.handle, n.vtep_index, own.subnet, n.record.network).await?;
-    subnet_env::write(&c.args.subnet_file, n.record.network, own.subnet, n.record.mtu, n.record.ip_masq)?;
+    // TODO(lead): v6
+    subnet_env::write(&c.args.subnet_file, n.record.network, own.subnet, None, n.record.mtu, n.record.ip_masq)?;
     let rules = netfilter::plan(n.record.network, own.subnet, n.record.port, n.record.ip_masq, n.forward_rules);
     n.firewall.apply(&rules).context("cannot update the firewall rules")?;
     n.own = own.clone();

@@ -6,7 +6,7 @@
 //! after a compaction.
 use std::{
     collections::BTreeMap,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -45,6 +45,8 @@ pub struct EtcdSettings {
 #[derive(Clone, Debug)]
 pub struct LocalNode {
     pub public_ip: Ipv4Addr,
+    /// Our public IPv6 (`PublicIPv6`); `None` when IPv6 is off.
+    pub public_ipv6: Option<Ipv6Addr>,
     pub state: StateDir,
     pub subnet_file: PathBuf,
 }

@@ -17,6 +17,11 @@ pub struct AnnotationNames {
     pub public_ip: String,
     pub public_ip_overwrite: String,
     pub node_public_ip: String,
+    /// Dual-stack: `{"VNI":<vni>,"VtepMAC":"<flannel-v6 MAC>"}`.
+    pub backend_v6_data: String,
+    pub public_ipv6: String,
+    pub public_ipv6_overwrite: String,
+    pub node_public_ipv6: String,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -56,6 +61,10 @@ impl AnnotationNames {
             public_ip: name("public-ip"),
             public_ip_overwrite: name("public-ip-overwrite"),
             node_public_ip: name("node-public-ip"),
+            backend_v6_data: name("backend-v6-data"),
+            public_ipv6: name("public-ipv6"),
+            public_ipv6_overwrite: name("public-ipv6-overwrite"),
+            node_public_ipv6: name("node-public-ipv6"),
         })
     }
 }
@@ -70,14 +79,20 @@ mod tests {
         assert_eq!(n.backend_data, "flannel.alpha.coreos.com/backend-data");
         assert_eq!(n.subnet_manager, "flannel.alpha.coreos.com/kube-subnet-manager");
         assert_eq!(n.public_ip_overwrite, "flannel.alpha.coreos.com/public-ip-overwrite");
+        assert_eq!(n.backend_v6_data, "flannel.alpha.coreos.com/backend-v6-data");
+        assert_eq!(n.public_ipv6, "flannel.alpha.coreos.com/public-ipv6");
+        assert_eq!(n.public_ipv6_overwrite, "flannel.alpha.coreos.com/public-ipv6-overwrite");
+        assert_eq!(n.node_public_ipv6, "flannel.alpha.coreos.com/node-public-ipv6");
     }
 
     #[test]
     fn prefix_with_slash_gets_a_dash() {
         let n = AnnotationNames::new("example.com/flannel").unwrap();
         assert_eq!(n.public_ip, "example.com/flannel-public-ip");
+        assert_eq!(n.backend_v6_data, "example.com/flannel-backend-v6-data");
         let n = AnnotationNames::new("example.com/flannel-").unwrap();
         assert_eq!(n.public_ip, "example.com/flannel-public-ip");
+        assert_eq!(n.node_public_ipv6, "example.com/flannel-node-public-ipv6");
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! flannel's net-conf.json (the `kube-flannel-cfg` ConfigMap's `net-conf.json`).
 //! Go decodes JSON keys case-insensitively, so `VNI`, `vni` and `Vni` all work there,
 //! and so they do here.
-use std::{net::Ipv4Addr, path::Path};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::{Map, Value};
 
 use edgevx_common::vxlan::{DEFAULT_PORT, DEFAULT_VNI};
@@ -30,12 +33,35 @@ pub struct NetConf {
     pub ipv6: Option<Ipv6Conf>,
 }
 
-/// The IPv6 half of a dual-stack network config.
+/// The IPv6 half of a dual-stack network config. Only the etcd subnet
+/// manager reads the subnet fields (flannel's `CheckNetworkConfig`, see
+/// `source::leases::subnet_range6`); the Kubernetes one takes the node's
+/// IPv6 pod CIDR as it is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Ipv6Conf {
-    /// `IPv6Network`.
-    pub network: ipnet::Ipv6Net,
+    /// `IPv6Network`, host bits dropped as Go's `net.ParseCIDR` drops them.
+    pub network: Ipv6Net,
+    /// `IPv6SubnetLen`; `None` for flannel's "unset" (0).
+    #[serde(default)]
+    pub subnet_len: Option<u8>,
+    /// `IPv6SubnetMin`.
+    #[serde(default)]
+    pub subnet_min: Option<Ipv6Addr>,
+    /// `IPv6SubnetMax`.
+    #[serde(default)]
+    pub subnet_max: Option<Ipv6Addr>,
 }
+
+impl Ipv6Conf {
+    pub fn new(network: Ipv6Net) -> Self {
+        Ipv6Conf { network, subnet_len: None, subnet_min: None, subnet_max: None }
+    }
+}
+
+/// What `EnableIPv4:false` is refused with, with IPv6 on.
+pub const IPV6_ONLY_REFUSED: &str = "IPv6-only is not supported yet: edgevx's dataplane carries the IPv4 overlay";
+/// flannel's error when both families are off (pkg/ipmatch `GetIPFamily`).
+pub const NO_STACK: &str = "none defined stack";
 
 impl Default for NetConf {
     fn default() -> Self {
@@ -87,12 +113,20 @@ impl NetConf {
                 return Err(field("Network", format!("{s} is smaller than /28")));
             }
         }
-        if let Some(false) = get(root, "EnableIPv4").and_then(Value::as_bool) {
-            return Err(field("EnableIPv4", "false is not supported: edgevx carries IPv4 pod traffic".into()));
+        let flag = |key: &'static str, default: bool| -> Result<bool, NetConfError> {
+            match get(root, key) {
+                None | Some(Value::Null) => Ok(default),
+                Some(v) => v.as_bool().ok_or_else(|| field(key, format!("must be true or false, got {v}"))),
+            }
+        };
+        let (ipv4, ipv6) = (flag("EnableIPv4", true)?, flag("EnableIPv6", false)?);
+        match (ipv4, ipv6) {
+            (false, false) => return Err(field("EnableIPv4", format!("false with EnableIPv6 false: {NO_STACK}"))),
+            (false, true) => return Err(field("EnableIPv4", IPV6_ONLY_REFUSED.into())),
+            _ => {}
         }
-        // flanneld would build flannel-v6.<VNI> and an IPv6 overlay; edgevx has none
-        if let Some(true) = get(root, "EnableIPv6").and_then(Value::as_bool) {
-            return Err(field("EnableIPv6", "true is not supported: edgevx has no IPv6 overlay".into()));
+        if ipv6 {
+            conf.ipv6 = Some(parse_ipv6(root, &field)?);
         }
         if let Some(v) = get(root, "EnableNFTables") {
             conf.nftables =
@@ -145,6 +179,41 @@ impl NetConf {
     }
 }
 
+/// `IPv6Network` (required with `EnableIPv6`) and the optional subnet keys.
+fn parse_ipv6(
+    root: &Map<String, Value>,
+    field: &dyn Fn(&'static str, String) -> NetConfError,
+) -> Result<Ipv6Conf, NetConfError> {
+    let text = |key: &'static str| -> Result<Option<&str>, NetConfError> {
+        match get(root, key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| field(key, format!("must be a string, got {v}"))),
+        }
+    };
+    let s = text("IPv6Network")?.ok_or_else(|| {
+        field("IPv6Network", "is required with EnableIPv6 (an IPv6 CIDR like fd00:10:244::/56)".into())
+    })?;
+    let network: Ipv6Net = s.parse().map_err(|_| field("IPv6Network", format!("{s:?} is not an IPv6 CIDR")))?;
+    let mut v6 = Ipv6Conf::new(network.trunc());
+    if let Some(v) = get(root, "IPv6SubnetLen").filter(|v| !v.is_null()) {
+        let len = v
+            .as_u64()
+            .filter(|l| *l <= 128)
+            .ok_or_else(|| field("IPv6SubnetLen", format!("must be an integer from 0 to 128, got {v}")))?;
+        // 0 is flannel's "unset" (a Go uint's zero value)
+        v6.subnet_len = (len != 0).then_some(len as u8);
+    }
+    let addr = |key: &'static str| -> Result<Option<Ipv6Addr>, NetConfError> {
+        match text(key)? {
+            None => Ok(None),
+            Some(a) => a.parse().map(Some).map_err(|_| field(key, format!("{a:?} is not an IPv6 address"))),
+        }
+    };
+    v6.subnet_min = addr("IPv6SubnetMin")?;
+    v6.subnet_max = addr("IPv6SubnetMax")?;
+    Ok(v6)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,8 +251,13 @@ mod tests {
             (r#"{"Backend":{"DirectRouting":"yes"}}"#, "Backend.DirectRouting"),
             (r#"{"Backend":{"GBP":true}}"#, "GBP"),
             (r#"{"Backend":{"Learning":true}}"#, "Learning"),
-            (r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48"}"#, "EnableIPv6"),
-            (r#"{"enableipv6":true}"#, "EnableIPv6"),
+            (r#"{"enableipv6":true}"#, "IPv6Network"),
+            (r#"{"EnableIPv6":"yes"}"#, "EnableIPv6"),
+            (r#"{"EnableIPv6":true,"IPv6Network":"10.0.0.0/8"}"#, "IPv6Network"),
+            (r#"{"EnableIPv6":true,"IPv6Network":7}"#, "IPv6Network"),
+            (r#"{"EnableIPv6":true,"IPv6Network":"fc00::/48","IPv6SubnetLen":129}"#, "IPv6SubnetLen"),
+            (r#"{"EnableIPv6":true,"IPv6Network":"fc00::/48","IPv6SubnetMin":"fc00::x"}"#, "IPv6SubnetMin"),
+            (r#"{"EnableIPv6":true,"IPv6Network":"fc00::/48","IPv6SubnetMax":"10.0.0.1"}"#, "IPv6SubnetMax"),
             (r#"[1]"#, "top level"),
         ];
         for (text, culprit) in cases {
@@ -218,5 +292,53 @@ mod tests {
         // kube-flannel's ConfigMap may spell the default out
         let c = NetConf::parse(r#"{"Network":"10.244.0.0/16","EnableIPv6":false,"Backend":{"Type":"vxlan"}}"#, "x");
         assert_eq!(c.unwrap(), NetConf::default());
+    }
+
+    #[test]
+    fn dual_stack_is_read_case_insensitively() {
+        let c = NetConf::parse(
+            r#"{"Network":"10.244.0.0/16","enableipv6":true,"ipv6network":"fd00:10:244::/56","ipv6subnetlen":64,
+                "IPv6SubnetMin":"fd00:10:244:1::","IPv6SubnetMax":"fd00:10:244:ff::","Backend":{"Type":"vxlan"}}"#,
+            "x",
+        )
+        .unwrap();
+        let v6 = c.ipv6.unwrap();
+        assert_eq!(v6.network.to_string(), "fd00:10:244::/56");
+        assert_eq!(v6.subnet_len, Some(64));
+        assert_eq!(v6.subnet_min, Some("fd00:10:244:1::".parse().unwrap()));
+        assert_eq!(v6.subnet_max, Some("fd00:10:244:ff::".parse().unwrap()));
+    }
+
+    #[test]
+    fn ipv6_network_host_bits_are_dropped_like_go_parse_cidr() {
+        let c = NetConf::parse(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::1/56","IPv6SubnetLen":0}"#, "x");
+        let v6 = c.unwrap().ipv6.unwrap();
+        assert_eq!((v6.network.to_string().as_str(), v6.subnet_len), ("fd00:10:244::/56", None));
+    }
+
+    #[test]
+    fn ipv6_only_and_no_stack_are_refused() {
+        let e = NetConf::parse(r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fc00::/48"}"#, "x");
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("EnableIPv4") && e.contains(IPV6_ONLY_REFUSED), "{e}");
+        for text in [r#"{"EnableIPv4":false}"#, r#"{"enableipv4":false,"EnableIPv6":false}"#] {
+            let e = NetConf::parse(text, "x").unwrap_err().to_string();
+            assert!(e.ends_with(NO_STACK), "{e}");
+        }
+    }
+
+    #[test]
+    fn views_cached_before_dual_stack_still_load() {
+        let old: NetConf = serde_json::from_str(
+            r#"{"network":"10.244.0.0/16","vni":1,"port":8472,"mtu":null,"direct_routing":false,"nftables":false}"#,
+        )
+        .unwrap();
+        assert_eq!(old, NetConf::default());
+        // a view with the first dual-stack shape (the network alone)
+        let c: NetConf = serde_json::from_str(
+            r#"{"network":"10.244.0.0/16","vni":1,"port":8472,"mtu":null,"ipv6":{"network":"fd00::/56"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.ipv6, Some(Ipv6Conf::new("fd00::/56".parse().unwrap())));
     }
 }

@@ -26,6 +26,9 @@ use tracing::warn;
 use crate::{mac::VtepMac, peer::Peer};
 
 pub const MAC_FILE: &str = "vtep-mac";
+/// The MAC of `flannel-v6.<VNI>` (dual-stack), kept apart from the IPv4
+/// one as flannel keeps `backend-v6-data` apart from `backend-data`.
+pub const MAC6_FILE: &str = "vtep-mac6";
 pub const PEERS_FILE: &str = "peers.json";
 pub const AGENT_FILE: &str = "agent.json";
 
@@ -255,8 +258,25 @@ impl StateDir {
     /// The saved VTEP MAC. A damaged file is an error, not "no MAC": a
     /// silent new MAC is the outage edgevx exists to prevent.
     pub fn load_mac(&self) -> Result<Option<VtepMac>> {
-        let path = self.path(MAC_FILE);
-        let Some(bytes) = self.read(MAC_FILE)? else { return Ok(None) };
+        self.load_mac_file(MAC_FILE)
+    }
+
+    pub fn save_mac(&self, mac: VtepMac) -> Result<()> {
+        self.save_mac_file(MAC_FILE, mac)
+    }
+
+    /// The saved MAC of the IPv6 VTEP, as [`StateDir::load_mac`].
+    pub fn load_mac6(&self) -> Result<Option<VtepMac>> {
+        self.load_mac_file(MAC6_FILE)
+    }
+
+    pub fn save_mac6(&self, mac: VtepMac) -> Result<()> {
+        self.save_mac_file(MAC6_FILE, mac)
+    }
+
+    fn load_mac_file(&self, name: &str) -> Result<Option<VtepMac>> {
+        let path = self.path(name);
+        let Some(bytes) = self.read(name)? else { return Ok(None) };
         String::from_utf8_lossy(&bytes)
             .trim()
             .parse()
@@ -264,8 +284,8 @@ impl StateDir {
             .with_context(|| format!("saved VTEP MAC in {} is damaged", path.display()))
     }
 
-    pub fn save_mac(&self, mac: VtepMac) -> Result<()> {
-        Ok(self.write(MAC_FILE, format!("{mac}\n").as_bytes())?)
+    fn save_mac_file(&self, name: &str, mac: VtepMac) -> Result<()> {
+        Ok(self.write(name, format!("{mac}\n").as_bytes())?)
     }
 
     pub fn load_peers(&self) -> Result<Vec<Peer>> {
@@ -417,6 +437,23 @@ mod tests {
         fs::create_dir_all(&d).unwrap();
         fs::write(d.join(MAC_FILE), "not a mac").unwrap();
         assert!(s.load_mac().is_err());
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn the_ipv6_mac_has_its_own_file() {
+        let d = temp_dir("mac6");
+        let s = StateDir(d.clone());
+        s.ensure().unwrap();
+        let (a, b): (VtepMac, VtepMac) = ("02:00:00:00:00:04".parse().unwrap(), "02:00:00:00:00:06".parse().unwrap());
+        s.save_mac(a).unwrap();
+        assert_eq!(s.load_mac6().unwrap(), None);
+        s.save_mac6(b).unwrap();
+        assert_eq!((s.load_mac().unwrap(), s.load_mac6().unwrap()), (Some(a), Some(b)));
+        assert_eq!(fs::read_to_string(d.join(MAC6_FILE)).unwrap(), "02:00:00:00:00:06\n");
+        fs::write(d.join(MAC6_FILE), "not a mac").unwrap();
+        let e = s.load_mac6().unwrap_err();
+        assert!(format!("{e:#}").contains(MAC6_FILE), "{e:#}");
         fs::remove_dir_all(d).unwrap();
     }
 }

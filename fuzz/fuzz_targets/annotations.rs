@@ -4,7 +4,7 @@
 #![no_main]
 use edgevx::{
     annotations::AnnotationNames,
-    netconf::NetConf,
+    netconf::{Ipv6Conf, NetConf},
     source::{NodeReader, peer_record},
 };
 use libfuzzer_sys::fuzz_target;
@@ -21,18 +21,39 @@ fuzz_target!(|data: &[u8]| {
         &names.public_ip,
         &names.public_ip_overwrite,
         &names.node_public_ip,
+        &names.backend_v6_data,
+        &names.public_ipv6,
+        &names.public_ipv6_overwrite,
+        &names.node_public_ipv6,
     ] {
         // a valid Kubernetes annotation key: one '/', lowercase DNS prefix
         assert_eq!(name.matches('/').count(), 1, "{name}");
         assert!(name.starts_with(prefix.trim_end_matches(['/', '-'])), "{name} from {prefix:?}");
     }
     let Ok(ann) = serde_json::from_str::<Value>(annotations) else { return };
-    let node =
-        |name: &str| json!({"metadata": {"name": name, "annotations": ann}, "spec": {"podCIDR": "10.244.2.0/24"}});
-    let reader = NodeReader { names, own_name: "me".into(), conf: NetConf::default() };
-    let d = reader.desired(&[node("me"), node("peer")]);
-    assert_eq!(d.view.peers.len() + d.view.rejected.len() + d.view.ignored.len(), 1);
-    for p in &d.view.peers {
-        assert!(peer_record::check(p.public_ip, p.subnet, d.conf.network, &[]).is_ok(), "{p:?}");
+    let node = |name: &str| {
+        json!({"metadata": {"name": name, "annotations": ann},
+            "spec": {"podCIDR": "10.244.2.0/24", "podCIDRs": ["10.244.2.0/24", "fd00:10:244:2::/64"]}})
+    };
+    let dual =
+        NetConf { ipv6: Some(Ipv6Conf::new("fd00:10:244::/56".parse().unwrap_or_default())), ..NetConf::default() };
+    for conf in [NetConf::default(), dual] {
+        let reader = NodeReader { names: names.clone(), own_name: "me".into(), conf };
+        let d = reader.desired(&[node("me"), node("peer")]);
+        assert_eq!(d.view.peers.len() + d.view.rejected.len() + d.view.ignored.len(), 1);
+        assert_eq!(
+            d.view.own.as_ref().is_some_and(|o| o.subnet6.is_some()),
+            d.conf.ipv6.is_some() && d.view.own.is_some()
+        );
+        for p in &d.view.peers {
+            assert!(peer_record::check(p.public_ip, p.subnet, d.conf.network, &[]).is_ok(), "{p:?}");
+            match (&p.v6, &d.conf.ipv6) {
+                (Some(v6), Some(c6)) => {
+                    assert!(peer_record::check6(v6.public_ip, v6.subnet, c6.network, &[]).is_ok(), "{p:?}")
+                }
+                (None, None) => {}
+                _ => panic!("the IPv6 half does not follow EnableIPv6: {p:?}"),
+            }
+        }
     }
 });

@@ -1,4 +1,5 @@
-//! etcd lease records (`<prefix>/subnets/<a.b.c.d>-<len>` = flannel's JSON):
+//! etcd lease records (`<prefix>/subnets/<a.b.c.d>-<len>[&<ipv6>-<len>]` =
+//! flannel's JSON):
 //! the input is the key, a newline, then the value. Never a panic; what
 //! parses round-trips through the value flanneld writes, and a peer made
 //! from it passes the checks Nodes get.
@@ -14,20 +15,35 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let (key, value) = text.split_once('\n').unwrap_or((text, ""));
-    if let Some(net) = leases::parse_subnet_key(key) {
-        assert_eq!(leases::parse_subnet_key(&leases::subnet_key(net)), Some(net));
+    if let Some((net, net6)) = leases::parse_key(key) {
+        assert_eq!(leases::parse_key(&leases::subnet_key(net, net6)), Some((net, net6)));
+        assert_eq!(leases::parse_subnet_key(key), Some(net));
     }
-    let Ok(lease) = leases::parse_lease(key, value) else { return };
+    let Ok(lease) = leases::parse_lease(key, value, true) else { return };
     if let Some(mac) = lease.vtep_mac {
-        let again = leases::parse_lease(key, &leases::lease_value(lease.public_ip, 1, mac));
-        assert_eq!(again.map(|l| (l.subnet, l.public_ip, l.vtep_mac)), Ok((lease.subnet, lease.public_ip, Some(mac))));
+        let v6 = lease.v6.and_then(|v6| Some((v6.public_ip?, v6.vtep_mac?)));
+        let again = leases::parse_lease(key, &leases::lease_value(lease.public_ip, 1, mac, v6), true);
+        let pick = |l: leases::Lease| (l.subnet, l.public_ip, l.vtep_mac, l.v6.filter(|_| v6.is_some()));
+        assert_eq!(again.map(pick), Ok(pick(lease.clone())));
     }
     let own_ip = "198.18.0.1".parse().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+    let own_ip6 = "fd00:198:18::1".parse().ok();
     let network = NetConf::default().network;
     let all = BTreeMap::from([(key.to_string(), value.to_string())]);
-    let (peers, rejected, ignored) = leases::peers(&all, network, None, own_ip);
-    assert_eq!(peers.len() + rejected.len() + ignored.len(), 1);
-    for p in &peers {
-        assert!(peer_record::check(p.public_ip, p.subnet, network, &[own_ip]).is_ok(), "{p:?}");
+    for network6 in [None, "fd00::/8".parse().ok()] {
+        let reader = leases::Reader { network, network6, own: None, own_ip, own_ip6 };
+        let (peers, rejected, ignored) = reader.peers(&all);
+        assert_eq!(peers.len() + rejected.len() + ignored.len(), 1);
+        for p in &peers {
+            assert!(peer_record::check(p.public_ip, p.subnet, network, &[own_ip]).is_ok(), "{p:?}");
+            match (p.v6, network6) {
+                (Some(v6), Some(n6)) => {
+                    let own6: Vec<_> = own_ip6.into_iter().collect();
+                    assert!(peer_record::check6(v6.public_ip, v6.subnet, n6, &own6).is_ok(), "{p:?}");
+                }
+                (Some(_), None) => panic!("an IPv6 half with IPv6 off: {p:?}"),
+                (None, _) => {}
+            }
+        }
     }
 });

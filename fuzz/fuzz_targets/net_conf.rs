@@ -16,4 +16,13 @@ fuzz_target!(|data: &[u8]| {
     if let Some(n) = leases::allocate(range, &[], None, u64::from(conf.vni)) {
         assert!(conf.network.contains(&n) && n.prefix_len() == range.len, "{n}");
     }
+    if let Some(v6) = &conf.ipv6 {
+        assert_eq!(v6.network.trunc(), v6.network, "host bits are dropped");
+        let Ok(r6) = leases::subnet_range6(v6) else { return };
+        assert!(r6.len <= 126 && r6.len >= v6.network.prefix_len() + 2, "{r6:?}");
+        assert!(v6.network.contains(&r6.min) && v6.network.contains(&r6.max), "{r6:?}");
+        if let Some(n6) = leases::allocate6(r6, &[], None, u64::from(conf.vni)) {
+            assert!(r6.fits(n6) && v6.network.contains(&n6), "{n6}");
+        }
+    }
 });

@@ -4,7 +4,7 @@
 #![no_main]
 use edgevx::{
     annotations::{AnnotationNames, DEFAULT_PREFIX},
-    netconf::NetConf,
+    netconf::{Ipv6Conf, NetConf},
     source::{NodeReader, nodes_file, peer_record},
 };
 use libfuzzer_sys::fuzz_target;
@@ -14,14 +14,27 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let Ok(nodes) = nodes_file::parse(text, "fuzz.json") else { return };
     let Ok(names) = AnnotationNames::new(DEFAULT_PREFIX) else { return };
-    let reader = NodeReader { names, own_name: "node1".into(), conf: NetConf::default() };
-    let d = reader.desired(&nodes);
-    let v = &d.view;
-    let own = nodes.iter().filter(|n| n.pointer("/metadata/name").and_then(Value::as_str) == Some("node1")).count();
-    assert_eq!(v.peers.len() + v.rejected.len() + v.ignored.len() + own, nodes.len(), "a node lost or counted twice");
-    assert_eq!(v.own.is_some(), v.own_problem.is_none());
-    for p in &v.peers {
-        assert!(peer_record::check(p.public_ip, p.subnet, d.conf.network, &[]).is_ok(), "{p:?}");
-        assert_eq!(p.subnet.trunc(), p.subnet, "{p:?}");
+    let dual =
+        NetConf { ipv6: Some(Ipv6Conf::new("fd00:10:244::/56".parse().unwrap_or_default())), ..NetConf::default() };
+    for conf in [NetConf::default(), dual] {
+        let reader = NodeReader { names: names.clone(), own_name: "node1".into(), conf };
+        let d = reader.desired(&nodes);
+        let v = &d.view;
+        let own = nodes.iter().filter(|n| n.pointer("/metadata/name").and_then(Value::as_str) == Some("node1")).count();
+        assert_eq!(
+            v.peers.len() + v.rejected.len() + v.ignored.len() + own,
+            nodes.len(),
+            "a node lost or counted twice"
+        );
+        assert_eq!(v.own.is_some(), v.own_problem.is_none());
+        for p in &v.peers {
+            assert!(peer_record::check(p.public_ip, p.subnet, d.conf.network, &[]).is_ok(), "{p:?}");
+            assert_eq!(p.subnet.trunc(), p.subnet, "{p:?}");
+            assert_eq!(p.v6.is_some(), d.conf.ipv6.is_some(), "{p:?}");
+            if let (Some(v6), Some(c6)) = (&p.v6, &d.conf.ipv6) {
+                assert!(peer_record::check6(v6.public_ip, v6.subnet, c6.network, &[]).is_ok(), "{p:?}");
+                assert_eq!(v6.subnet.trunc(), v6.subnet, "{p:?}");
+            }
+        }
     }
 });

@@ -1,41 +1,61 @@
 //! Which candidates become peers. Pure, and O(n log n): a peer list of
 //! tens of thousands of nodes is checked in milliseconds.
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::IpAddr,
+};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::plan::Contents;
 use crate::peer::{Peer, Rejection};
 
-/// Accepted pod CIDRs as disjoint address intervals, keyed by first address.
-#[derive(Default)]
-struct Intervals(BTreeMap<u32, (u32, usize)>);
+/// Accepted pod CIDRs of one family as disjoint address intervals, keyed by
+/// first address (`u32` for IPv4, `u128` for IPv6).
+struct Intervals<A>(BTreeMap<A, (A, usize)>);
 
-impl Intervals {
-    fn bounds(net: Ipv4Net) -> (u32, u32) {
-        (u32::from(net.network()), u32::from(net.broadcast()))
+impl<A: Ord + Copy> Intervals<A> {
+    fn new() -> Self {
+        Intervals(BTreeMap::new())
     }
 
-    /// The accepted interval that overlaps `net`, if any. The intervals are
-    /// disjoint, so of those starting at or before `net`'s last address only
-    /// the one starting last can reach into it.
-    fn overlapping(&self, net: Ipv4Net) -> Option<usize> {
-        let (first, last) = Self::bounds(net);
+    /// The accepted interval that overlaps `[first, last]`, if any. The
+    /// intervals are disjoint, so of those starting at or before `last`
+    /// only the one starting last can reach into it.
+    fn overlapping(&self, (first, last): (A, A)) -> Option<usize> {
         let (_, &(end, index)) = self.0.range(..=last).next_back()?;
         (end >= first).then_some(index)
     }
 
-    fn insert(&mut self, net: Ipv4Net, index: usize) {
-        let (first, last) = Self::bounds(net);
+    fn insert(&mut self, (first, last): (A, A), index: usize) {
         self.0.insert(first, (last, index));
     }
+}
+
+fn bounds(net: Ipv4Net) -> (u32, u32) {
+    (u32::from(net.network()), u32::from(net.broadcast()))
+}
+
+fn bounds6(net: Ipv6Net) -> (u128, u128) {
+    (u128::from(net.network()), u128::from(net.broadcast()))
+}
+
+fn overlaps6(a: Ipv6Net, b: Ipv6Net) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
 }
 
 /// Chooses which candidates become peers. A peer the dataplane already
 /// holds (its subnet is in the LPM map with its public IP) keeps its place;
 /// a newcomer whose subnet overlaps ours or an accepted peer's, or whose
-/// public IP or name is taken, is rejected with the reason.
-pub fn select(own: Ipv4Net, observed: &Contents, candidates: &[Peer]) -> (Vec<Peer>, Vec<Rejection>) {
+/// public IP or name is taken, is rejected with the reason. In dual-stack
+/// (`own6`) the same holds for a peer's IPv6 half, and a peer whose IPv6
+/// half collides is rejected whole, as flannel treats a node as one lease.
+pub fn select(
+    own: Ipv4Net,
+    own6: Option<Ipv6Net>,
+    observed: &Contents,
+    candidates: &[Peer],
+) -> (Vec<Peer>, Vec<Rejection>) {
     let established = |p: &Peer| observed.subnets.get(&p.subnet).is_some_and(|t| t.public_ip == p.public_ip);
     let mut ordered: Vec<&Peer> = candidates.iter().filter(|p| established(p)).collect();
     ordered.extend(candidates.iter().filter(|p| !established(p)));
@@ -43,22 +63,38 @@ pub fn select(own: Ipv4Net, observed: &Contents, candidates: &[Peer]) -> (Vec<Pe
     let mut accepted: Vec<Peer> = Vec::with_capacity(candidates.len());
     let mut rejected = Vec::new();
     let mut names: HashSet<&str> = HashSet::with_capacity(candidates.len());
-    let mut ips: HashMap<std::net::Ipv4Addr, usize> = HashMap::with_capacity(candidates.len());
-    let mut intervals = Intervals::default();
+    let mut ips: HashMap<IpAddr, usize> = HashMap::with_capacity(candidates.len());
+    let mut intervals = Intervals::new();
+    let mut intervals6 = Intervals::new();
     for p in ordered {
         let reject = |reason: String| Rejection { node: p.node.clone(), reason };
+        let v6 = p.v6.as_ref();
+        let ip6 = v6.map(|v6| IpAddr::V6(v6.public_ip));
         if names.contains(p.node.as_str()) {
             rejected.push(reject("the node is listed twice".into()));
         } else if own.contains(&p.subnet.network()) || p.subnet.contains(&own.network()) {
             rejected.push(reject(format!("pod CIDR {} overlaps our own {own}", p.subnet)));
-        } else if let Some(a) = intervals.overlapping(p.subnet).map(|i| &accepted[i]) {
+        } else if let Some(a) = intervals.overlapping(bounds(p.subnet)).map(|i| &accepted[i]) {
             rejected.push(reject(format!("pod CIDR {} overlaps {} of node {}", p.subnet, a.subnet, a.node)));
-        } else if let Some(a) = ips.get(&p.public_ip).map(|&i| &accepted[i]) {
+        } else if let Some(a) = ips.get(&IpAddr::V4(p.public_ip)).map(|&i| &accepted[i]) {
             rejected.push(reject(format!("public IP {} is already node {}'s", p.public_ip, a.node)));
+        } else if let Some((v6, own6)) = v6.zip(own6).filter(|(v6, own6)| overlaps6(v6.subnet, *own6)) {
+            rejected.push(reject(format!("IPv6 pod CIDR {} overlaps our own {own6}", v6.subnet)));
+        } else if let Some((v6, a)) =
+            v6.and_then(|v6| Some((v6, &accepted[intervals6.overlapping(bounds6(v6.subnet))?])))
+        {
+            let theirs = a.v6.map(|a6| a6.subnet.to_string()).unwrap_or_default();
+            rejected.push(reject(format!("IPv6 pod CIDR {} overlaps {theirs} of node {}", v6.subnet, a.node)));
+        } else if let Some((ip6, a)) = ip6.and_then(|ip6| Some((ip6, &accepted[*ips.get(&ip6)?]))) {
+            rejected.push(reject(format!("public IPv6 {ip6} is already node {}'s", a.node)));
         } else {
             names.insert(&p.node);
-            ips.insert(p.public_ip, accepted.len());
-            intervals.insert(p.subnet, accepted.len());
+            ips.insert(IpAddr::V4(p.public_ip), accepted.len());
+            intervals.insert(bounds(p.subnet), accepted.len());
+            if let Some(v6) = v6 {
+                ips.insert(IpAddr::V6(v6.public_ip), accepted.len());
+                intervals6.insert(bounds6(v6.subnet), accepted.len());
+            }
             accepted.push(p.clone());
         }
     }
@@ -82,6 +118,7 @@ mod tests {
     fn overlap_with_own_subnet_is_rejected() {
         let (ok, bad) = select(
             own(),
+            None,
             &nothing(),
             &[peer("x", "10.244.1.0/25", "198.18.0.9"), peer("y", "10.244.0.0/16", "198.18.0.8")],
         );
@@ -95,7 +132,7 @@ mod tests {
         let old = peer("old", "10.244.2.0/24", "198.18.0.2");
         let observed = plan(std::slice::from_ref(&old), "10.244.0.0/16".parse().unwrap(), &Default::default());
         // the newcomer is listed first, but the one in the dataplane wins
-        let (ok, bad) = select(own(), &observed, &[peer("new", "10.244.2.0/25", "198.18.0.3"), old.clone()]);
+        let (ok, bad) = select(own(), None, &observed, &[peer("new", "10.244.2.0/25", "198.18.0.3"), old.clone()]);
         assert_eq!(ok, vec![old]);
         assert_eq!(bad[0].node, "new");
         assert!(bad[0].reason.contains("of node old"), "{}", bad[0].reason);
@@ -105,6 +142,7 @@ mod tests {
     fn duplicate_public_ip_and_name_are_rejected() {
         let (ok, bad) = select(
             own(),
+            None,
             &nothing(),
             &[
                 peer("a", "10.244.2.0/24", "198.18.0.2"),
@@ -144,7 +182,7 @@ mod tests {
                     }
                 })
                 .collect();
-            let (ok, _) = select("192.168.0.0/24".parse().unwrap(), &nothing(), &candidates);
+            let (ok, _) = select("192.168.0.0/24".parse().unwrap(), None, &nothing(), &candidates);
             // pairwise reference
             let mut want: Vec<&Peer> = Vec::new();
             for p in &candidates {
@@ -160,5 +198,61 @@ mod tests {
                 want.iter().map(|p| &p.node).collect::<Vec<_>>()
             );
         }
+    }
+
+    /// Node `n` with 10.244.<n>.0/24 and `subnet6`, public 198.18.0.<n> and fd00:198:18::<ip6>.
+    fn peer6(name: &str, n: u8, subnet6: &str, ip6: u8) -> Peer {
+        let mut p = peer(name, &format!("10.244.{n}.0/24"), &format!("198.18.0.{n}"));
+        p.v6 = Some(crate::peer::PeerV6 {
+            subnet: subnet6.parse().unwrap(),
+            public_ip: format!("fd00:198:18::{ip6}").parse().unwrap(),
+            vtep_mac: "02:00:00:00:00:06".parse().unwrap(),
+        });
+        p
+    }
+
+    #[test]
+    fn a_colliding_ipv6_half_rejects_the_peer_whole() {
+        let own6 = Some("fd00:10:244:1::/64".parse().unwrap());
+        let (ok, bad) = select(
+            own(),
+            own6,
+            &nothing(),
+            &[
+                peer6("a", 2, "fd00:10:244:2::/64", 2),
+                peer6("ours", 3, "fd00:10:244:1:8000::/65", 3),
+                peer6("inside", 4, "fd00:10:244:2:1::/80", 4),
+                peer6("wide", 5, "fd00:10:244::/56", 5),
+                peer6("sameip", 6, "fd00:10:244:6::/64", 2),
+                peer("v4only", "10.244.7.0/24", "198.18.0.7"),
+                peer6("b", 8, "fd00:10:244:8::/64", 8),
+            ],
+        );
+        assert_eq!(ok.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), ["a", "v4only", "b"]);
+        let reason = |n: &str| bad.iter().find(|r| r.node == n).map(|r| r.reason.clone()).unwrap_or_default();
+        assert_eq!(reason("ours"), "IPv6 pod CIDR fd00:10:244:1:8000::/65 overlaps our own fd00:10:244:1::/64");
+        assert_eq!(reason("inside"), "IPv6 pod CIDR fd00:10:244:2:1::/80 overlaps fd00:10:244:2::/64 of node a");
+        assert!(reason("wide").contains("overlaps our own"), "{}", reason("wide"));
+        assert_eq!(reason("sameip"), "public IPv6 fd00:198:18::2 is already node a's");
+        // the rejected IPv6 halves did not take their IPv4 subnets: a later peer may have them
+        let (ok, _) = select(
+            own(),
+            own6,
+            &nothing(),
+            &[peer6("x", 3, "fd00:10:244:1::/64", 3), peer("y", "10.244.3.0/24", "198.18.0.9")],
+        );
+        assert_eq!(ok.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), ["y"]);
+    }
+
+    #[test]
+    fn ipv6_halves_are_checked_without_an_own_ipv6_subnet_too() {
+        let (ok, bad) = select(
+            own(),
+            None,
+            &nothing(),
+            &[peer6("a", 2, "fd00:10:244:2::/64", 2), peer6("b", 3, "fd00:10:244:2::/64", 3)],
+        );
+        assert_eq!(ok.len(), 1);
+        assert!(bad[0].reason.contains("of node a"), "{:?}", bad);
     }
 }

@@ -91,6 +91,8 @@ fn start_source(
         Source::Etcd(settings) => {
             let me = etcd::LocalNode {
                 public_ip: config::public_ip(c.args.public_ip, None, &c.underlay).unwrap_or(Ipv4Addr::UNSPECIFIED),
+                // used only if etcd's config turns IPv6 on
+                public_ipv6: config::public_ipv6(c.args.public_ipv6, None, &c.underlay),
                 state: state.clone(),
                 subnet_file: c.args.subnet_file.clone(),
             };
@@ -341,7 +343,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     continue;
                 }
             },
-            Phase::Up(n) if n.own.subnet != own.subnet => {
+            Phase::Up(n) if n.own.subnet != own.subnet || n.own.subnet6 != own.subnet6 => {
                 warn!(old = %n.own.subnet, new = %own.subnet, "own pod CIDR changed; re-addressing the VTEP");
                 if let Err(e) = readdress(n, &c, &own, &state).await {
                     error!("cannot apply the new pod CIDR: {e:#}");

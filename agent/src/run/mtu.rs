@@ -54,7 +54,8 @@ impl Node {
         }
         if self.record.mtu != want {
             let r = &self.record;
-            subnet_env::write(subnet_file, r.network, self.own.subnet, want, r.ip_masq)
+            let v6 = r.v6.as_ref().map(|v6| (v6.network, v6.subnet));
+            subnet_env::write(subnet_file, r.network, self.own.subnet, v6, want, r.ip_masq)
                 .with_context(|| format!("cannot write {}", subnet_file.display()))?;
             self.record.mtu = want;
             state.save_agent(&self.record)?;

@@ -129,7 +129,8 @@ pub(super) async fn bring_up(
         .context("cannot install the firewall rules")?;
     let v6 = super::node6::bring_up6(c, conf, &own, state, handle, underlay_mtu).await?;
 
-    subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, mtu, c.args.ip_masq)
+    let subnets6 = v6.as_ref().map(|s| (s.record.network, s.record.subnet));
+    subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, subnets6, mtu, c.args.ip_masq)
         .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
     let record = AgentRecord {
         node: c.node.clone(),
@@ -246,7 +247,7 @@ impl Node {
                 }
             },
         };
-        let (accepted, rejected) = reconcile::select(self.own.subnet, &observed, &view.peers);
+        let (accepted, rejected) = reconcile::select(self.own.subnet, self.own.subnet6, &observed, &view.peers);
         warned.conflicts(&rejected);
         let want = reconcile::plan(&accepted, network, &on_link);
         let mut changes = reconcile::diff(&want, &observed);
@@ -395,7 +396,15 @@ impl Node {
 
 pub(super) async fn readdress(n: &mut Node, c: &Checked, own: &OwnNode, state: &StateDir) -> Result<()> {
     device::ensure_address(&n.handle, n.vtep_index, own.subnet, n.record.network).await?;
-    subnet_env::write(&c.args.subnet_file, n.record.network, own.subnet, n.record.mtu, n.record.ip_masq)?;
+    if let (Some(v6), Some(subnet6)) = (&mut n.v6, own.subnet6) {
+        if v6.record.subnet != subnet6 {
+            crate::dataplane::vtep6::ensure_address6(&n.handle, v6.index, subnet6).await?;
+            v6.record.subnet = subnet6;
+            n.record.v6 = Some(v6.record.clone());
+        }
+    }
+    let subnets6 = n.record.v6.as_ref().map(|v6| (v6.network, v6.subnet));
+    subnet_env::write(&c.args.subnet_file, n.record.network, own.subnet, subnets6, n.record.mtu, n.record.ip_masq)?;
     let rules = netfilter::plan(n.record.network, own.subnet, n.record.port, n.record.ip_masq, n.forward_rules);
     n.firewall.apply(&rules).context("cannot update the firewall rules")?;
     n.own = own.clone();

@@ -1,12 +1,13 @@
 //! The etcd source, flannel's etcd subnet manager (etcd v3): the network
 //! config at `<prefix>/config`, one lease per node at
-//! `<prefix>/subnets/<a.b.c.d>-<len>`. We acquire or reuse our own lease
+//! `<prefix>/subnets/<a.b.c.d>-<len>` (in dual-stack
+//! `<a.b.c.d>-<len>&<ipv6>-<len>`: one key holds both families). We acquire or reuse our own lease
 //! (which also restores our VTEP MAC: flannel cannot), renew it before it
 //! expires, honour TTL-less reservations, and watch the rest, re-listing
 //! after a compaction.
 use std::{
     collections::BTreeMap,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -15,13 +16,12 @@ use anyhow::{Context, Result, bail};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use super::{Desired, etcd_tls, leases};
 use crate::{
-    mac::VtepMac,
     netconf::NetConf,
     peer::{ClusterView, OwnNode},
     state::StateDir,
@@ -45,6 +45,10 @@ pub struct EtcdSettings {
 #[derive(Clone, Debug)]
 pub struct LocalNode {
     pub public_ip: Ipv4Addr,
+    /// Our public IPv6 (`PublicIPv6`), if the node has one. Whether IPv6
+    /// is on is the etcd config's to say (`EnableIPv6`); with it on and no
+    /// address here the config is refused.
+    pub public_ipv6: Option<Ipv6Addr>,
     pub state: StateDir,
     pub subnet_file: PathBuf,
 }
@@ -72,12 +76,35 @@ struct RefusedConfig(String);
 /// flannel's network config as read from `key`, refusing what edgevx would
 /// otherwise ignore. It is known only once etcd answers, so this check runs
 /// then, not with the flags.
-fn read_config(text: &str, key: &str) -> Result<(NetConf, leases::SubnetRange), RefusedConfig> {
+fn read_config(text: &str, key: &str) -> Result<(NetConf, Ranges), RefusedConfig> {
     // Backend.MTU is applied: the run loop sizes the VTEP from this config
     let conf = NetConf::parse(text, key).map_err(|e| RefusedConfig(e.to_string()))?;
     crate::netfilter::check_backend(conf.nftables).map_err(|e| RefusedConfig(format!("{key}: {e:#}")))?;
-    let range = leases::subnet_range(text, &conf).map_err(|e| RefusedConfig(format!("{key}: {e}")))?;
-    Ok((conf, range))
+    let v4 = leases::subnet_range(text, &conf).map_err(|e| RefusedConfig(format!("{key}: {e}")))?;
+    let v6 = match &conf.ipv6 {
+        None => None,
+        Some(v6) => Some(leases::subnet_range6(v6).map_err(|e| RefusedConfig(format!("{key}: {e}")))?),
+    };
+    Ok((conf, Ranges { v4, v6 }))
+}
+
+/// Where our subnets may be: IPv4, and IPv6 in dual-stack.
+#[derive(Clone, Copy, Debug)]
+struct Ranges {
+    v4: leases::SubnetRange,
+    v6: Option<leases::SubnetRange6>,
+}
+
+impl Ranges {
+    /// flannel's `isIPv6SubnetConfigCompat`: a lease of ours is reused only
+    /// with an IPv6 subnet in range in dual-stack, and without one otherwise.
+    fn ipv6_compatible(&self, subnet6: Option<Ipv6Net>) -> bool {
+        match (self.v6, subnet6) {
+            (None, None) => true,
+            (Some(r), Some(n6)) => r.fits(n6),
+            _ => false,
+        }
+    }
 }
 
 /// One connected session: our lease and the others.
@@ -85,12 +112,16 @@ struct Session {
     client: Client,
     settings: EtcdSettings,
     conf: NetConf,
-    range: leases::SubnetRange,
+    ranges: Ranges,
     own: Ipv4Net,
+    /// Our IPv6 subnet in dual-stack.
+    own6: Option<Ipv6Net>,
     own_key: String,
     own_value: String,
     /// Our PublicIP: no other lease may claim it.
     public_ip: Ipv4Addr,
+    /// Our PublicIPv6 in dual-stack: no other lease may claim it either.
+    public_ipv6: Option<Ipv6Addr>,
     /// 0 for a reservation (no TTL)
     lease_id: i64,
     leases: BTreeMap<String, String>,
@@ -132,54 +163,75 @@ impl Session {
             .and_then(|kv| kv.value_str().ok())
             .map(str::to_string)
             .with_context(|| format!("{config_key} does not exist (create it with the etcd v3 API)"))?;
-        let (conf, range) = read_config(&text, &config_key)?;
+        let (conf, ranges) = read_config(&text, &config_key)?;
+        let public_ipv6 = match (&conf.ipv6, me.public_ipv6) {
+            (None, _) => None,
+            (Some(_), Some(ip)) => Some(ip),
+            (Some(_), None) => {
+                return Err(RefusedConfig(format!(
+                    "{config_key}: EnableIPv6 is set, but this node has no public IPv6 address (none on the underlay interface)"
+                ))
+                .into());
+            }
+        };
         let prefix = format!("{}/subnets/", settings.prefix);
-        let (all, revision) = Self::list(&mut client, &prefix).await?;
+        let (mut all, revision) = Self::list(&mut client, &prefix).await?;
 
         // 1. our own lease, matched by PublicIP (a reservation counts)
-        let mine = all.iter().find_map(|(k, (v, lease))| {
-            let l = leases::parse_lease(k, v).ok()?;
-            (l.public_ip == me.public_ip && conf.network.contains(&l.subnet)).then_some((l, *lease))
+        let mut mine = all.iter().find_map(|(k, (v, lease))| {
+            let l = leases::parse_lease(k, v, true).ok()?;
+            (l.public_ip == me.public_ip && conf.network.contains(&l.subnet)).then_some((k.clone(), l, *lease))
         });
-        let (mac, _) = vtep_mac::choose(mine.as_ref().and_then(|(l, _)| l.vtep_mac), &me.state)?;
+        if let Some((key, _, _)) = mine.take_if(|(_, l, _)| !ranges.ipv6_compatible(l.v6.map(|v6| v6.subnet))) {
+            // flannel deletes a lease of ours that does not fit the IPv6 config, then acquires anew
+            info!(key = %key, "our lease does not fit the network config's IPv6 settings; deleting it");
+            client
+                .delete(format!("{prefix}{key}"), None)
+                .await
+                .with_context(|| format!("cannot delete {prefix}{key}"))?;
+            all.remove(&key);
+        }
+        let (mac, _) = vtep_mac::choose(mine.as_ref().and_then(|(_, l, _)| l.vtep_mac), &me.state)?;
+        let mac6 = match public_ipv6 {
+            Some(_) => Some(vtep_mac::choose_v6(mine.as_ref().and_then(|(_, l, _)| l.v6?.vtep_mac), &me.state)?.0),
+            None => None,
+        };
         let mut s = Session {
             client,
             settings: settings.clone(),
+            own_value: leases::lease_value(me.public_ip, conf.vni, mac, public_ipv6.zip(mac6)),
             conf,
-            range,
+            ranges,
             own: Ipv4Net::default(),
+            own6: None,
             own_key: String::new(),
-            own_value: String::new(),
             public_ip: me.public_ip,
+            public_ipv6,
             lease_id: 0,
             leases: all.iter().map(|(k, (v, _))| (k.clone(), v.clone())).collect(),
             revision,
         };
         match mine {
-            Some((l, lease)) => s.reuse(l.subnet, lease, mac, me).await?,
-            None => s.acquire(mac, me, &all).await?,
+            Some((_, l, lease)) => s.reuse(l.subnet, l.v6.map(|v6| v6.subnet), lease).await?,
+            None => s.acquire(me, &all).await?,
         }
         Ok(s)
     }
 
-    fn value(&self, me: &LocalNode, mac: VtepMac) -> String {
-        leases::lease_value(me.public_ip, self.conf.vni, mac)
-    }
-
-    async fn reuse(&mut self, subnet: Ipv4Net, lease: i64, mac: VtepMac, me: &LocalNode) -> Result<()> {
+    async fn reuse(&mut self, subnet: Ipv4Net, subnet6: Option<Ipv6Net>, lease: i64) -> Result<()> {
         self.own = subnet;
-        self.own_key = format!("{}{}", self.subnets_prefix(), leases::subnet_key(subnet));
-        self.own_value = self.value(me, mac);
+        self.own6 = subnet6;
+        self.own_key = format!("{}{}", self.subnets_prefix(), leases::subnet_key(subnet, subnet6));
         if lease == 0 {
             // a reservation: keep it TTL-less, refresh our backend data in it
             self.client
                 .put(self.own_key.as_str(), self.own_value.as_str(), None)
                 .await
                 .context("cannot update our reservation")?;
-            info!(subnet = %subnet, "using our reserved subnet");
+            info!(subnet = %subnet, subnet6 = ?subnet6, "using our reserved subnet");
         } else {
             self.grant_and_put().await?;
-            info!(subnet = %subnet, "reusing our lease");
+            info!(subnet = %subnet, subnet6 = ?subnet6, "reusing our lease");
         }
         Ok(())
     }
@@ -195,49 +247,74 @@ impl Session {
         Ok(())
     }
 
-    async fn acquire(&mut self, mac: VtepMac, me: &LocalNode, all: &BTreeMap<String, (String, i64)>) -> Result<()> {
-        let previous = std::fs::read_to_string(&me.subnet_file).ok().and_then(|t| leases::previous_subnet(&t));
-        let mut taken: Vec<Ipv4Net> = all.keys().filter_map(|k| leases::parse_subnet_key(k)).collect();
-        let value = self.value(me, mac);
+    /// A new lease: IPv4 and (dual-stack) IPv6 subnets picked apart, each
+    /// preferring what subnet.env says we had, as flannel's `allocateSubnet`.
+    async fn acquire(&mut self, me: &LocalNode, all: &BTreeMap<String, (String, i64)>) -> Result<()> {
+        let env = std::fs::read_to_string(&me.subnet_file).unwrap_or_default();
+        let (previous, previous6) = (leases::previous_subnet(&env), leases::previous_subnet6(&env));
+        let keys: Vec<(Ipv4Net, Option<Ipv6Net>)> = all.keys().filter_map(|k| leases::parse_key(k)).collect();
+        let mut taken: Vec<Ipv4Net> = keys.iter().map(|(n, _)| *n).collect();
+        let mut taken6: Vec<Ipv6Net> = keys.iter().filter_map(|(_, n6)| *n6).collect();
+        let range = self.ranges.v4;
         for attempt in 0..10u64 {
-            let Some(subnet) = leases::allocate(self.range, &taken, previous, now_seed() ^ attempt) else {
-                bail!("no free subnet left in {} between {} and {}", self.conf.network, self.range.min, self.range.max);
+            let Some(subnet) = leases::allocate(range, &taken, previous, now_seed() ^ attempt) else {
+                bail!("no free subnet left in {} between {} and {}", self.conf.network, range.min, range.max);
             };
-            let key = format!("{}{}", self.subnets_prefix(), leases::subnet_key(subnet));
+            let subnet6 = match (self.ranges.v6, &self.conf.ipv6) {
+                (Some(r6), Some(v6)) => match leases::allocate6(r6, &taken6, previous6, now_seed() ^ attempt) {
+                    Some(n6) => Some(n6),
+                    None => bail!("no free IPv6 subnet left in {} between {} and {}", v6.network, r6.min, r6.max),
+                },
+                _ => None,
+            };
+            let key = format!("{}{}", self.subnets_prefix(), leases::subnet_key(subnet, subnet6));
             let ttl = self.settings.lease_ttl.as_secs().max(1) as i64;
             let id = self.client.lease_grant(ttl, None).await.context("cannot grant an etcd lease")?.id();
             let txn = Txn::new().when([Compare::version(key.as_str(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
                 key.as_str(),
-                value.as_str(),
+                self.own_value.as_str(),
                 Some(PutOptions::new().with_lease(id)),
             )]);
             if self.client.txn(txn).await.context("cannot create our lease")?.succeeded() {
-                info!(subnet = %subnet, "acquired a new lease");
+                info!(subnet = %subnet, subnet6 = ?subnet6, "acquired a new lease");
                 self.own = subnet;
+                self.own6 = subnet6;
                 self.own_key = key;
-                self.own_value = value;
                 self.lease_id = id;
                 return Ok(());
             }
             // someone else took it first: try another one
             let _ = self.client.lease_revoke(id).await;
             taken.push(subnet);
+            taken6.extend(subnet6);
         }
         bail!("lost the race for a subnet 10 times")
     }
 
+    /// Our key below `<prefix>/subnets/`.
+    fn own_short_key(&self) -> String {
+        leases::subnet_key(self.own, self.own6)
+    }
+
     fn desired(&self) -> Desired {
-        let (peers, rejected, ignored) = leases::peers(&self.leases, self.conf.network, Some(self.own), self.public_ip);
-        let mac = leases::parse_lease(&leases::subnet_key(self.own), &self.own_value).ok().and_then(|l| l.vtep_mac);
+        let reader = leases::Reader {
+            network: self.conf.network,
+            network6: self.conf.ipv6.as_ref().map(|v6| v6.network),
+            own: Some(self.own),
+            own_ip: self.public_ip,
+            own_ip6: self.public_ipv6,
+        };
+        let (peers, rejected, ignored) = reader.peers(&self.leases);
+        let ours = leases::parse_lease(&self.own_short_key(), &self.own_value, self.own6.is_some()).ok();
         Desired {
             conf: self.conf.clone(),
             view: ClusterView {
                 own: Some(OwnNode {
                     subnet: self.own,
-                    published_mac: mac,
+                    published_mac: ours.as_ref().and_then(|l| l.vtep_mac),
                     node_public_ip: None,
-                    subnet6: None,
-                    published_mac6: None,
+                    subnet6: self.own6,
+                    published_mac6: ours.as_ref().and_then(|l| l.v6?.vtep_mac),
                     node_public_ipv6: None,
                 }),
                 own_problem: None,
@@ -260,7 +337,7 @@ impl Session {
         let old = self.lease_id;
         self.grant_and_put().await?;
         let _ = self.client.lease_revoke(old).await;
-        info!(subnet = %self.own, ttl = ?self.settings.lease_ttl, "lease renewed");
+        info!(subnet = %self.own, subnet6 = ?self.own6, ttl = ?self.settings.lease_ttl, "lease renewed");
         Ok(())
     }
 
@@ -302,7 +379,7 @@ impl Session {
                                 }
                                 EventType::Delete => {
                                     self.leases.remove(short);
-                                    if short == leases::subnet_key(self.own) {
+                                    if short == self.own_short_key() {
                                         warn!("our lease disappeared; writing it again");
                                         self.renew().await?;
                                     }
@@ -371,7 +448,9 @@ mod tests {
     fn config_refuses_what_etcd_mode_would_ignore() {
         let refused = |text: &str| read_config(text, KEY).err().map(|e| e.to_string()).unwrap_or_default();
         let e = refused(r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"Backend":{"Type":"vxlan"}}"#);
-        assert!(e.contains("EnableIPv6") && e.contains(KEY), "{e}");
+        assert!(e.contains("IPv6Network") && e.contains("EnableIPv6") && e.contains(KEY), "{e}");
+        let e = refused(r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::/125"}"#);
+        assert_eq!(e, format!("{KEY}: IPv6Network is too small. Minimum useful network prefix is /124"));
         let e = refused(r#"{"Network":"10.244.0.0/16","SubnetLen":12}"#);
         assert!(e.contains("SubnetLen") && e.contains(KEY), "{e}");
     }
@@ -379,11 +458,33 @@ mod tests {
     #[test]
     fn config_accepts_flannels_defaults() {
         // MTU 0 is flannel's "unset"
-        let (conf, range) =
+        let (conf, ranges) =
             read_config(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":0}}"#, KEY).unwrap();
-        assert_eq!((conf.mtu, range.len), (None, 24));
+        assert_eq!((conf.mtu, ranges.v4.len, ranges.v6), (None, 24, None));
         let (conf, _) =
             read_config(r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","MTU":1400}}"#, KEY).unwrap();
         assert_eq!(conf.mtu, Some(1400), "Backend.MTU is applied");
+    }
+
+    #[test]
+    fn dual_stack_config_gets_flannels_ipv6_defaults() {
+        let (conf, ranges) = read_config(
+            r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}"#,
+            KEY,
+        )
+        .unwrap();
+        assert_eq!(conf.ipv6.unwrap().network.to_string(), "fd00:10:244::/56");
+        let r6 = ranges.v6.unwrap();
+        assert_eq!(
+            (r6.len, r6.min.to_string(), r6.max.to_string()),
+            (64, "fd00:10:244:1::".into(), "fd00:10:244:ff::".into())
+        );
+        assert!(ranges.ipv6_compatible(Some("fd00:10:244:7::/64".parse().unwrap())));
+        assert!(!ranges.ipv6_compatible(None), "a lease of ours without IPv6 is replaced");
+        assert!(!ranges.ipv6_compatible(Some("fd00:10:244::/64".parse().unwrap())), "below IPv6SubnetMin");
+        assert!(!ranges.ipv6_compatible(Some("fd00:10:244:7::/80".parse().unwrap())), "another length");
+        let (_, v4_only) = read_config(r#"{"Network":"10.244.0.0/16"}"#, KEY).unwrap();
+        assert!(v4_only.ipv6_compatible(None));
+        assert!(!v4_only.ipv6_compatible(Some("fd00:10:244:7::/64".parse().unwrap())), "IPv6 switched off");
     }
 }

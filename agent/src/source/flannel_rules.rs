@@ -1,14 +1,14 @@
 //! flannel's rules for reading Node objects (pkg/subnet/kube/kube.go,
 //! pkg/backend/vxlan): which nodes are peers, and what each peer is.
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::Value;
 
 use crate::{
     annotations::{ANY_INNER_SOURCE, AnnotationNames},
     mac::VtepMac,
-    peer::{ClusterView, OwnNode, Peer, Rejection},
+    peer::{ClusterView, OwnNode, Peer, PeerV6, Rejection},
 };
 
 /// How to read a node list for one agent.
@@ -16,6 +16,9 @@ pub struct Rules<'a> {
     pub names: &'a AnnotationNames,
     pub own_name: &'a str,
     pub network: Ipv4Net,
+    /// `IPv6Network` when the network is dual-stack; `None` ignores every
+    /// IPv6 annotation and pod CIDR.
+    pub network6: Option<Ipv6Net>,
 }
 
 enum Verdict {
@@ -47,8 +50,9 @@ fn annotations(node: &Value) -> Result<Annotations<'_>, String> {
     }
 }
 
-/// The first IPv4 pod CIDR: `spec.podCIDRs`, else `spec.podCIDR`.
-fn pod_cidr(node: &Value) -> Result<Ipv4Net, String> {
+/// `spec.podCIDRs`, else `spec.podCIDR` (flannel reads the single field
+/// only when the list is empty).
+fn pod_cidr_texts(node: &Value) -> Vec<&str> {
     let mut texts: Vec<&str> = Vec::new();
     if let Some(list) = node.pointer("/spec/podCIDRs").and_then(Value::as_array) {
         texts.extend(list.iter().filter_map(Value::as_str));
@@ -58,6 +62,12 @@ fn pod_cidr(node: &Value) -> Result<Ipv4Net, String> {
             texts.push(one);
         }
     }
+    texts
+}
+
+/// The first IPv4 pod CIDR.
+fn pod_cidr(node: &Value) -> Result<Ipv4Net, String> {
+    let texts = pod_cidr_texts(node);
     if texts.is_empty() {
         return Err("pod cidr not assigned (spec.podCIDR and spec.podCIDRs are empty)".into());
     }
@@ -74,7 +84,23 @@ fn pod_cidr(node: &Value) -> Result<Ipv4Net, String> {
     Err(format!("no IPv4 pod CIDR in {texts:?}"))
 }
 
-fn vtep_mac(backend_data: &str) -> Result<VtepMac, String> {
+/// The first IPv6 pod CIDR, as flannel's `nodeToLease` picks it.
+fn pod_cidr6(node: &Value) -> Result<Ipv6Net, String> {
+    let texts = pod_cidr_texts(node);
+    let text = texts
+        .iter()
+        .find(|t| t.contains(':'))
+        .ok_or_else(|| format!("missing IPv6 address on spec.podCIDRs (dual-stack), has {texts:?}"))?;
+    let net: Ipv6Net = text.parse().map_err(|_| format!("bad IPv6 pod CIDR {text:?}"))?;
+    if net.trunc() != net {
+        return Err(format!("IPv6 pod CIDR {text} has host bits set"));
+    }
+    Ok(net)
+}
+
+/// The VtepMAC of flannel's vxlan backend data; `what` names the
+/// annotation (`backend-data` or `backend-v6-data`).
+fn vtep_mac(what: &str, backend_data: &str) -> Result<VtepMac, String> {
     /// The part of flannel's vxlan backend data we read (`VNI` is not used).
     #[derive(serde::Deserialize)]
     struct BackendData<'a> {
@@ -83,21 +109,32 @@ fn vtep_mac(backend_data: &str) -> Result<VtepMac, String> {
     }
     let data: BackendData = serde_json::from_str(backend_data).map_err(|e| {
         if e.is_data() && e.to_string().contains("VtepMAC") {
-            format!("backend-data VtepMAC is not a string: {backend_data}")
+            format!("{what} VtepMAC is not a string: {backend_data}")
         } else {
-            format!("backend-data is not JSON ({e}): {backend_data:?}")
+            format!("{what} is not JSON ({e}): {backend_data:?}")
         }
     })?;
-    let mac = data.vtep_mac.ok_or_else(|| format!("backend-data has no VtepMAC: {backend_data}"))?;
-    mac.parse().map_err(|e| format!("backend-data has a bad VtepMAC: {e}"))
+    let mac = data.vtep_mac.ok_or_else(|| format!("{what} has no VtepMAC: {backend_data}"))?;
+    mac.parse().map_err(|e| format!("{what} has a bad VtepMAC: {e}"))
 }
 
 fn parse_ip(what: &str, text: &str) -> Result<Ipv4Addr, String> {
     text.parse().map_err(|_| format!("bad {what} {text:?} (want an IPv4 address)"))
 }
 
+fn parse_ip6(what: &str, text: &str) -> Result<Ipv6Addr, String> {
+    text.parse().map_err(|_| format!("bad {what} {text:?} (want an IPv6 address)"))
+}
+
+/// This node's addresses as its own Node publishes them: no peer may claim one.
+#[derive(Default)]
+struct OwnIps {
+    v4: Vec<Ipv4Addr>,
+    v6: Vec<Ipv6Addr>,
+}
+
 impl Rules<'_> {
-    fn peer(&self, name: &str, node: &Value, own_ips: &[Ipv4Addr]) -> Result<Verdict, String> {
+    fn peer(&self, name: &str, node: &Value, own_ips: &OwnIps) -> Result<Verdict, String> {
         let ann = annotations(node)?;
         let n = self.names;
         if ann.get(&n.subnet_manager) != Some("true") {
@@ -110,7 +147,7 @@ impl Rules<'_> {
             }
         }
         let data = ann.get(&n.backend_data).ok_or_else(|| format!("no {} annotation", n.backend_data))?;
-        let vtep_mac = vtep_mac(data)?;
+        let vtep_mac = vtep_mac("backend-data", data)?;
         // public-ip-overwrite is what the node's own agent publishes as public-ip
         let public_ip = match (ann.get(&n.public_ip_overwrite), ann.get(&n.public_ip)) {
             (Some(o), _) if !o.is_empty() => parse_ip("public-ip-overwrite", o)?,
@@ -118,10 +155,33 @@ impl Rules<'_> {
             (_, None) => return Err(format!("no {} annotation", n.public_ip)),
         };
         let subnet = pod_cidr(node)?;
-        super::peer_record::check(public_ip, subnet, self.network, own_ips)
+        super::peer_record::check(public_ip, subnet, self.network, &own_ips.v4)
             .map_err(|e| format!("public-ip annotation or pod CIDR: {e}"))?;
+        // dual-stack: flannel skips a node without its IPv6 half whole (nodeToLease,
+        // handleSubnetEvents), so kernel flannel nodes never program its IPv4 half either
+        let v6 = match self.network6 {
+            Some(network6) => Some(self.peer6(&ann, node, network6, own_ips)?),
+            None => None,
+        };
         let any_inner_source = ann.get(ANY_INNER_SOURCE) == Some("true");
-        Ok(Verdict::Peer(Peer { node: name.to_string(), subnet, public_ip, vtep_mac, any_inner_source, v6: None }))
+        Ok(Verdict::Peer(Peer { node: name.to_string(), subnet, public_ip, vtep_mac, any_inner_source, v6 }))
+    }
+
+    /// A peer's IPv6 half; every part is required.
+    fn peer6(&self, ann: &Annotations, node: &Value, network6: Ipv6Net, own_ips: &OwnIps) -> Result<PeerV6, String> {
+        let n = self.names;
+        let public_ip = match (ann.get(&n.public_ipv6_overwrite), ann.get(&n.public_ipv6)) {
+            (Some(o), _) if !o.is_empty() => parse_ip6("public-ipv6-overwrite", o)?,
+            (_, Some(p)) => parse_ip6("public-ipv6", p)?,
+            (_, None) => return Err(format!("no {} annotation (dual-stack)", n.public_ipv6)),
+        };
+        let data =
+            ann.get(&n.backend_v6_data).ok_or_else(|| format!("no {} annotation (dual-stack)", n.backend_v6_data))?;
+        let vtep_mac = vtep_mac("backend-v6-data", data)?;
+        let subnet = pod_cidr6(node)?;
+        super::peer_record::check6(public_ip, subnet, network6, &own_ips.v6)
+            .map_err(|e| format!("public-ipv6 annotation or IPv6 pod CIDR: {e}"))?;
+        Ok(PeerV6 { subnet, public_ip, vtep_mac })
     }
 
     fn own(&self, node: &Value) -> Result<OwnNode, String> {
@@ -130,32 +190,57 @@ impl Rules<'_> {
         if !self.network.contains(&subnet) {
             return Err(format!("pod CIDR {subnet} is outside the network {}", self.network));
         }
-        let published_mac = ann.get(&self.names.backend_data).and_then(|d| vtep_mac(d).ok());
+        let published_mac = ann.get(&self.names.backend_data).and_then(|d| vtep_mac("backend-data", d).ok());
         let node_public_ip = match ann.get(&self.names.node_public_ip) {
             Some(ip) => Some(parse_ip("node-public-ip", ip)?),
             None => None,
         };
-        Ok(OwnNode {
+        let mut own = OwnNode {
             subnet,
             published_mac,
             node_public_ip,
             subnet6: None,
             published_mac6: None,
             node_public_ipv6: None,
-        })
+        };
+        if let Some(network6) = self.network6 {
+            let subnet6 = pod_cidr6(node)?;
+            if !network6.contains(&subnet6) {
+                // flannel's AcquireLease words it so
+                return Err(format!(
+                    "subnet {:?} specified in the flannel net config doesn't contain {:?} IPv6 PodCIDR of the {:?} node",
+                    network6.to_string(),
+                    subnet6.to_string(),
+                    self.own_name
+                ));
+            }
+            own.subnet6 = Some(subnet6);
+            own.published_mac6 = ann.get(&self.names.backend_v6_data).and_then(|d| vtep_mac("backend-v6-data", d).ok());
+            own.node_public_ipv6 = match ann.get(&self.names.node_public_ipv6) {
+                Some(ip) => Some(parse_ip6("node-public-ipv6", ip)?),
+                None => None,
+            };
+        }
+        Ok(own)
     }
 
     /// The addresses our own Node publishes (public-ip, its overwrite,
-    /// node-public-ip): no peer may claim one.
-    fn own_ips(&self, nodes: &[Value]) -> Vec<Ipv4Addr> {
+    /// node-public-ip, and their IPv6 twins): no peer may claim one.
+    fn own_ips(&self, nodes: &[Value]) -> OwnIps {
         let n = self.names;
         let own =
             nodes.iter().find(|node| node.pointer("/metadata/name").and_then(Value::as_str) == Some(self.own_name));
         let ann = own.and_then(|node| annotations(node).ok()).unwrap_or_default();
-        [&n.public_ip, &n.public_ip_overwrite, &n.node_public_ip]
-            .into_iter()
-            .filter_map(|key| ann.get(key)?.parse().ok())
-            .collect()
+        OwnIps {
+            v4: [&n.public_ip, &n.public_ip_overwrite, &n.node_public_ip]
+                .into_iter()
+                .filter_map(|key| ann.get(key)?.parse().ok())
+                .collect(),
+            v6: [&n.public_ipv6, &n.public_ipv6_overwrite, &n.node_public_ipv6]
+                .into_iter()
+                .filter_map(|key| ann.get(key)?.parse().ok())
+                .collect(),
+        }
     }
 
     /// Reads every node; one bad node never spoils the others.
@@ -218,7 +303,27 @@ mod tests {
 
     fn view(nodes: &[Value]) -> ClusterView {
         let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
-        Rules { names: &names, own_name: "me", network: "10.244.0.0/16".parse().unwrap() }.view(nodes)
+        Rules { names: &names, own_name: "me", network: "10.244.0.0/16".parse().unwrap(), network6: None }.view(nodes)
+    }
+
+    fn view6(nodes: &[Value]) -> ClusterView {
+        let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
+        let network6 = Some("fd00:10:244::/56".parse().unwrap());
+        Rules { names: &names, own_name: "me", network: "10.244.0.0/16".parse().unwrap(), network6 }.view(nodes)
+    }
+
+    const GOOD6: &str = r#"{"VNI":1,"VtepMAC":"ae:00:00:00:00:06"}"#;
+
+    /// A dual-stack flannel node: node `n` has 10.244.<n>.0/24, fd00:10:244:<n>::/64
+    /// and public addresses 198.18.0.<n>, fd00:198:18::<n>.
+    fn node6(name: &str, n: u8) -> Value {
+        let mut v = node(name, &format!("10.244.{n}.0/24"), &format!("198.18.0.{n}"), GOOD);
+        let a = &mut v["metadata"]["annotations"];
+        a["flannel.alpha.coreos.com/backend-v6-data"] = json!(GOOD6);
+        a["flannel.alpha.coreos.com/public-ipv6"] = json!(format!("fd00:198:18::{n}"));
+        v["spec"] = json!({"podCIDR": format!("10.244.{n}.0/24"),
+            "podCIDRs": [format!("10.244.{n}.0/24"), format!("fd00:10:244:{n}::/64")]});
+        v
     }
 
     const GOOD: &str = r#"{"VNI":1,"VtepMAC":"9e:c9:07:f9:b3:8b"}"#;
@@ -320,5 +425,110 @@ mod tests {
             assert!(v.own.is_none(), "{:?}", v.own);
             assert!(v.own_problem.unwrap().contains("listed 2 times"));
         }
+    }
+
+    #[test]
+    fn dual_stack_reads_both_halves_of_peer_and_own_node() {
+        let mut me = node6("me", 1);
+        me["metadata"]["annotations"]["flannel.alpha.coreos.com/node-public-ipv6"] = json!("fd00:198:18::a");
+        let v = view6(&[me, node6("b", 2)]);
+        let own = v.own.unwrap();
+        assert_eq!(own.subnet6, Some("fd00:10:244:1::/64".parse().unwrap()));
+        assert_eq!(own.published_mac6.unwrap().to_string(), "ae:00:00:00:00:06");
+        assert_eq!(own.node_public_ipv6, Some("fd00:198:18::a".parse().unwrap()));
+        assert!(v.rejected.is_empty(), "{:?}", v.rejected);
+        let p6 = v.peers[0].v6.unwrap();
+        assert_eq!(p6.subnet.to_string(), "fd00:10:244:2::/64");
+        assert_eq!(p6.public_ip, "fd00:198:18::2".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(p6.vtep_mac.to_string(), "ae:00:00:00:00:06");
+    }
+
+    #[test]
+    fn ipv6_annotations_are_ignored_with_ipv6_off() {
+        let v = view(&[node6("me", 1), node6("b", 2)]);
+        let own = v.own.unwrap();
+        assert_eq!((own.subnet6, own.published_mac6, own.node_public_ipv6), (None, None, None));
+        assert_eq!(v.peers[0].v6, None);
+        // and a node without them is a peer as before
+        let v = view(&[node("b", "10.244.2.0/24", "198.18.0.2", GOOD)]);
+        assert_eq!(v.peers.len(), 1);
+    }
+
+    #[test]
+    fn ipv6_pod_cidr_comes_from_pod_cidr_when_the_list_is_empty() {
+        let mut b = node6("b", 2);
+        b["spec"] = json!({"podCIDR": "fd00:10:244:2::/64", "podCIDRs": []});
+        // the single field holds only the IPv6 one: no IPv4 pod CIDR, rejected for that
+        let v = view6(&[b]);
+        assert!(v.rejected[0].reason.contains("no IPv4 pod CIDR"), "{:?}", v.rejected);
+    }
+
+    #[test]
+    fn public_ipv6_overwrite_wins() {
+        let mut b = node6("b", 2);
+        b["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ipv6-overwrite"] = json!("2001:db8::5");
+        b["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ipv6"] = json!("garbage");
+        assert_eq!(view6(&[b]).peers[0].v6.unwrap().public_ip, "2001:db8::5".parse::<Ipv6Addr>().unwrap());
+    }
+
+    #[test]
+    fn a_peer_without_a_valid_ipv6_half_is_rejected_whole() {
+        let without = |name: &str, n: u8, key: &str| {
+            let mut v = node6(name, n);
+            v["metadata"]["annotations"].as_object_mut().unwrap().remove(key);
+            v
+        };
+        let with = |name: &str, n: u8, key: &str, value: &str| {
+            let mut v = node6(name, n);
+            v["metadata"]["annotations"][key] = json!(value);
+            v
+        };
+        let mut v4_only = node6("v4only", 12);
+        v4_only["spec"] = json!({"podCIDR": "10.244.12.0/24", "podCIDRs": ["10.244.12.0/24"]});
+        let mut outside = node6("outside6", 13);
+        outside["spec"]["podCIDRs"][1] = json!("fd00:99::/64");
+        let mut hostbits = node6("hostbits6", 14);
+        hostbits["spec"]["podCIDRs"][1] = json!("fd00:10:244:14::1/64");
+        let ip6 = "flannel.alpha.coreos.com/public-ipv6";
+        let data6 = "flannel.alpha.coreos.com/backend-v6-data";
+        let cases = vec![
+            (without("noip6", 3, ip6), "no flannel.alpha.coreos.com/public-ipv6 annotation"),
+            (with("emptyip6", 4, ip6, ""), "bad public-ipv6"),
+            (with("v4asv6", 5, ip6, "198.18.0.5"), "want an IPv6 address"),
+            (with("lo6", 6, ip6, "::1"), "loopback"),
+            (with("ll6", 7, ip6, "fe80::7"), "link-local"),
+            (with("mc6", 8, ip6, "ff02::1"), "multicast"),
+            (with("zero6", 9, ip6, "::"), "unspecified"),
+            (with("ours6", 10, ip6, "fd00:198:18::1"), "this node's own address"),
+            (without("nodata6", 11, data6), "no flannel.alpha.coreos.com/backend-v6-data annotation"),
+            (with("badmac6", 15, data6, r#"{"VtepMAC":"zz"}"#), "backend-v6-data has a bad VtepMAC"),
+            (with("nomac6", 16, data6, r#"{"VNI":1}"#), "backend-v6-data has no VtepMAC"),
+            (v4_only, "missing IPv6 address on spec.podCIDRs"),
+            (outside, "outside the network fd00:10:244::/56"),
+            (hostbits, "host bits"),
+        ];
+        let nodes: Vec<Value> = cases.iter().map(|(n, _)| n.clone()).chain([node6("me", 1), node6("ok", 2)]).collect();
+        let v = view6(&nodes);
+        assert_eq!(v.peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), ["ok"]);
+        for (n, reason) in &cases {
+            let name = n["metadata"]["name"].as_str().unwrap();
+            let r = v.rejected.iter().find(|r| r.node == name).unwrap_or_else(|| panic!("{name} not rejected"));
+            assert!(r.reason.contains(reason), "{name}: {}", r.reason);
+        }
+    }
+
+    #[test]
+    fn own_node_needs_an_ipv6_pod_cidr_inside_the_ipv6_network() {
+        let mut me = node6("me", 1);
+        me["spec"]["podCIDRs"][1] = json!("fd00:99:1::/64");
+        let problem = view6(&[me]).own_problem.unwrap();
+        assert_eq!(
+            problem,
+            "own node me: subnet \"fd00:10:244::/56\" specified in the flannel net config doesn't contain \
+             \"fd00:99:1::/64\" IPv6 PodCIDR of the \"me\" node"
+        );
+        let mut me = node6("me", 1);
+        me["spec"] = json!({"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]});
+        assert!(view6(&[me]).own_problem.unwrap().contains("missing IPv6 address"));
     }
 }

@@ -98,23 +98,35 @@ pub fn watch_nodes(client: Client, reader: NodeReader, tx: mpsc::Sender<Desired>
     })
 }
 
-/// The annotations flanneld publishes for a vxlan node.
+/// flannel's vxlan backend data, byte for byte as Go's `json.Marshal` of
+/// `vxlanLeaseAttrs` writes it: `VNI` first, the MAC lowercase.
+pub fn backend_data(vni: u32, mac: crate::mac::VtepMac) -> String {
+    format!("{{\"VNI\":{vni},\"VtepMAC\":\"{mac}\"}}")
+}
+
+/// The annotations flanneld publishes for a vxlan node; in dual-stack also
+/// `backend-v6-data` and `public-ipv6`, in the same patch, since kernel
+/// flannel nodes skip a node whose IPv6 half is missing.
 pub fn wanted_annotations(
     names: &AnnotationNames,
     local: &LocalVtep,
     current: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
-    let public_ip = current
-        .get(&names.public_ip_overwrite)
-        .filter(|o| !o.is_empty())
-        .cloned()
-        .unwrap_or_else(|| local.public_ip.to_string());
-    BTreeMap::from([
+    // public-ip(v6)-overwrite is what flanneld publishes instead of its own address
+    let overwrite = |key: &String| current.get(key).filter(|o| !o.is_empty()).cloned();
+    let public_ip = overwrite(&names.public_ip_overwrite).unwrap_or_else(|| local.public_ip.to_string());
+    let mut want = BTreeMap::from([
         (names.subnet_manager.clone(), "true".to_string()),
         (names.backend_type.clone(), "vxlan".to_string()),
-        (names.backend_data.clone(), format!("{{\"VNI\":{},\"VtepMAC\":\"{}\"}}", local.vni, local.mac)),
+        (names.backend_data.clone(), backend_data(local.vni, local.mac)),
         (names.public_ip.clone(), public_ip),
-    ])
+    ]);
+    if let Some(v6) = &local.v6 {
+        let public_ipv6 = overwrite(&names.public_ipv6_overwrite).unwrap_or_else(|| v6.public_ip.to_string());
+        want.insert(names.backend_v6_data.clone(), backend_data(local.vni, v6.mac));
+        want.insert(names.public_ipv6.clone(), public_ipv6);
+    }
+    want
 }
 
 /// Whether publishing also clears the Node's NetworkUnavailable condition:
@@ -245,5 +257,48 @@ mod tests {
         let current =
             BTreeMap::from([("flannel.alpha.coreos.com/public-ip-overwrite".to_string(), "203.0.113.9".to_string())]);
         assert_eq!(wanted_annotations(&names, &local, &current)["flannel.alpha.coreos.com/public-ip"], "203.0.113.9");
+    }
+
+    #[test]
+    fn dual_stack_publishes_flannels_v6_annotations() {
+        let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
+        let local = LocalVtep {
+            mac: "02:aa:00:00:00:01".parse().unwrap(),
+            public_ip: "198.18.0.1".parse().unwrap(),
+            vni: 4096,
+            subnet: "10.244.1.0/24".parse().unwrap(),
+            v6: Some(crate::source::LocalVtepV6 {
+                mac: "02:BB:00:00:00:0A".parse().unwrap(),
+                public_ip: "FD00:198:18:0:0::1".parse().unwrap(),
+                subnet: "fd00:10:244:1::/64".parse().unwrap(),
+            }),
+        };
+        let want = wanted_annotations(&names, &local, &BTreeMap::new());
+        assert_eq!(want.len(), 6);
+        assert_eq!(want["flannel.alpha.coreos.com/backend-v6-data"], r#"{"VNI":4096,"VtepMAC":"02:bb:00:00:00:0a"}"#);
+        assert_eq!(want["flannel.alpha.coreos.com/public-ipv6"], "fd00:198:18::1", "RFC 5952, as Go prints it");
+        assert_eq!(want["flannel.alpha.coreos.com/backend-data"], r#"{"VNI":4096,"VtepMAC":"02:aa:00:00:00:01"}"#);
+        let current = BTreeMap::from([
+            ("flannel.alpha.coreos.com/public-ipv6-overwrite".to_string(), "2001:db8::9".to_string()),
+            ("flannel.alpha.coreos.com/public-ip-overwrite".to_string(), String::new()),
+        ]);
+        let want = wanted_annotations(&names, &local, &current);
+        assert_eq!(want["flannel.alpha.coreos.com/public-ipv6"], "2001:db8::9");
+        assert_eq!(want["flannel.alpha.coreos.com/public-ip"], "198.18.0.1", "an empty overwrite is no overwrite");
+    }
+
+    #[test]
+    fn without_v6_the_v6_annotations_are_left_alone() {
+        let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
+        let local = LocalVtep {
+            mac: "02:aa:00:00:00:01".parse().unwrap(),
+            public_ip: "198.18.0.1".parse().unwrap(),
+            vni: 1,
+            subnet: "10.244.1.0/24".parse().unwrap(),
+            v6: None,
+        };
+        let current = BTreeMap::from([(names.public_ipv6.clone(), "fd00::1".to_string())]);
+        let want = wanted_annotations(&names, &local, &current);
+        assert!(!want.contains_key(&names.public_ipv6) && !want.contains_key(&names.backend_v6_data));
     }
 }

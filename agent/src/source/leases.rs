@@ -1,40 +1,102 @@
 //! flannel's etcd layout, as pure functions: subnet keys, lease values, the
 //! network config's subnet range, and subnet allocation.
 //! (flannel pkg/subnet/subnet.go, pkg/subnet/config.go, pkg/lease/lease.go)
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
-use ipnet::Ipv4Net;
-use serde_json::{Value, json};
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::peer_record;
 use crate::{
     mac::VtepMac,
-    netconf::NetConf,
-    peer::{Peer, Rejection},
+    netconf::{Ipv6Conf, NetConf},
+    peer::{Peer, PeerV6, Rejection},
 };
 
-/// `10.244.1.0/24` <-> `10.244.1.0-24`
-pub fn subnet_key(net: Ipv4Net) -> String {
-    format!("{}-{}", net.network(), net.prefix_len())
+/// flannel's `MakeSubnetKey`: `10.244.1.0/24` -> `10.244.1.0-24`, and in
+/// dual-stack `10.244.1.0-24&fd00:10:244:1::-64` (the IPv6 part as Go's
+/// `net.IP.String` writes it: lowercase, compressed).
+pub fn subnet_key(net: Ipv4Net, net6: Option<Ipv6Net>) -> String {
+    match net6 {
+        None => format!("{}-{}", net.network(), net.prefix_len()),
+        Some(n6) => format!("{}-{}&{}-{}", net.network(), net.prefix_len(), n6.network(), n6.prefix_len()),
+    }
 }
 
-pub fn parse_subnet_key(key: &str) -> Option<Ipv4Net> {
-    // dual-stack keys carry "&<v6>-<len>" after the IPv4 part
-    let v4 = key.split('&').next()?;
+/// Both halves of a subnet key; `None` unless it is one flannel's
+/// `subnetRegex` reads (the IPv6 part in lowercase hex) with no host bits.
+pub fn parse_key(key: &str) -> Option<(Ipv4Net, Option<Ipv6Net>)> {
+    let (v4, v6) = match key.split_once('&') {
+        Some((v4, v6)) => (v4, Some(v6)),
+        None => (key, None),
+    };
     let (ip, len) = v4.rsplit_once('-')?;
     let net = Ipv4Net::new(ip.parse().ok()?, len.parse().ok()?).ok()?;
-    (net.trunc() == net).then_some(net)
+    if net.trunc() != net {
+        return None;
+    }
+    let net6 = match v6 {
+        None => None,
+        Some(v6) => {
+            let (ip, len) = v6.rsplit_once('-')?;
+            if !ip.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b) || b == b':') {
+                return None;
+            }
+            let n6 = Ipv6Net::new(ip.parse().ok()?, len.parse().ok()?).ok()?;
+            if n6.trunc() != n6 {
+                return None;
+            }
+            Some(n6)
+        }
+    };
+    Some((net, net6))
 }
 
-/// A lease value as flanneld writes it.
-pub fn lease_value(public_ip: Ipv4Addr, vni: u32, mac: VtepMac) -> String {
-    json!({
-        "PublicIP": public_ip.to_string(),
-        "PublicIPv6": null,
-        "BackendType": "vxlan",
-        "BackendData": {"VNI": vni, "VtepMAC": mac.to_string()},
-    })
-    .to_string()
+/// The IPv4 half of a subnet key.
+pub fn parse_subnet_key(key: &str) -> Option<Ipv4Net> {
+    parse_key(key).map(|(net, _)| net)
+}
+
+/// flannel's vxlan `BackendData` (and `BackendV6Data`).
+#[derive(Serialize)]
+struct BackendData {
+    #[serde(rename = "VNI")]
+    vni: u32,
+    #[serde(rename = "VtepMAC")]
+    vtep_mac: String,
+}
+
+/// `lease.LeaseAttrs` as Go's `json.Marshal` writes it: fields in declaration
+/// order, `PublicIPv6` without omitempty, `BackendV6Data` with it.
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct LeaseAttrs {
+    #[serde(rename = "PublicIP")]
+    public_ip: String,
+    #[serde(rename = "PublicIPv6")]
+    public_ipv6: Option<String>,
+    backend_type: &'static str,
+    backend_data: BackendData,
+    #[serde(rename = "BackendV6Data", skip_serializing_if = "Option::is_none")]
+    backend_v6_data: Option<BackendData>,
+}
+
+/// A lease value as flanneld writes it; `v6` is our public IPv6 and the
+/// MAC of our IPv6 VTEP in dual-stack.
+pub fn lease_value(public_ip: Ipv4Addr, vni: u32, mac: VtepMac, v6: Option<(Ipv6Addr, VtepMac)>) -> String {
+    let attrs = LeaseAttrs {
+        public_ip: public_ip.to_string(),
+        public_ipv6: v6.map(|(ip, _)| ip.to_string()),
+        backend_type: "vxlan",
+        backend_data: BackendData { vni, vtep_mac: mac.to_string() },
+        backend_v6_data: v6.map(|(_, mac6)| BackendData { vni, vtep_mac: mac6.to_string() }),
+    };
+    // plain strings and numbers: serializing cannot fail
+    serde_json::to_string(&attrs).unwrap_or_default()
 }
 
 /// What one lease says.
@@ -44,53 +106,110 @@ pub struct Lease {
     pub public_ip: Ipv4Addr,
     pub backend_type: String,
     pub vtep_mac: Option<VtepMac>,
+    /// The IPv6 half, read only when asked for (dual-stack).
+    pub v6: Option<LeaseV6>,
 }
 
-pub fn parse_lease(key: &str, value: &str) -> Result<Lease, String> {
-    let subnet = parse_subnet_key(key).ok_or_else(|| format!("key {key:?} is not <a.b.c.d>-<len>"))?;
+/// A lease's IPv6 half: the key's `&<v6>` part, `PublicIPv6` and
+/// `BackendV6Data.VtepMAC`, each as far as the lease has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseV6 {
+    pub subnet: Ipv6Net,
+    pub public_ip: Option<Ipv6Addr>,
+    pub vtep_mac: Option<VtepMac>,
+}
+
+/// The VtepMAC at `pointer`; `name` says which in errors.
+fn mac_at(v: &Value, pointer: &str, name: &str) -> Result<Option<VtepMac>, String> {
+    match v.pointer(pointer) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(m)) => m.parse().map(Some).map_err(|e| format!("bad {name}: {e}")),
+        Some(other) => Err(format!("{name} is not a string: {other}")),
+    }
+}
+
+/// Reads a lease; with `ipv6` its IPv6 half too (a key without one gives
+/// `v6: None`, as flannel's etcd registry handles each family apart).
+pub fn parse_lease(key: &str, value: &str, ipv6: bool) -> Result<Lease, String> {
+    let (subnet, subnet6) =
+        parse_key(key).ok_or_else(|| format!("key {key:?} is not <a.b.c.d>-<len> or <a.b.c.d>-<len>&<ipv6>-<len>"))?;
     let v: Value = serde_json::from_str(value).map_err(|e| format!("lease is not JSON ({e})"))?;
     let ip = v.get("PublicIP").and_then(Value::as_str).ok_or("lease has no PublicIP")?;
     let public_ip: Ipv4Addr = ip.parse().map_err(|_| format!("bad PublicIP {ip:?}"))?;
     let backend_type = v.get("BackendType").and_then(Value::as_str).unwrap_or("").to_string();
-    let vtep_mac = match v.pointer("/BackendData/VtepMAC") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(m)) => Some(m.parse().map_err(|e| format!("bad VtepMAC: {e}"))?),
-        Some(other) => return Err(format!("VtepMAC is not a string: {other}")),
+    let vtep_mac = mac_at(&v, "/BackendData/VtepMAC", "VtepMAC")?;
+    let v6 = match subnet6.filter(|_| ipv6) {
+        None => None,
+        Some(subnet) => {
+            let public_ip = match v.get("PublicIPv6") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(ip)) => Some(ip.parse().map_err(|_| format!("bad PublicIPv6 {ip:?}"))?),
+                Some(other) => return Err(format!("PublicIPv6 is not a string: {other}")),
+            };
+            Some(LeaseV6 {
+                subnet,
+                public_ip,
+                vtep_mac: mac_at(&v, "/BackendV6Data/VtepMAC", "BackendV6Data.VtepMAC")?,
+            })
+        }
     };
-    Ok(Lease { subnet, public_ip, backend_type, vtep_mac })
+    Ok(Lease { subnet, public_ip, backend_type, vtep_mac, v6 })
 }
 
-/// Turns leases into peers with flannel's rules; `own` is skipped, and a
-/// lease gets the same checks as a Node ([`peer_record::check`]), with
-/// `own_ip` as this node's address.
-pub fn peers(
-    leases: &BTreeMap<String, String>,
-    network: Ipv4Net,
-    own: Option<Ipv4Net>,
-    own_ip: Ipv4Addr,
-) -> (Vec<Peer>, Vec<Rejection>, Vec<Rejection>) {
-    let (mut peers, mut rejected, mut ignored) = (Vec::new(), Vec::new(), Vec::new());
-    for (key, value) in leases {
-        let reject = |reason: String| Rejection { node: key.clone(), reason };
-        match parse_lease(key, value) {
-            Err(reason) => rejected.push(reject(reason)),
-            Ok(l) if Some(l.subnet) == own => {}
-            Ok(l) if l.backend_type != "vxlan" => {
-                ignored.push(reject(format!("backend type {:?} is not \"vxlan\"", l.backend_type)))
-            }
-            Ok(l) if peer_record::check(l.public_ip, l.subnet, network, &[own_ip]).is_err() => {
-                if let Err(e) = peer_record::check(l.public_ip, l.subnet, network, &[own_ip]) {
-                    rejected.push(reject(e.to_string()))
+/// Who reads the leases: the network config and this node's own lease
+/// and addresses (no other lease may claim them).
+#[derive(Clone, Copy, Debug)]
+pub struct Reader {
+    pub network: Ipv4Net,
+    /// `IPv6Network` in dual-stack.
+    pub network6: Option<Ipv6Net>,
+    /// Our own lease's IPv4 subnet, skipped.
+    pub own: Option<Ipv4Net>,
+    pub own_ip: Ipv4Addr,
+    pub own_ip6: Option<Ipv6Addr>,
+}
+
+impl Reader {
+    /// Turns leases into peers with flannel's rules; `own` is skipped, and a
+    /// lease gets the same checks as a Node ([`peer_record::check`]). In
+    /// dual-stack a lease with an IPv6 subnet must have a usable IPv6 half,
+    /// or it is rejected whole (flannel's `handleSubnetEvents` skips it
+    /// before programming either family); one without stays an IPv4 peer.
+    pub fn peers(&self, leases: &BTreeMap<String, String>) -> (Vec<Peer>, Vec<Rejection>, Vec<Rejection>) {
+        let (mut peers, mut rejected, mut ignored) = (Vec::new(), Vec::new(), Vec::new());
+        for (key, value) in leases {
+            let reject = |reason: String| Rejection { node: key.clone(), reason };
+            match parse_lease(key, value, self.network6.is_some()) {
+                Err(reason) => rejected.push(reject(reason)),
+                Ok(l) if Some(l.subnet) == self.own => {}
+                Ok(l) if l.backend_type != "vxlan" => {
+                    ignored.push(reject(format!("backend type {:?} is not \"vxlan\"", l.backend_type)))
                 }
-            }
-            Ok(Lease { vtep_mac: None, .. }) => rejected.push(reject("lease has no BackendData.VtepMAC".into())),
-            Ok(Lease { subnet, public_ip, vtep_mac: Some(mac), .. }) => {
-                let any_inner_source = lease_allows_any_inner_source(value);
-                peers.push(Peer { node: key.clone(), subnet, public_ip, vtep_mac: mac, any_inner_source, v6: None })
+                Ok(l) => match self.peer(key, value, l) {
+                    Ok(p) => peers.push(p),
+                    Err(reason) => rejected.push(reject(reason)),
+                },
             }
         }
+        (peers, rejected, ignored)
     }
-    (peers, rejected, ignored)
+
+    fn peer(&self, key: &str, value: &str, l: Lease) -> Result<Peer, String> {
+        peer_record::check(l.public_ip, l.subnet, self.network, &[self.own_ip]).map_err(|e| e.to_string())?;
+        let vtep_mac = l.vtep_mac.ok_or("lease has no BackendData.VtepMAC")?;
+        let v6 = match (l.v6, self.network6) {
+            (Some(v6), Some(network6)) => {
+                let public_ip = v6.public_ip.ok_or("lease has an IPv6 subnet but no PublicIPv6")?;
+                let mac = v6.vtep_mac.ok_or("lease has an IPv6 subnet but no BackendV6Data.VtepMAC")?;
+                let own6: Vec<Ipv6Addr> = self.own_ip6.into_iter().collect();
+                peer_record::check6(public_ip, v6.subnet, network6, &own6).map_err(|e| format!("IPv6: {e}"))?;
+                Some(PeerV6 { subnet: v6.subnet, public_ip, vtep_mac: mac })
+            }
+            _ => None,
+        };
+        let any_inner_source = lease_allows_any_inner_source(value);
+        Ok(Peer { node: key.to_string(), subnet: l.subnet, public_ip: l.public_ip, vtep_mac, any_inner_source, v6 })
+    }
 }
 
 /// edgevx's field in a lease value (flanneld never writes it): `true` lets
@@ -174,6 +293,89 @@ pub fn previous_subnet(subnet_env: &str) -> Option<Ipv4Net> {
     line.trim().parse::<Ipv4Net>().ok().map(|n| n.trunc())
 }
 
+/// The IPv6 subnet range of a dual-stack network config, with flannel's
+/// `CheckNetworkConfig` defaults and its error messages word for word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubnetRange6 {
+    pub len: u8,
+    pub min: Ipv6Addr,
+    pub max: Ipv6Addr,
+}
+
+impl SubnetRange6 {
+    /// flannel's `isIPv6SubnetConfigCompat`: our old IPv6 subnet may stay.
+    pub fn fits(&self, net: Ipv6Net) -> bool {
+        net.prefix_len() == self.len && net.network() >= self.min && net.network() <= self.max
+    }
+}
+
+pub fn subnet_range6(v6: &Ipv6Conf) -> Result<SubnetRange6, String> {
+    let net = v6.network;
+    let len = match v6.subnet_len {
+        Some(l) if l > 126 => return Err("SubnetLen must be less than /127".into()),
+        Some(l) if l < net.prefix_len() + 2 => {
+            return Err("network must be able to accommodate at least four subnets".into());
+        }
+        Some(l) => l,
+        None if net.prefix_len() > 124 => {
+            return Err("IPv6Network is too small. Minimum useful network prefix is /124".into());
+        }
+        None if net.prefix_len() <= 62 => 64,
+        None => net.prefix_len() + 2,
+    };
+    let size = 1u128 << (128 - len);
+    let first = u128::from(net.network());
+    let last = u128::from(net.broadcast());
+    let min = match v6.subnet_min {
+        None => Ipv6Addr::from(first + size),
+        Some(a) if !net.contains(&a) => return Err("IPv6SubnetMin is not in the range of the IPv6Network".into()),
+        Some(a) => a,
+    };
+    let max = match v6.subnet_max {
+        // the next network's address minus one subnet
+        None => Ipv6Addr::from(last - size + 1),
+        Some(a) if !net.contains(&a) => return Err("IPv6SubnetMax is not in the range of the IPv6Network".into()),
+        Some(a) => a,
+    };
+    if u128::from(min) % size != 0 {
+        return Err(format!("IPv6SubnetMin is not on a SubnetLen boundary: {min}"));
+    }
+    if u128::from(max) % size != 0 {
+        return Err(format!("IPv6SubnetMax is not on a SubnetLen boundary: {max}"));
+    }
+    Ok(SubnetRange6 { len, min, max })
+}
+
+/// Picks a free IPv6 subnet as flannel's `allocateSubnet` does: `previous`
+/// if it fits and is free, else one at random among the first 100 free
+/// subnets from the range's start.
+pub fn allocate6(range: SubnetRange6, taken: &[Ipv6Net], previous: Option<Ipv6Net>, seed: u64) -> Option<Ipv6Net> {
+    let free = |n: &Ipv6Net| !taken.iter().any(|t| t.contains(&n.network()) || n.contains(&t.network()));
+    if let Some(p) = previous.filter(|p| range.fits(*p) && free(p)) {
+        return Some(p);
+    }
+    let size = 1u128 << (128 - range.len);
+    let (min, max) = (u128::from(range.min), u128::from(range.max));
+    let mut candidates = Vec::new();
+    let mut at = Some(min);
+    while let Some(a) = at.filter(|a| *a <= max && candidates.len() < 100) {
+        if let Ok(n) = Ipv6Net::new(Ipv6Addr::from(a), range.len) {
+            if free(&n) {
+                candidates.push(n);
+            }
+        }
+        at = a.checked_add(size);
+    }
+    candidates.get((seed % candidates.len().max(1) as u64) as usize).copied()
+}
+
+/// FLANNEL_IPV6_SUBNET from a subnet.env (`fd00:10:244:5::1/64` ->
+/// `fd00:10:244:5::/64`, as Go's `net.ParseCIDR` masks it).
+pub fn previous_subnet6(subnet_env: &str) -> Option<Ipv6Net> {
+    let line = subnet_env.lines().find_map(|l| l.strip_prefix("FLANNEL_IPV6_SUBNET="))?;
+    line.trim().parse::<Ipv6Net>().ok().map(|n| n.trunc())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,10 +384,34 @@ mod tests {
         NetConf { network: net.parse().unwrap(), ..NetConf::default() }
     }
 
+    /// Node 198.18.0.1 / fd00:198:18::1 in 10.244.0.0/16, IPv4 only.
+    fn reader(own: Option<&str>) -> Reader {
+        Reader {
+            network: "10.244.0.0/16".parse().unwrap(),
+            network6: None,
+            own: own.map(|o| o.parse().unwrap()),
+            own_ip: "198.18.0.1".parse().unwrap(),
+            own_ip6: None,
+        }
+    }
+
+    /// The same node in dual-stack, fd00:10:244::/56.
+    fn reader6() -> Reader {
+        Reader {
+            network6: Some("fd00:10:244::/56".parse().unwrap()),
+            own_ip6: Some("fd00:198:18::1".parse().unwrap()),
+            ..reader(Some("10.244.1.0/24"))
+        }
+    }
+
+    fn mac(last: u8) -> VtepMac {
+        format!("02:00:00:00:00:{last:02x}").parse().unwrap()
+    }
+
     #[test]
     fn keys_round_trip_like_flannel() {
         let n: Ipv4Net = "10.244.1.0/24".parse().unwrap();
-        assert_eq!(subnet_key(n), "10.244.1.0-24");
+        assert_eq!(subnet_key(n, None), "10.244.1.0-24");
         assert_eq!(parse_subnet_key("10.244.1.0-24"), Some(n));
         assert_eq!(parse_subnet_key("10.244.1.0-24&fd00:12:13::-56"), Some(n));
         assert_eq!(parse_subnet_key("10.244.1.5-24"), None);
@@ -194,16 +420,16 @@ mod tests {
 
     #[test]
     fn lease_value_matches_flannel_documentation() {
-        let v = lease_value("192.168.64.3".parse().unwrap(), 1, "c6:d2:32:6f:8f:44".parse().unwrap());
+        let v = lease_value("192.168.64.3".parse().unwrap(), 1, "c6:d2:32:6f:8f:44".parse().unwrap(), None);
         let want: Value = serde_json::from_str(r#"{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}"#).unwrap();
         assert_eq!(serde_json::from_str::<Value>(&v).unwrap(), want);
-        let l = parse_lease("10.244.3.0-24", &v).unwrap();
+        let l = parse_lease("10.244.3.0-24", &v, false).unwrap();
         assert_eq!(l.vtep_mac.unwrap().to_string(), "c6:d2:32:6f:8f:44");
     }
 
     #[test]
     fn only_the_leases_own_field_exempts_it_from_inner_source_binding() {
-        let plain = lease_value("198.18.0.2".parse().unwrap(), 1, "02:00:00:00:00:02".parse().unwrap());
+        let plain = lease_value("198.18.0.2".parse().unwrap(), 1, "02:00:00:00:00:02".parse().unwrap(), None);
         let with = |field: Value| {
             let mut v: Value = serde_json::from_str(&plain).unwrap();
             v[ANY_INNER_SOURCE_FIELD] = field;
@@ -214,8 +440,7 @@ mod tests {
             ("10.244.3.0-24".to_string(), with(Value::Bool(true))),
             ("10.244.4.0-24".to_string(), with(Value::String("true".into()))),
         ]);
-        let (peers, rejected, _) =
-            peers(&leases, "10.244.0.0/16".parse().unwrap(), None, "198.18.0.1".parse().unwrap());
+        let (peers, rejected, _) = reader(None).peers(&leases);
         assert!(rejected.is_empty(), "{rejected:?}");
         let exempt: Vec<bool> = peers.iter().map(|p| p.any_inner_source).collect();
         assert_eq!(exempt, [false, true, false]);
@@ -223,7 +448,7 @@ mod tests {
 
     #[test]
     fn leases_become_peers_with_reasons_for_the_rest() {
-        let good = lease_value("198.18.0.2".parse().unwrap(), 1, "02:00:00:00:00:02".parse().unwrap());
+        let good = lease_value("198.18.0.2".parse().unwrap(), 1, "02:00:00:00:00:02".parse().unwrap(), None);
         let leases = BTreeMap::from([
             ("10.244.2.0-24".to_string(), good.clone()),
             ("10.244.1.0-24".to_string(), good.clone()),
@@ -231,12 +456,7 @@ mod tests {
             ("10.244.4.0-24".to_string(), r#"{"PublicIP":"198.18.0.4","BackendType":"udp"}"#.to_string()),
             ("10.244.5.0-24".to_string(), "{".to_string()),
         ]);
-        let (p, rejected, ignored) = peers(
-            &leases,
-            "10.244.0.0/16".parse().unwrap(),
-            Some("10.244.1.0/24".parse().unwrap()),
-            "198.18.0.1".parse().unwrap(),
-        );
+        let (p, rejected, ignored) = reader(Some("10.244.1.0/24")).peers(&leases);
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].node, "10.244.2.0-24");
         assert_eq!(rejected.len(), 2);
@@ -256,9 +476,9 @@ mod tests {
         let leases: BTreeMap<String, String> = cases
             .iter()
             .enumerate()
-            .map(|(i, (ip, _))| (format!("10.244.{}.0-24", i + 10), lease_value(ip.parse().unwrap(), 1, mac)))
+            .map(|(i, (ip, _))| (format!("10.244.{}.0-24", i + 10), lease_value(ip.parse().unwrap(), 1, mac, None)))
             .collect();
-        let (p, rejected, _) = peers(&leases, "10.244.0.0/16".parse().unwrap(), None, "198.18.0.1".parse().unwrap());
+        let (p, rejected, _) = reader(None).peers(&leases);
         assert!(p.is_empty(), "{p:?}");
         for (i, (ip, reason)) in cases.iter().enumerate() {
             let key = format!("10.244.{}.0-24", i + 10);
@@ -308,5 +528,188 @@ mod tests {
             previous_subnet("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.5.1/24\n"),
             Some("10.244.5.0/24".parse().unwrap())
         );
+    }
+
+    #[test]
+    fn dual_stack_keys_are_flannels_make_subnet_key() {
+        let (n, n6): (Ipv4Net, Ipv6Net) = ("10.244.1.0/24".parse().unwrap(), "fd00:10:244:1::/64".parse().unwrap());
+        assert_eq!(subnet_key(n, Some(n6)), "10.244.1.0-24&fd00:10:244:1::-64");
+        assert_eq!(parse_key("10.244.1.0-24&fd00:10:244:1::-64"), Some((n, Some(n6))));
+        assert_eq!(parse_key("10.244.1.0-24"), Some((n, None)));
+        // flannel's subnetRegex takes lowercase hex only; no host bits, no junk
+        for bad in [
+            "10.244.1.0-24&FD00:10:244:1::-64",
+            "10.244.1.0-24&fd00:10:244:1::1-64",
+            "10.244.1.0-24&",
+            "10.244.1.0-24&x-64",
+        ] {
+            assert_eq!(parse_key(bad), None, "{bad}");
+            assert_eq!(parse_subnet_key(bad), None, "{bad}");
+        }
+        let long: Ipv6Net = "2001:db8:0:0:0:1::/96".parse().unwrap();
+        assert_eq!(subnet_key(n, Some(long)), "10.244.1.0-24&2001:db8::1:0:0-96", "RFC 5952, as Go prints it");
+    }
+
+    #[test]
+    fn dual_stack_lease_value_is_flannels_json_byte_for_byte() {
+        let v =
+            lease_value("192.0.2.10".parse().unwrap(), 1, mac(0xa), Some(("2001:db8::10".parse().unwrap(), mac(0xb))));
+        assert_eq!(
+            v,
+            r#"{"PublicIP":"192.0.2.10","PublicIPv6":"2001:db8::10","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"02:00:00:00:00:0a"},"BackendV6Data":{"VNI":1,"VtepMAC":"02:00:00:00:00:0b"}}"#
+        );
+        assert_eq!(
+            lease_value("192.0.2.10".parse().unwrap(), 7, mac(0xa), None),
+            r#"{"PublicIP":"192.0.2.10","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":7,"VtepMAC":"02:00:00:00:00:0a"}}"#
+        );
+        let l = parse_lease("10.244.3.0-24&fd00:10:244:3::-64", &v, true).unwrap();
+        let want = LeaseV6 {
+            subnet: "fd00:10:244:3::/64".parse().unwrap(),
+            public_ip: Some("2001:db8::10".parse().unwrap()),
+            vtep_mac: Some(mac(0xb)),
+        };
+        assert_eq!(l.v6, Some(want));
+        assert_eq!(parse_lease("10.244.3.0-24&fd00:10:244:3::-64", &v, false).unwrap().v6, None, "IPv6 off");
+    }
+
+    #[test]
+    fn dual_stack_leases_become_peers_per_family() {
+        let v6 = |n: u8| Some((format!("fd00:198:18::{n}").parse().unwrap(), mac(0x60 + n)));
+        let value = |n: u8, with6: bool| {
+            lease_value(format!("198.18.0.{n}").parse().unwrap(), 1, mac(n), if with6 { v6(n) } else { None })
+        };
+        let leases = BTreeMap::from([
+            ("10.244.2.0-24&fd00:10:244:2::-64".to_string(), value(2, true)),
+            // an older, IPv4-only node: still an IPv4 peer, as in flannel's etcd mode
+            ("10.244.3.0-24".to_string(), value(3, false)),
+        ]);
+        let (p, rejected, _) = reader6().peers(&leases);
+        assert!(rejected.is_empty(), "{rejected:?}");
+        assert_eq!(
+            p[0].v6,
+            Some(PeerV6 {
+                subnet: "fd00:10:244:2::/64".parse().unwrap(),
+                public_ip: "fd00:198:18::2".parse().unwrap(),
+                vtep_mac: mac(0x62)
+            })
+        );
+        assert_eq!((p[1].node.as_str(), p[1].v6), ("10.244.3.0-24", None));
+        // with IPv6 off the IPv6 half is not read at all
+        let (p, _, _) = reader(None).peers(&leases);
+        assert!(p.iter().all(|p| p.v6.is_none()) && p.len() == 2);
+    }
+
+    #[test]
+    fn a_lease_with_a_broken_ipv6_half_is_rejected_whole() {
+        let good =
+            lease_value("198.18.0.2".parse().unwrap(), 1, mac(2), Some(("fd00:198:18::2".parse().unwrap(), mac(0x62))));
+        let edit = |f: &dyn Fn(&mut Value)| {
+            let mut v: Value = serde_json::from_str(&good).unwrap();
+            f(&mut v);
+            v.to_string()
+        };
+        let cases = [
+            ("10.244.2.0-24&fd00:10:244:2::-64", edit(&|v| v["PublicIPv6"] = Value::Null), "no PublicIPv6"),
+            ("10.244.3.0-24&fd00:10:244:3::-64", edit(&|v| v["PublicIPv6"] = "nope".into()), "bad PublicIPv6"),
+            (
+                "10.244.4.0-24&fd00:10:244:4::-64",
+                edit(&|v| {
+                    v.as_object_mut().unwrap().remove("BackendV6Data");
+                }),
+                "no BackendV6Data.VtepMAC",
+            ),
+            (
+                "10.244.5.0-24&fd00:10:244:5::-64",
+                edit(&|v| v["BackendV6Data"]["VtepMAC"] = "zz".into()),
+                "bad BackendV6Data.VtepMAC",
+            ),
+            ("10.244.6.0-24&fd00:99:6::-64", good.clone(), "outside the network fd00:10:244::/56"),
+            ("10.244.7.0-24&fd00:10:244:7::-64", edit(&|v| v["PublicIPv6"] = "fe80::7".into()), "link-local"),
+            ("10.244.8.0-24&fd00:10:244:8::-64", edit(&|v| v["PublicIPv6"] = "fd00:198:18::1".into()), "own address"),
+        ];
+        let leases: BTreeMap<String, String> = cases.iter().map(|(k, v, _)| (k.to_string(), v.clone())).collect();
+        let (p, rejected, _) = reader6().peers(&leases);
+        assert!(p.is_empty(), "{p:?}");
+        for (key, _, reason) in &cases {
+            let r = rejected.iter().find(|r| r.node == *key).unwrap_or_else(|| panic!("{key} not rejected"));
+            assert!(r.reason.contains(reason), "{key}: {}", r.reason);
+        }
+    }
+
+    fn range6(conf: &str) -> Result<SubnetRange6, String> {
+        let c = NetConf::parse(conf, "x").unwrap();
+        subnet_range6(&c.ipv6.unwrap())
+    }
+
+    #[test]
+    fn ipv6_subnet_range_follows_flannels_check_network_config() {
+        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"}"#).unwrap();
+        assert_eq!(
+            (r.len, r.min.to_string(), r.max.to_string()),
+            (64, "fd00:10:244:1::".into(), "fd00:10:244:ff::".into())
+        );
+        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/62"}"#).unwrap();
+        assert_eq!(r.len, 64, "/62 still gets /64s");
+        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/63"}"#).unwrap();
+        assert_eq!(r.len, 65, "beyond /62: prefix + 2");
+        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00::/124"}"#).unwrap();
+        assert_eq!((r.len, r.min.to_string(), r.max.to_string()), (126, "fd00::4".into(), "fd00::c".into()));
+        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"::/0"}"#).unwrap();
+        assert_eq!(r.max.to_string(), "ffff:ffff:ffff:ffff::", "no overflow at /0");
+        let errors = [
+            (r#""IPv6Network":"fd00::/125""#, "IPv6Network is too small. Minimum useful network prefix is /124"),
+            (r#""IPv6Network":"fd00::/56","IPv6SubnetLen":127"#, "SubnetLen must be less than /127"),
+            (
+                r#""IPv6Network":"fd00::/56","IPv6SubnetLen":57"#,
+                "network must be able to accommodate at least four subnets",
+            ),
+            (
+                r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd01::""#,
+                "IPv6SubnetMin is not in the range of the IPv6Network",
+            ),
+            (
+                r#""IPv6Network":"fd00::/56","IPv6SubnetMax":"fd01::""#,
+                "IPv6SubnetMax is not in the range of the IPv6Network",
+            ),
+            (
+                r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd00:0:0:1::1""#,
+                "IPv6SubnetMin is not on a SubnetLen boundary: fd00:0:0:1::1",
+            ),
+            (
+                r#""IPv6Network":"fd00::/56","IPv6SubnetMax":"fd00:0:0:2:8000::""#,
+                "IPv6SubnetMax is not on a SubnetLen boundary: fd00:0:0:2:8000::",
+            ),
+        ];
+        for (keys, want) in errors {
+            assert_eq!(range6(&format!(r#"{{"EnableIPv6":true,{keys}}}"#)), Err(want.to_string()), "{keys}");
+        }
+        let r = range6(
+            r#"{"EnableIPv6":true,"IPv6Network":"fd00::/56","IPv6SubnetLen":60,"IPv6SubnetMin":"fd00:0:0:20::"}"#,
+        )
+        .unwrap();
+        assert_eq!((r.len, r.min.to_string(), r.max.to_string()), (60, "fd00:0:0:20::".into(), "fd00:0:0:f0::".into()));
+    }
+
+    #[test]
+    fn ipv6_allocation_prefers_previous_then_a_free_one_of_the_first_100() {
+        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"}"#).unwrap();
+        let net = |s: &str| -> Ipv6Net { s.parse().unwrap() };
+        let taken = vec![net("fd00:10:244:1::/64"), net("fd00:10:244:3::/64")];
+        assert_eq!(allocate6(r, &taken, Some(net("fd00:10:244:9::/64")), 0), Some(net("fd00:10:244:9::/64")));
+        // taken, outside the range or of another length: not reused
+        for bad in ["fd00:10:244:3::/64", "fd00:10:244::/64", "fd00:10:244:9::/80", "fd00:99::/64"] {
+            let n = allocate6(r, &taken, Some(net(bad)), 0).unwrap();
+            assert!(r.fits(n) && !taken.contains(&n) && n != net(bad), "{bad} -> {n}");
+        }
+        assert_eq!(allocate6(r, &taken, None, 0), Some(net("fd00:10:244:2::/64")));
+        assert_eq!(allocate6(r, &taken, None, 1), Some(net("fd00:10:244:4::/64")));
+        // a wide lease covers many subnets
+        let all: Vec<Ipv6Net> = vec![net("fd00:10:244::/56")];
+        assert_eq!(allocate6(r, &all, None, 3), None);
+        assert_eq!(
+            previous_subnet6("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_IPV6_SUBNET=fd00:10:244:5::1/64\n"),
+            Some(net("fd00:10:244:5::/64"))
+        );
+        assert_eq!(previous_subnet6("FLANNEL_SUBNET=10.244.5.1/24\n"), None);
     }
 }

@@ -55,7 +55,12 @@ pub struct NodeReader {
 
 impl NodeReader {
     pub fn desired(&self, nodes: &[Value]) -> Desired {
-        let rules = flannel_rules::Rules { names: &self.names, own_name: &self.own_name, network: self.conf.network };
+        let rules = flannel_rules::Rules {
+            names: &self.names,
+            own_name: &self.own_name,
+            network: self.conf.network,
+            network6: self.conf.ipv6.as_ref().map(|v6| v6.network),
+        };
         Desired { conf: self.conf.clone(), view: rules.view(nodes) }
     }
 }

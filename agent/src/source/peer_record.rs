@@ -1,19 +1,19 @@
 //! The checks every peer record gets, whichever source it came from: a
 //! Kubernetes Node (`flannel_rules.rs`) or an etcd lease (`leases.rs`).
-//! One function, so the two sources never drift apart.
-use std::net::Ipv4Addr;
+//! One function per family, so the two sources never drift apart.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 /// Why a record cannot be a peer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RecordProblem {
     #[error("public IP {0} is not a unicast address a VTEP can have ({1})")]
-    NotUnicast(Ipv4Addr, &'static str),
+    NotUnicast(IpAddr, &'static str),
     #[error("public IP {0} is this node's own address")]
-    Ours(Ipv4Addr),
+    Ours(IpAddr),
     #[error("subnet {subnet} is outside the network {network}")]
-    Outside { subnet: Ipv4Net, network: Ipv4Net },
+    Outside { subnet: IpNet, network: IpNet },
 }
 
 /// What kind of address `ip` is, if no VTEP can have it.
@@ -31,18 +31,50 @@ fn not_unicast(ip: Ipv4Addr) -> Option<&'static str> {
     }
 }
 
+/// What kind of IPv6 address `ip` is, if no VTEP can have it. A link-local
+/// address is reachable only on one link and the kernel would need a scope
+/// for it, so a peer's `flannel-v6` device could not send to it.
+fn not_unicast6(ip: Ipv6Addr) -> Option<&'static str> {
+    if ip.is_unspecified() {
+        Some("unspecified")
+    } else if ip.is_loopback() {
+        Some("loopback")
+    } else if ip.is_multicast() {
+        Some("multicast")
+    } else if ip.segments()[0] & 0xffc0 == 0xfe80 {
+        Some("link-local, fe80::/10")
+    } else {
+        None
+    }
+}
+
 /// A peer's public IP and subnet, as both sources must check them. `own`
 /// lists this node's addresses as the source knows them: a record that
 /// claims one would send our own traffic back to us.
 pub fn check(public_ip: Ipv4Addr, subnet: Ipv4Net, network: Ipv4Net, own: &[Ipv4Addr]) -> Result<(), RecordProblem> {
     if let Some(kind) = not_unicast(public_ip) {
-        return Err(RecordProblem::NotUnicast(public_ip, kind));
+        return Err(RecordProblem::NotUnicast(public_ip.into(), kind));
     }
     if own.contains(&public_ip) {
-        return Err(RecordProblem::Ours(public_ip));
+        return Err(RecordProblem::Ours(public_ip.into()));
     }
     if !network.contains(&subnet) {
-        return Err(RecordProblem::Outside { subnet, network });
+        return Err(RecordProblem::Outside { subnet: subnet.into(), network: network.into() });
+    }
+    Ok(())
+}
+
+/// [`check`] for a peer's IPv6 half (`public-ipv6` or `PublicIPv6`, and its
+/// IPv6 subnet against `IPv6Network`).
+pub fn check6(public_ip: Ipv6Addr, subnet: Ipv6Net, network: Ipv6Net, own: &[Ipv6Addr]) -> Result<(), RecordProblem> {
+    if let Some(kind) = not_unicast6(public_ip) {
+        return Err(RecordProblem::NotUnicast(public_ip.into(), kind));
+    }
+    if own.contains(&public_ip) {
+        return Err(RecordProblem::Ours(public_ip.into()));
+    }
+    if !network.contains(&subnet) {
+        return Err(RecordProblem::Outside { subnet: subnet.into(), network: network.into() });
     }
     Ok(())
 }
@@ -60,12 +92,35 @@ mod tests {
             let ip: Ipv4Addr = bad.parse().unwrap();
             assert!(matches!(check(ip, sub, net, &[me]), Err(RecordProblem::NotUnicast(..))), "{bad}");
         }
-        assert_eq!(check(me, sub, net, &[me]), Err(RecordProblem::Ours(me)));
+        assert_eq!(check(me, sub, net, &[me]), Err(RecordProblem::Ours(me.into())));
         let outside: Ipv4Net = "10.99.0.0/24".parse().unwrap();
         assert!(matches!(
             check("198.18.0.2".parse().unwrap(), outside, net, &[me]),
             Err(RecordProblem::Outside { .. })
         ));
         assert_eq!(check("198.18.0.2".parse().unwrap(), sub, net, &[me]), Ok(()));
+    }
+
+    #[test]
+    fn refuses_what_no_ipv6_peer_can_be() {
+        let net: Ipv6Net = "fd00:10:244::/56".parse().unwrap();
+        let sub: Ipv6Net = "fd00:10:244:2::/64".parse().unwrap();
+        let me: Ipv6Addr = "fd00:198:18::1".parse().unwrap();
+        let cases = [
+            ("::", "unspecified"),
+            ("::1", "loopback"),
+            ("ff02::1", "multicast"),
+            ("fe80::1", "link-local"),
+            ("febf:ffff::1", "link-local"),
+        ];
+        for (bad, kind) in cases {
+            let e = check6(bad.parse().unwrap(), sub, net, &[me]).unwrap_err();
+            assert!(matches!(e, RecordProblem::NotUnicast(..)) && e.to_string().contains(kind), "{bad}: {e}");
+        }
+        assert_eq!(check6(me, sub, net, &[me]), Err(RecordProblem::Ours(me.into())));
+        let e = check6("fd00:198:18::2".parse().unwrap(), "fd00:99::/64".parse().unwrap(), net, &[me]).unwrap_err();
+        assert_eq!(e.to_string(), "subnet fd00:99::/64 is outside the network fd00:10:244::/56");
+        assert_eq!(check6("fd00:198:18::2".parse().unwrap(), sub, net, &[me]), Ok(()));
+        assert_eq!(check6("fec0::2".parse().unwrap(), sub, net, &[me]), Ok(()), "fec0::/10 is not link-local");
     }
 }

@@ -17,7 +17,10 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
     let bad_conf = c.dir.join("net-conf.json");
     std::fs::write(&bad_conf, r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":0}}"#)?;
     let ipv6_conf = c.dir.join("net-conf-ipv6.json");
-    std::fs::write(&ipv6_conf, r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"Backend":{"Type":"vxlan"}}"#)?;
+    std::fs::write(
+        &ipv6_conf,
+        r#"{"Network":"10.244.0.0/16","EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{"Type":"vxlan"}}"#,
+    )?;
     let (state, bpffs) = (h.state_dir(), h.bpffs_dir());
     let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
     let (nodes, bad_conf, ipv6_conf) = (s(&nodes), s(&bad_conf), s(&ipv6_conf));
@@ -28,7 +31,7 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
         ("--iface", "nosuch0", "nosuch0"),
         ("--nodes-file", "/nonexistent/nodes.json", "/nonexistent/nodes.json"),
         ("--net-conf", &bad_conf, "Backend.VNI"),
-        ("--net-conf", &ipv6_conf, "IPv6Network"),
+        ("--net-conf", &ipv6_conf, "IPv6-only is not supported yet"),
         ("--net-conf", "/nonexistent/net-conf.json", "/nonexistent/net-conf.json"),
         ("--kube-annotation-prefix", "a/b/c", "a/b/c"),
         ("--public-ip", "300.1.1.1", "300.1.1.1"),
@@ -145,16 +148,18 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
 }
 
 #[test]
-fn an_etcd_config_with_ipv6_exits_2_before_changing_anything() -> Result<()> {
-    // there is no IPv6 overlay, so EnableIPv6 is refused. The config is
-    // known only once etcd answers; with no cached view the agent has
-    // changed nothing by then.
+fn an_etcd_config_with_ipv6_only_exits_2_before_changing_anything() -> Result<()> {
+    // the dataplane carries the IPv4 overlay, so IPv6-only (EnableIPv4:false)
+    // is refused. The config is known only once etcd answers; with no cached
+    // view the agent has changed nothing by then.
     let mut c = Cluster::new(1)?;
     c.host_mut(1).mount_bpffs()?;
     let etcd = Etcd::start(&c)?;
     let h = c.host(1);
-    let (config, culprit) =
-        (r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"Backend":{"Type":"vxlan"}}"#, "EnableIPv6");
+    let (config, culprit) = (
+        r#"{"Network":"10.244.0.0/16","EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{"Type":"vxlan"}}"#,
+        "IPv6-only is not supported yet",
+    );
     {
         etcd.put(&format!("{PREFIX}/config"), config)?;
         let out =

@@ -94,7 +94,7 @@ fn dual_stack_interoperates_with_a_kernel_flannel_node_both_ways() -> Result<()>
     let (neigh, fdb, routes) = v6_entries(&h1.ns)?;
     ensure!(neigh.contains(&format!("{} lladdr {KERNEL_MAC6} PERMANENT", base6(2))), "{neigh}");
     ensure!(fdb.contains(&format!("{KERNEL_MAC6} dst {} self permanent", underlay_ip6(2))), "{fdb}");
-    ensure!(routes.contains(&format!("{} via {} proto boot onlink", subnet6(2), base6(2))), "{routes}");
+    ensure!(routes.contains(&format!("{} via {} metric 1024 onlink", subnet6(2), base6(2))), "{routes}");
 
     assert_eq!(ping(p1, pod_ip6(2), 10, "0.05")?, (10, 10), "ICMPv6 edgevx -> kernel");
     assert_eq!(ping(p2, pod_ip6(1), 10, "0.05")?, (10, 10), "ICMPv6 kernel -> edgevx");

@@ -7,7 +7,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::{Context, Result, ensure};
 use edgevx_tests::{
-    agent::{Agent, cleanup},
+    agent::{Agent, cleanup, wait_status},
     dual::{add_ipv6, base6, flannel_node6, kernel_add_peer6, kernel_vtep6, net_conf, pod_ip6, subnet6, underlay_ip6},
     netns::Netns,
     nodes::{node_list, write},
@@ -209,4 +209,76 @@ fn wait_until(timeout: Duration, what: &str, mut ok: impl FnMut() -> Result<bool
         std::thread::sleep(Duration::from_millis(200));
     }
     anyhow::bail!("timed out waiting for {what}")
+}
+
+/// The Kubernetes source, dual-stack: edgevx publishes both VTEPs in one
+/// patch (kernel flannel peers skip a dual-stack node whole without its
+/// IPv6 half), takes the IPv6 MAC back from `backend-v6-data` after a
+/// reboot, and skips a peer without an IPv6 half whole, as flannel does.
+#[test]
+fn kube_dual_stack_publishes_both_vteps_and_skips_half_nodes_whole() -> Result<()> {
+    use edgevx_tests::{agent::peers, kubeapi::KubeApi, topo::node_name};
+    use serde_json::json;
+
+    let mut c = Cluster::new(3)?;
+    for i in 1..=2 {
+        add_ipv6(c.host(i))?;
+    }
+    let api = KubeApi::start_in(&c.host(1).ns.name)?;
+    let me = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": node_name(1), "annotations": {}},
+        "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24", subnet6(1)]},
+    });
+    api.put_node(me);
+    let kc = c.dir.join("kubeconfig");
+    api.kubeconfig(&kc)?;
+    c.host_mut(1).mount_bpffs()?;
+    let conf = c.dir.join("net-conf.json");
+    std::fs::write(&conf, net_conf())?;
+    let (kc, conf) = (kc.to_string_lossy().into_owned(), conf.to_string_lossy().into_owned());
+    let args = ["--kube", "--kubeconfig", kc.as_str(), "--net-conf", conf.as_str()];
+    let mut agent = Agent::start_with(c.host(1), &args)?;
+    let s = agent.status()?;
+    let (mac, mac6) = (s["vtep_mac"].as_str().unwrap_or_default(), s["vtep6"]["mac"].as_str().unwrap_or_default());
+    let patches = api.wait_patches(Duration::from_secs(10), |p| !p.is_empty())?;
+    assert_eq!(
+        patches[0].body,
+        json!({"metadata": {"annotations": {
+            "flannel.alpha.coreos.com/backend-data": format!("{{\"VNI\":1,\"VtepMAC\":\"{mac}\"}}"),
+            "flannel.alpha.coreos.com/backend-v6-data": format!("{{\"VNI\":1,\"VtepMAC\":\"{mac6}\"}}"),
+            "flannel.alpha.coreos.com/backend-type": "vxlan",
+            "flannel.alpha.coreos.com/kube-subnet-manager": "true",
+            "flannel.alpha.coreos.com/public-ip": "198.18.0.1",
+            "flannel.alpha.coreos.com/public-ipv6": "fd00:198:18::1",
+        }}})
+    );
+
+    // a dual-stack kernel flannel peer, and one that publishes no IPv6 half
+    let h2 = c.host(2);
+    h2.kernel_vtep(KERNEL_MAC)?;
+    h2.kernel_add_peer(1, mac)?;
+    kernel_vtep6(h2, KERNEL_MAC6)?;
+    kernel_add_peer6(h2, 1, mac6)?;
+    api.put_node(flannel_node6(2, Some((KERNEL_MAC, KERNEL_MAC6))));
+    api.put_node(edgevx_tests::nodes::flannel_node(3, Some("02:00:00:00:03:01")));
+    wait_status(&agent, Duration::from_secs(5), "node2 added", |s| {
+        peers(s) == vec![("node2".into(), KERNEL_MAC.into())]
+    })?;
+    wait_reachable(&c.host(1).pod, pod_ip6(2), 20)?;
+    wait_reachable(&c.host(2).pod, pod_ip6(1), 20)?;
+    ensure!(agent.log_text().contains("node3"), "node3's rejection is not logged:\n{}", agent.log_text());
+    ensure!(!c.host(1).ns.run(&["ip", "route"])?.contains("10.244.3.0/24"), "node3's IPv4 half was programmed");
+
+    // a reboot: the device and the state dir's IPv6 MAC are gone, the annotation brings it back
+    agent.stop()?;
+    c.host(1).ns.run(&["ip", "link", "del", "flannel-v6.1"])?;
+    std::fs::remove_file(c.host(1).state_dir().join("vtep-mac6"))?;
+    let before = api.patches().len();
+    let agent = Agent::start_with(c.host(1), &args)?;
+    assert_eq!(agent.status()?["vtep6"]["mac"], mac6, "IPv6 MAC not restored from backend-v6-data");
+    wait_reachable(&c.host(2).pod, pod_ip6(1), 20)?;
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(api.patches().len(), before, "patched although nothing changed: {:#?}", &api.patches()[before..]);
+    Ok(())
 }

@@ -30,6 +30,7 @@ mod offline;
 mod privileges;
 mod prog_fuzz;
 mod prog_test_run;
+mod prog_test_run_v6;
 mod real_node;
 mod reconcile;
 mod restart;

@@ -24,10 +24,10 @@ fn v6(s: &str) -> [u8; 16] {
 }
 
 const OUR_IP6: &str = "fd00:198:18::1";
-const PEER_IP6: &str = "fd00:198:18::2";
+pub(crate) const PEER_IP6: &str = "fd00:198:18::2";
 /// A peer whose entry says it may carry any inner source.
 const EXEMPT_IP6: &str = "fd00:198:18::3";
-const STRANGER_IP6: &str = "fd00:198:18::66";
+pub(crate) const STRANGER_IP6: &str = "fd00:198:18::66";
 /// flannel-v6's own MAC: the inner destination of what peers send us.
 const OUR_MAC6: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 0x61];
 const POD6: &str = "fd00:10:244:1::2";
@@ -45,7 +45,7 @@ const VXLAN_AT: usize = 62;
 
 /// The v4 fixture of prog_test_run.rs with IPv6 on: our public IPv6 in
 /// the config, and two IPv6 peers accepted.
-fn load6(flags: u32) -> Result<Loaded> {
+pub(crate) fn load6(flags: u32) -> Result<Loaded> {
     let mut l = load(flags)?;
     set_public_ip6(&mut l, v6(OUR_IP6))?;
     let mut accept: HashMap<_, [u8; 16], PeerAccept6> =
@@ -66,6 +66,10 @@ fn edit_config(l: &mut Loaded, edit: impl FnOnce(&mut DataplaneConfig)) -> Resul
 
 fn set_public_ip6(l: &mut Loaded, ip: [u8; 16]) -> Result<()> {
     edit_config(l, |c| c.public_ip6 = ip)
+}
+
+pub(crate) fn set_underlay(l: &mut Loaded, ifindex: u32) -> Result<()> {
+    edit_config(l, |c| c.underlay_ifindex = ifindex)
 }
 
 /// An IPv6 packet with hop limit 64 and no extension headers unless
@@ -420,7 +424,7 @@ fn the_guard_refuses_ipv6_vxlan_from_strangers_and_off_the_underlay() -> Result<
     }
     assert_eq!(l.counter(Counter::DropUnknownPeerSocket)?, 6);
     // with the underlay as interface 0, the full guard lets the peers in
-    edit_config(&mut l, |c| c.underlay_ifindex = 0)?;
+    set_underlay(&mut l, 0)?;
     assert_eq!(run_guard(&l, "edgevx_guard", &lookup_ctx(AF_INET6, UDP, &peer, 8472))?, SK_PASS);
     assert_eq!(run_guard(&l, "edgevx_guard", &lookup_ctx(AF_INET, UDP, &PEER_IP, 8472))?, SK_PASS);
     assert_eq!(run_guard(&l, "edgevx_guard", &lookup_ctx(AF_INET6, UDP, &stranger, 8472))?, SK_DROP);

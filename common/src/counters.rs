@@ -71,9 +71,14 @@ pub enum Counter {
     /// a frame whole (inner source, TTL, flags); anywhere else the kernel
     /// would decapsulate it unjudged.
     DropVxlanOffUnderlay = 25,
+    /// Dropped: a peer's VXLAN over the IPv6 underlay whose inner frame is
+    /// not a whole IPv6 header (flannel carries only IPv6 pods over the
+    /// IPv6 tunnel, never IPv4 or ARP), so its source cannot be bound to
+    /// the peer's IPv6 pod CIDR.
+    DropInnerNotIpv6 = 26,
 }
 
-pub const COUNT: u32 = 26;
+pub const COUNT: u32 = 27;
 
 impl Counter {
     pub const ALL: [Counter; COUNT as usize] = [
@@ -103,6 +108,7 @@ impl Counter {
         Counter::DropUnknownPeerSocket,
         Counter::DropPodVxlan,
         Counter::DropVxlanOffUnderlay,
+        Counter::DropInnerNotIpv6,
     ];
 
     /// Name used in `edgevx status` and metrics.
@@ -134,6 +140,7 @@ impl Counter {
             Counter::DropUnknownPeerSocket => "drop_unknown_peer_socket",
             Counter::DropPodVxlan => "drop_pod_vxlan",
             Counter::DropVxlanOffUnderlay => "drop_vxlan_off_underlay",
+            Counter::DropInnerNotIpv6 => "drop_inner_not_ipv6",
         }
     }
 }

@@ -11,6 +11,9 @@ pub const PEER_STATS: &str = "EDGEVX_PEER_STATS";
 /// exactly for the peers whose VXLAN we accept; the value binds the inner
 /// source of what they send to their pod CIDR.
 pub const PEER_ACCEPT: &str = "EDGEVX_PEER_ACCEPT";
+/// `HashMap<[u8; 16], PeerAccept6>`: keyed by peer public IPv6. The IPv6
+/// twin of [`PEER_ACCEPT`], for the IPv6 underlay of a dual-stack node.
+pub const PEER_ACCEPT6: &str = "EDGEVX_PEER_ACCEPT6";
 /// `HashMap<[u8; 4], LocalPod>`: local pod IP -> its host-side veth and MACs.
 pub const LOCAL_PODS: &str = "EDGEVX_LOCAL_PODS";
 /// `PerCpuArray<u32>` with one slot: the next outer IP ID on this CPU.
@@ -19,7 +22,8 @@ pub const IP_ID: &str = "EDGEVX_IP_ID";
 pub const GLOBAL_STATS: &str = "EDGEVX_GLOBAL_STATS";
 
 /// All pinned maps, for status and cleanup.
-pub const ALL: [&str; 7] = [CONFIG, PEER_SUBNETS, PEER_STATS, PEER_ACCEPT, LOCAL_PODS, IP_ID, GLOBAL_STATS];
+pub const ALL: [&str; 8] =
+    [CONFIG, PEER_SUBNETS, PEER_STATS, PEER_ACCEPT, PEER_ACCEPT6, LOCAL_PODS, IP_ID, GLOBAL_STATS];
 
 pub const MAX_PEERS: u32 = 16384;
 pub const MAX_LOCAL_PODS: u32 = 4096;
@@ -42,8 +46,8 @@ pub const FLAG_ENCAP_NO_L2_ETH: u32 = 4;
 
 /// What the agent configured; read by both programs on every packet.
 ///
-/// IPv4 addresses are in network byte order as bytes, the way they sit in
-/// a packet; `vni` and `port` are host order.
+/// Addresses are in network byte order as bytes, the way they sit in a
+/// packet; `vni` and `port` are host order.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct DataplaneConfig {
@@ -54,6 +58,19 @@ pub struct DataplaneConfig {
     pub flags: u32,
     pub vtep_ifindex: u32,
     pub underlay_ifindex: u32,
+    /// Our public IPv6 (the local address of `flannel-v6.<VNI>`); all zero
+    /// when IPv6 is off, and then IPv6 VXLAN is not judged at all: the node
+    /// behaves exactly as a v4-only one.
+    pub public_ip6: [u8; 16],
+}
+
+impl DataplaneConfig {
+    /// Whether the IPv6 underlay is on (we have a public IPv6).
+    #[inline(always)]
+    pub fn ipv6_on(&self) -> bool {
+        let (hi, lo) = halves(&self.public_ip6);
+        hi | lo != 0
+    }
 }
 
 /// A remote VTEP: where to send frames for one pod subnet.
@@ -95,6 +112,51 @@ impl PeerAccept {
     }
 }
 
+/// A peer we accept IPv6 VXLAN from, and the IPv6 pod CIDR its inner
+/// sources must lie in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PeerAccept6 {
+    /// Network address of the peer's IPv6 pod subnet, network byte order.
+    pub pod_subnet: [u8; 16],
+    pub prefix_len: u8,
+    /// [`ACCEPT_ANY_INNER_SOURCE`] or 0.
+    pub flags: u8,
+    pub _pad: [u8; 2],
+}
+
+impl PeerAccept6 {
+    /// Whether `inner_src` may be sent by this peer. Compared as two 64-bit
+    /// halves: 128-bit shifts would need compiler intrinsics the eBPF
+    /// target does not have.
+    #[inline(always)]
+    pub fn allows_inner_source(&self, inner_src: &[u8; 16]) -> bool {
+        if self.flags & ACCEPT_ANY_INNER_SOURCE != 0 {
+            return true;
+        }
+        let bits = self.prefix_len.min(128) as u32;
+        let (hi_mask, lo_mask) = (prefix_mask(bits.min(64)), prefix_mask(bits.saturating_sub(64)));
+        let (src_hi, src_lo) = halves(inner_src);
+        let (net_hi, net_lo) = halves(&self.pod_subnet);
+        src_hi & hi_mask == net_hi & hi_mask && src_lo & lo_mask == net_lo & lo_mask
+    }
+}
+
+/// The top `bits` (0 to 64) of a u64 set.
+#[inline(always)]
+fn prefix_mask(bits: u32) -> u64 {
+    // a shift by 64 is undefined: /0 masks nothing
+    if bits == 0 { 0 } else { u64::MAX << (64 - bits) }
+}
+
+/// An IPv6 address in network order as its high and low 64 bits.
+#[inline(always)]
+fn halves(a: &[u8; 16]) -> (u64, u64) {
+    let hi = u64::from_be_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]);
+    let lo = u64::from_be_bytes([a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]]);
+    (hi, lo)
+}
+
 /// Per-peer counters (per CPU; readers sum them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -123,6 +185,7 @@ mod pod {
     unsafe impl aya::Pod for super::Peer {}
     unsafe impl aya::Pod for super::PeerStats {}
     unsafe impl aya::Pod for super::PeerAccept {}
+    unsafe impl aya::Pod for super::PeerAccept6 {}
     unsafe impl aya::Pod for super::LocalPod {}
 }
 
@@ -135,11 +198,12 @@ mod tests {
     /// Sizes equal the sum of the fields: no implicit padding reaches the kernel.
     #[test]
     fn layouts_have_no_padding() {
-        assert_eq!(size_of::<DataplaneConfig>(), 4 + 4 + 6 + 2 + 4 + 4 + 4);
+        assert_eq!(size_of::<DataplaneConfig>(), 4 + 4 + 6 + 2 + 4 + 4 + 4 + 16);
         assert_eq!(size_of::<Peer>(), 12);
         assert_eq!(size_of::<PeerStats>(), 40);
         assert_eq!(size_of::<LocalPod>(), 16);
         assert_eq!(size_of::<PeerAccept>(), 4 + 1 + 1 + 2);
+        assert_eq!(size_of::<PeerAccept6>(), 16 + 1 + 1 + 2);
     }
 
     fn accept(subnet: [u8; 4], prefix_len: u8, flags: u8) -> PeerAccept {
@@ -162,5 +226,49 @@ mod tests {
     #[test]
     fn the_exemption_allows_any_inner_source() {
         assert!(accept([10, 244, 2, 0], 24, ACCEPT_ANY_INNER_SOURCE).allows_inner_source([203, 0, 113, 7]));
+    }
+
+    fn v6(s: &str) -> [u8; 16] {
+        s.parse::<core::net::Ipv6Addr>().map(|a| a.octets()).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    fn accept6(subnet: &str, prefix_len: u8, flags: u8) -> PeerAccept6 {
+        PeerAccept6 { pod_subnet: v6(subnet), prefix_len, flags, _pad: [0; 2] }
+    }
+
+    #[test]
+    fn inner_ipv6_source_is_bound_to_the_pod_cidr() {
+        let a = accept6("fd00:10:244:2::", 64, 0);
+        assert!(a.allows_inner_source(&v6("fd00:10:244:2::")));
+        assert!(a.allows_inner_source(&v6("fd00:10:244:2:ffff:ffff:ffff:ffff")));
+        assert!(!a.allows_inner_source(&v6("fd00:10:244:3::1")));
+        assert!(!a.allows_inner_source(&v6("fe80::1")));
+        assert!(!a.allows_inner_source(&v6("2001:db8::7")));
+        // prefixes that end inside either half, and the extremes
+        let p56 = accept6("fd00:10:244:200::", 56, 0);
+        assert!(p56.allows_inner_source(&v6("fd00:10:244:2ff::1")));
+        assert!(!p56.allows_inner_source(&v6("fd00:10:244:300::1")));
+        let p120 = accept6("fd00:10:244:2::100", 120, 0);
+        assert!(p120.allows_inner_source(&v6("fd00:10:244:2::1ff")));
+        assert!(!p120.allows_inner_source(&v6("fd00:10:244:2::200")));
+        let host = accept6("fd00:10:244:2::7", 128, 0);
+        assert!(host.allows_inner_source(&v6("fd00:10:244:2::7")));
+        assert!(!host.allows_inner_source(&v6("fd00:10:244:2::8")));
+        assert!(accept6("::", 0, 0).allows_inner_source(&v6("2001:db8::7")));
+        // host bits in the entry are masked like the source's
+        assert!(accept6("fd00:10:244:2::ff", 64, 0).allows_inner_source(&v6("fd00:10:244:2::1")));
+    }
+
+    #[test]
+    fn the_exemption_allows_any_inner_ipv6_source() {
+        assert!(accept6("fd00:10:244:2::", 64, ACCEPT_ANY_INNER_SOURCE).allows_inner_source(&v6("2001:db8::7")));
+    }
+
+    #[test]
+    fn ipv6_is_off_while_the_public_ipv6_is_all_zero() {
+        let mut c = DataplaneConfig::default();
+        assert!(!c.ipv6_on());
+        c.public_ip6 = v6("fd00:198:18::1");
+        assert!(c.ipv6_on());
     }
 }

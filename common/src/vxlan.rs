@@ -17,7 +17,10 @@ pub const UDP_HLEN: usize = 8;
 pub const VXLAN_HLEN: usize = 8;
 
 pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
 pub const IPPROTO_UDP: u8 = 17;
+/// The fixed IPv6 header; extension headers, if any, follow it.
+pub const IPV6_HLEN: usize = 40;
 
 pub const OUTER_IP_OFF: usize = ETH_HLEN;
 pub const UDP_OFF: usize = OUTER_IP_OFF + IPV4_HLEN;

@@ -29,6 +29,9 @@
 //! - anything else (the host itself, a pod not learned yet, a fragment, a
 //!   header with options, another local address): left to the kernel's
 //!   `flannel.<VNI>` receive path.
+//!
+//! IPv6 frames are judged by `judge6.rs` and never decapsulated here: the
+//! kernel's `flannel-v6.<VNI>` receives what it lets through.
 
 use aya_ebpf::{
     bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, BPF_F_INGRESS, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode},
@@ -44,19 +47,20 @@ use edgevx_common::{
 };
 
 use crate::{
+    judge6,
     maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS, EDGEVX_PEER_ACCEPT, EDGEVX_PEER_SUBNETS},
     stats,
 };
 
 /// Not ours: let the next program or the stack have it, unchanged.
-const NEXT: i32 = TC_ACT_UNSPEC;
+pub(crate) const NEXT: i32 = TC_ACT_UNSPEC;
 
 /// UDP + VXLAN + inner Ethernet, read in one go after the outer IP header;
 /// the inner IPv4 header follows, read on its own (one 50-byte read
 /// overflows the 512-byte BPF stack once inlined).
-const TUNNEL_LEN: usize = UDP_HLEN + VXLAN_HLEN + ETH_HLEN;
-const VXLAN_AT: usize = UDP_HLEN;
-const INNER_ETH_AT: usize = VXLAN_AT + VXLAN_HLEN;
+pub(crate) const TUNNEL_LEN: usize = UDP_HLEN + VXLAN_HLEN + ETH_HLEN;
+pub(crate) const VXLAN_AT: usize = UDP_HLEN;
+pub(crate) const INNER_ETH_AT: usize = VXLAN_AT + VXLAN_HLEN;
 
 pub fn run(ctx: &TcContext) -> i32 {
     let Some(cfg) = EDGEVX_CONFIG.get(0) else {
@@ -66,6 +70,9 @@ pub fn run(ctx: &TcContext) -> i32 {
         return NEXT;
     };
     let eth = EthHeader(sub::<{ ETH_HLEN + IPV4_HLEN }, 0, ETH_HLEN>(&outer));
+    if eth.is_ipv6() {
+        return judge6::run(ctx, cfg);
+    }
     let ip = Ipv4Header(sub::<{ ETH_HLEN + IPV4_HLEN }, ETH_HLEN, IPV4_HLEN>(&outer));
     if !eth.is_ipv4() || !ip.is_valid_v4() || ip.protocol() != IPPROTO_UDP || ip.is_later_fragment() || cfg.vni == 0 {
         return NEXT;
@@ -153,7 +160,7 @@ pub fn run(ctx: &TcContext) -> i32 {
 /// The `M` bytes at `AT` of a fixed-size array, as a fixed-size array:
 /// no bounds check or copy for the verifier to follow.
 #[inline(always)]
-fn sub<const N: usize, const AT: usize, const M: usize>(b: &[u8; N]) -> &[u8; M] {
+pub(crate) fn sub<const N: usize, const AT: usize, const M: usize>(b: &[u8; N]) -> &[u8; M] {
     const { assert!(AT + M <= N) };
     // SAFETY: in bounds by the assertion above; u8 has alignment 1.
     unsafe { &*(b.as_ptr().add(AT) as *const [u8; M]) }

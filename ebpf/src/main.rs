@@ -8,6 +8,7 @@ mod bridge;
 mod decap;
 mod encap;
 mod guard;
+mod judge6;
 mod maps;
 mod pod_guard;
 mod stats;
@@ -36,7 +37,8 @@ pub fn edgevx_pod_guard(ctx: TcContext) -> i32 {
     pod_guard::run(&ctx)
 }
 
-/// Ingress of the underlay interface: VXLAN from known peers in.
+/// Ingress of the underlay interface: VXLAN from known peers in (IPv6
+/// VXLAN judged, then left to the kernel's `flannel-v6.<VNI>`).
 #[classifier]
 pub fn edgevx_decap(ctx: TcContext) -> i32 {
     decap::run(&ctx)

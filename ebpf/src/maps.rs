@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use edgevx_common::{
     counters,
-    maps::{DataplaneConfig, LocalPod, MAX_LOCAL_PODS, MAX_PEERS, Peer, PeerAccept, PeerStats},
+    maps::{DataplaneConfig, LocalPod, MAX_LOCAL_PODS, MAX_PEERS, Peer, PeerAccept, PeerAccept6, PeerStats},
 };
 
 #[map]
@@ -21,6 +21,9 @@ pub static EDGEVX_PEER_STATS: PerCpuHashMap<[u8; 4], PeerStats> = PerCpuHashMap:
 
 #[map]
 pub static EDGEVX_PEER_ACCEPT: HashMap<[u8; 4], PeerAccept> = HashMap::pinned(MAX_PEERS, 0);
+
+#[map]
+pub static EDGEVX_PEER_ACCEPT6: HashMap<[u8; 16], PeerAccept6> = HashMap::pinned(MAX_PEERS, 0);
 
 #[map]
 pub static EDGEVX_LOCAL_PODS: HashMap<[u8; 4], LocalPod> = HashMap::pinned(MAX_LOCAL_PODS, 0);

@@ -1,6 +1,9 @@
 //! Typed access to the pinned maps, for the running agent and for
 //! `edgevx status` alike (both open them the same way: from their pins).
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use anyhow::{Context, Result};
 use aya::maps::{
@@ -9,10 +12,11 @@ use aya::maps::{
 use edgevx_common::{
     counters::{self, Counter},
     maps::{
-        self as names, ACCEPT_ANY_INNER_SOURCE, DataplaneConfig, LocalPod, Peer as PeerEntry, PeerAccept, PeerStats,
+        self as names, ACCEPT_ANY_INNER_SOURCE, DataplaneConfig, LocalPod, Peer as PeerEntry, PeerAccept, PeerAccept6,
+        PeerStats,
     },
 };
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::dataplane::bpffs::PinDir;
 
@@ -24,6 +28,7 @@ pub struct Maps {
     subnets: LpmTrie<MapData, [u8; 4], PeerEntry>,
     stats: PerCpuHashMap<MapData, [u8; 4], PeerStats>,
     accept: HashMap<MapData, [u8; 4], PeerAccept>,
+    accept6: HashMap<MapData, [u8; 16], PeerAccept6>,
     local_pods: HashMap<MapData, [u8; 4], LocalPod>,
     global: PerCpuArray<MapData, u64>,
 }
@@ -53,6 +58,43 @@ pub fn accept_entry(subnet: Ipv4Net, any_inner_source: bool) -> PeerAccept {
     }
 }
 
+/// An IPv6 peer we accept VXLAN from (over the IPv6 underlay), and what
+/// its inner sources are bound to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accept6 {
+    /// The peer's IPv6 pod subnet: inner sources must lie in it.
+    pub subnet: Ipv6Net,
+    /// The peer may send any inner source (an external VTEP).
+    pub any_inner_source: bool,
+}
+
+impl From<&Accept6> for PeerAccept6 {
+    fn from(a: &Accept6) -> Self {
+        PeerAccept6 {
+            pod_subnet: a.subnet.network().octets(),
+            prefix_len: a.subnet.prefix_len(),
+            flags: if a.any_inner_source { ACCEPT_ANY_INNER_SOURCE } else { 0 },
+            _pad: [0; 2],
+        }
+    }
+}
+
+/// A value in the IPv6 accept map that no [`Accept6`] could have written.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("the IPv6 accept entry of {peer} has prefix length {prefix_len}, more than 128")]
+pub struct BadAccept6 {
+    pub peer: Ipv6Addr,
+    pub prefix_len: u8,
+}
+
+impl Accept6 {
+    fn from_entry(peer: Ipv6Addr, e: &PeerAccept6) -> Result<Self, BadAccept6> {
+        let subnet = Ipv6Net::new(Ipv6Addr::from(e.pod_subnet), e.prefix_len)
+            .map_err(|_| BadAccept6 { peer, prefix_len: e.prefix_len })?;
+        Ok(Accept6 { subnet, any_inner_source: e.flags & ACCEPT_ANY_INNER_SOURCE != 0 })
+    }
+}
+
 /// Sums a per-CPU peer counter set.
 fn sum(values: &PerCpuValues<PeerStats>) -> PeerStats {
     values.iter().fold(PeerStats::default(), |mut a, v| {
@@ -73,6 +115,7 @@ impl Maps {
             subnets: typed(pins, names::PEER_SUBNETS)?,
             stats: typed(pins, names::PEER_STATS)?,
             accept: typed(pins, names::PEER_ACCEPT)?,
+            accept6: typed(pins, names::PEER_ACCEPT6)?,
             local_pods: typed(pins, names::LOCAL_PODS)?,
             global: typed(pins, names::GLOBAL_STATS)?,
         })
@@ -191,5 +234,72 @@ impl Maps {
             Err(e) => return Err(e).with_context(|| format!("cannot stop accepting VXLAN from {ip}")),
         }
         self.remove_stats(ip)
+    }
+}
+
+/// The IPv6 accept map (`EDGEVX_PEER_ACCEPT6`): which IPv6 peers may send
+/// VXLAN over the IPv6 underlay, judged by decap and the socket guard. Our
+/// own public IPv6 goes in [`DataplaneConfig::public_ip6`]; while it is all
+/// zero, IPv6 VXLAN is not judged and this map is not read.
+impl Maps {
+    /// Every IPv6 peer we accept VXLAN from, with its binding (what the programs see).
+    pub fn accept6_entries(&self) -> Result<BTreeMap<Ipv6Addr, Accept6>> {
+        let mut out = BTreeMap::new();
+        for item in self.accept6.iter() {
+            let (key, value) = item.context("cannot read the IPv6 peer accept map")?;
+            let peer = Ipv6Addr::from(key);
+            out.insert(peer, Accept6::from_entry(peer, &value)?);
+        }
+        Ok(out)
+    }
+
+    /// Accepts VXLAN over IPv6 from `ip`, its inner sources bound as `a`
+    /// says (overwrites in place).
+    pub fn accept6_put(&mut self, ip: Ipv6Addr, a: &Accept6) -> Result<()> {
+        self.accept6
+            .insert(ip.octets(), PeerAccept6::from(a), 0)
+            .with_context(|| format!("cannot accept IPv6 VXLAN from peer {ip}"))
+    }
+
+    /// Stops accepting VXLAN over IPv6 from `ip`; a peer not there is fine.
+    pub fn accept6_del(&mut self, ip: Ipv6Addr) -> Result<()> {
+        match self.accept6.remove(&ip.octets()) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("cannot stop accepting IPv6 VXLAN from {ip}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_accept_entry_round_trips() {
+        for a in [
+            Accept6 { subnet: "fd00:10:244:2::/64".parse().unwrap(), any_inner_source: false },
+            Accept6 { subnet: "2001:db8:1:ff00::/56".parse().unwrap(), any_inner_source: true },
+            Accept6 { subnet: "fd00::7/128".parse().unwrap(), any_inner_source: false },
+        ] {
+            let peer: Ipv6Addr = "fd00:198:18::2".parse().unwrap();
+            assert_eq!(Accept6::from_entry(peer, &PeerAccept6::from(&a)).unwrap(), a);
+        }
+    }
+
+    #[test]
+    fn the_entry_holds_the_network_address_and_the_flag() {
+        let a = Accept6 { subnet: "fd00:10:244:2::9/64".parse().unwrap(), any_inner_source: true };
+        let e = PeerAccept6::from(&a);
+        assert_eq!(Ipv6Addr::from(e.pod_subnet), "fd00:10:244:2::".parse::<Ipv6Addr>().unwrap());
+        assert_eq!((e.prefix_len, e.flags), (64, ACCEPT_ANY_INNER_SOURCE));
+    }
+
+    #[test]
+    fn an_impossible_prefix_length_names_the_peer() {
+        let peer: Ipv6Addr = "fd00:198:18::2".parse().unwrap();
+        let e = PeerAccept6 { prefix_len: 129, ..Default::default() };
+        let err = Accept6::from_entry(peer, &e).unwrap_err();
+        assert_eq!((err.peer, err.prefix_len), (peer, 129));
     }
 }

@@ -119,6 +119,7 @@ pub(super) async fn bring_up(
             | if legacy_encap { FLAG_ENCAP_NO_L2_ETH } else { 0 },
         vtep_ifindex: vtep_index,
         underlay_ifindex: c.underlay.index,
+        public_ip6: [0; 16], // TODO(lead): v6
     })?;
 
     let forward_rules = c.args.iptables_forward_rules;

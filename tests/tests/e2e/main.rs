@@ -31,11 +31,13 @@ mod offline;
 mod privileges;
 mod prog_fuzz;
 mod prog_test_run;
+mod prog_test_run_v6;
 mod real_node;
 mod reconcile;
 mod restart;
 mod rollback;
 mod state_safety;
+mod underlay_v6;
 
 use edgevx_tests::traffic::Peer;
 

@@ -32,7 +32,7 @@ pub(crate) const TC_ACT_REDIRECT: u32 = 7;
 pub(crate) const NEXT: u32 = u32::MAX; // TC_ACT_UNSPEC / TCX_NEXT: "not mine, carry on"
 
 pub(crate) struct Loaded {
-    ebpf: Ebpf,
+    pub(crate) ebpf: Ebpf,
     _bpffs: Bpffs,
 }
 
@@ -63,6 +63,7 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
             flags,
             vtep_ifindex: 5,
             underlay_ifindex: 2,
+            public_ip6: [0; 16],
         },
         0,
     )?;

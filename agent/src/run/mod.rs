@@ -90,7 +90,8 @@ fn start_source(
         Source::Etcd(settings) => {
             let me = etcd::LocalNode {
                 public_ip: config::public_ip(c.args.public_ip, None, &c.underlay).unwrap_or(Ipv4Addr::UNSPECIFIED),
-                // TODO(lead): the public IPv6 when c.conf.ipv6 is Some
+                // TODO(lead): the node's public IPv6 whenever it has one (config::public_ipv6):
+                // in etcd mode EnableIPv6 comes from etcd's config, not from c.conf
                 public_ipv6: None,
                 state: state.clone(),
                 subnet_file: c.args.subnet_file.clone(),

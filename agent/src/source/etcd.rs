@@ -182,6 +182,8 @@ impl Session {
             let l = leases::parse_lease(k, v, true).ok()?;
             (l.public_ip == me.public_ip && conf.network.contains(&l.subnet)).then_some((k.clone(), l, *lease))
         });
+        // the MACs we published stay ours even if the lease itself must go
+        let published = mine.as_ref().map(|(_, l, _)| (l.vtep_mac, l.v6.and_then(|v6| v6.vtep_mac)));
         if let Some((key, _, _)) = mine.take_if(|(_, l, _)| !ranges.ipv6_compatible(l.v6.map(|v6| v6.subnet))) {
             // flannel deletes a lease of ours that does not fit the IPv6 config, then acquires anew
             info!(key = %key, "our lease does not fit the network config's IPv6 settings; deleting it");
@@ -191,9 +193,9 @@ impl Session {
                 .with_context(|| format!("cannot delete {prefix}{key}"))?;
             all.remove(&key);
         }
-        let (mac, _) = vtep_mac::choose(mine.as_ref().and_then(|(_, l, _)| l.vtep_mac), &me.state)?;
+        let (mac, _) = vtep_mac::choose(published.and_then(|(m, _)| m), &me.state)?;
         let mac6 = match public_ipv6 {
-            Some(_) => Some(vtep_mac::choose_v6(mine.as_ref().and_then(|(_, l, _)| l.v6?.vtep_mac), &me.state)?.0),
+            Some(_) => Some(vtep_mac::choose_v6(published.and_then(|(_, m6)| m6), &me.state)?.0),
             None => None,
         };
         let mut s = Session {

@@ -109,6 +109,8 @@ pub(super) async fn bring_up(
     // the pods learned by an earlier run may sit on a bridge our program is
     // not attached to yet; they come back at the first learning pass
     maps.sync_local_pods(&Default::default())?;
+    // before the config names our public IPv6: from then on the programs judge IPv6 VXLAN
+    let v6 = super::node6::bring_up6(c, conf, &own, state, handle, underlay_mtu).await?;
     maps.set_config(&DataplaneConfig {
         vni: conf.vni,
         local_ip: public_ip.octets(),
@@ -119,7 +121,8 @@ pub(super) async fn bring_up(
             | if legacy_encap { FLAG_ENCAP_NO_L2_ETH } else { 0 },
         vtep_ifindex: vtep_index,
         underlay_ifindex: c.underlay.index,
-        public_ip6: [0; 16], // TODO(lead): v6
+        // all zero: IPv6 off, IPv6 VXLAN is not judged
+        public_ip6: v6.as_ref().map_or([0; 16], |s| s.record.public_ip.octets()),
     })?;
 
     let forward_rules = c.args.iptables_forward_rules;
@@ -128,7 +131,6 @@ pub(super) async fn bring_up(
     firewall
         .apply(&netfilter::plan(conf.network, own.subnet, conf.port, c.args.ip_masq, forward_rules))
         .context("cannot install the firewall rules")?;
-    let v6 = super::node6::bring_up6(c, conf, &own, state, handle, underlay_mtu).await?;
 
     let subnets6 = v6.as_ref().map(|s| (s.record.network, s.record.subnet));
     subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, subnets6, mtu, c.args.ip_masq)
@@ -284,7 +286,7 @@ impl Node {
             self.accepted = accepted;
         }
         if let Some(v6) = &mut self.v6 {
-            ok &= v6.reconcile(&self.handle, &self.accepted).await;
+            ok &= v6.reconcile(&self.handle, &mut self.maps, &self.accepted).await;
         }
         ok
     }

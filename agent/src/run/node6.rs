@@ -3,7 +3,7 @@
 //! the peers the IPv4 pass chose, flannel's way (neighbour, fdb, route per
 //! peer; the kernel carries the packets), plus the `ip6tables` twins of
 //! the firewall chains.
-use std::net::Ipv6Addr;
+use std::{collections::BTreeMap, net::Ipv6Addr};
 
 use anyhow::{Context, Result};
 use ipnet::Ipv6Net;
@@ -15,6 +15,7 @@ use super::{check::Checked, config};
 use crate::{
     dataplane::{
         device,
+        maps::{Accept6, Maps},
         peers6::{self, Tables6},
         vtep6::{self, Vtep6Spec},
     },
@@ -94,15 +95,46 @@ pub(super) async fn bring_up6(
     Ok(Some(Side6 { index, record, firewall, observed: None, skipped: Vec::new() }))
 }
 
+/// The IPv6 accept map (read back every pass, written where it differs):
+/// each peer's public IPv6, its inner sources bound to its IPv6 subnet.
+/// Added before the routes that make replies go there; removed with them.
+fn sync_accept6(maps: &mut Maps, peers: &[Peer]) -> Result<()> {
+    let want: BTreeMap<Ipv6Addr, Accept6> = peers
+        .iter()
+        .filter_map(|p| {
+            let v6 = p.v6?;
+            Some((v6.public_ip, Accept6 { subnet: v6.subnet, any_inner_source: p.any_inner_source }))
+        })
+        .collect();
+    let have = maps.accept6_entries()?;
+    for (ip, a) in &want {
+        if have.get(ip) != Some(a) {
+            maps.accept6_put(*ip, a)?;
+        }
+    }
+    for ip in have.keys().filter(|ip| !want.contains_key(ip)) {
+        maps.accept6_del(*ip)?;
+    }
+    Ok(())
+}
+
 impl Side6 {
     /// What this node publishes about its IPv6 VTEP.
     pub(super) fn local(&self) -> LocalVtepV6 {
         LocalVtepV6 { mac: self.record.mac, public_ip: self.record.public_ip, subnet: self.record.subnet }
     }
 
-    /// Brings the device's neighbour, fdb and route entries in line with
-    /// the IPv6 halves of `peers`; returns whether every write went through.
-    pub(super) async fn reconcile(&mut self, handle: &Handle, peers: &[Peer]) -> bool {
+    /// Brings the IPv6 accept map and the device's neighbour, fdb and route
+    /// entries in line with the IPv6 halves of `peers`; returns whether
+    /// every write went through.
+    pub(super) async fn reconcile(&mut self, handle: &Handle, maps: &mut Maps, peers: &[Peer]) -> bool {
+        let accept_ok = match sync_accept6(maps, peers) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!("cannot update the IPv6 peers the programs accept, retrying: {e:#}");
+                false
+            }
+        };
         let have = match self.observed.take() {
             Some(t) => t,
             None => match peers6::observe6(handle, self.index).await {
@@ -126,7 +158,7 @@ impl Side6 {
                     tracing::debug!(written = done.written, removed = done.removed, "IPv6 VTEP entries updated");
                 }
                 self.observed = Some(want);
-                true
+                accept_ok
             }
             Err(e) => {
                 warn!("cannot program the IPv6 VTEP, retrying: {e:#}");

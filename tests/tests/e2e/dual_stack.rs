@@ -282,3 +282,47 @@ fn kube_dual_stack_publishes_both_vteps_and_skips_half_nodes_whole() -> Result<(
     assert_eq!(api.patches().len(), before, "patched although nothing changed: {:#?}", &api.patches()[before..]);
     Ok(())
 }
+
+/// What the agent programs on its own: with the pair up, an attacker on
+/// the switch sends IPv6 VXLAN to node 1 as a stranger, and as node 2
+/// (whose address it also holds) with a forged and then a good inner
+/// source. Only the last reaches `flannel-v6.1`.
+#[test]
+fn only_ipv6_peers_get_in_and_only_with_their_own_pod_sources() -> Result<()> {
+    let p = pair()?;
+    let h1 = p.c.host(1);
+    let attacker = Netns::new(&format!("{}atk", p.c.tag))?;
+    p.c.plug(&attacker, "swatk")?;
+    attacker.ip(&["link", "set", "eth0", "up"])?;
+    let stranger = "fd00:198:18::66";
+    for a in [stranger.to_string(), underlay_ip6(2).to_string()] {
+        attacker.ip(&["-6", "addr", "add", &format!("{a}/64"), "dev", "eth0", "nodad"])?;
+    }
+    let rx = || -> Result<u64> {
+        let v = h1.ns.run(&["cat", "/sys/class/net/flannel-v6.1/statistics/rx_packets"])?;
+        v.trim().parse().context("rx_packets")
+    };
+    let counter = |name: &str| -> Result<u64> {
+        p.agent.status()?["counters"][name].as_u64().with_context(|| format!("no counter {name}"))
+    };
+    let node1 = underlay_ip6(1).to_string();
+    let send = |src: &str, inner_src: &str| {
+        attacker.run(&["python3", "-c", crate::underlay_v6::SEND, src, &node1, &p.macs.1, "eth0", inner_src])
+    };
+    let inside = "fd00:10:244:2::9"; // in node 2's IPv6 pod subnet
+    for (what, src, inner, counter_name) in [
+        ("a stranger", stranger, inside, "drop_unknown_peer"),
+        ("node 2 with a client's inner source", &underlay_ip6(2).to_string()[..], "2001:db8::7", "drop_spoofed_source"),
+    ] {
+        let (before, rx_before) = (counter(counter_name)?, rx()?);
+        send(src, inner)?;
+        wait_until(Duration::from_secs(5), &format!("{what}: {counter_name} counted"), || {
+            Ok(counter(counter_name)? > before)
+        })?;
+        assert_eq!(rx()?, rx_before, "{what}: flannel-v6.1 received it");
+    }
+    let rx_before = rx()?;
+    send(&underlay_ip6(2).to_string(), inside)?;
+    wait_until(Duration::from_secs(5), "node 2's own frame reaching flannel-v6.1", || Ok(rx()? > rx_before))?;
+    Ok(())
+}

@@ -37,7 +37,7 @@ mod reconcile;
 mod restart;
 mod rollback;
 mod state_safety;
-mod underlay_v6;
+pub mod underlay_v6;
 
 use edgevx_tests::traffic::Peer;
 

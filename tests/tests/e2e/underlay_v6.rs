@@ -27,7 +27,7 @@ const PEER_POD6: &str = "fd00:10:244:2::2";
 /// Sends one VXLAN datagram (VNI 1) from `src` to `dst`:8472 through a
 /// plain UDP socket, leaving by `link` (`SO_BINDTODEVICE`), holding an
 /// inner IPv6/UDP packet from `inner_src` to the device's MAC.
-const SEND: &str = r#"
+pub const SEND: &str = r#"
 import socket, struct, sys
 src, dst, mac, link, inner_src = sys.argv[1:6]
 a6 = lambda a: socket.inet_pton(socket.AF_INET6, a)

@@ -178,7 +178,6 @@ fn etcd_dual_stack_needs_a_public_ipv6_and_changes_nothing_without_one() -> Resu
 }
 
 #[test]
-#[ignore = "needs run/mod.rs to pass the underlay's IPv6 as etcd::LocalNode.public_ipv6 (TODO(lead))"]
 fn etcd_dual_stack_lease_is_flannels_key_and_value() -> Result<()> {
     let mut c = Cluster::new(1)?;
     c.host_mut(1).mount_bpffs()?;
@@ -216,5 +215,14 @@ fn etcd_dual_stack_lease_is_flannels_key_and_value() -> Result<()> {
             r#"{{"PublicIP":"198.18.0.1","PublicIPv6":"fd00:198:18::1","BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{old_mac}"}},"BackendV6Data":{{"VNI":1,"VtepMAC":"{mac6}"}}}}"#
         )
     );
+    // the IPv6 VTEP is up with that subnet, and subnet.env says so in flannel's order
+    let s = a.status()?;
+    assert_eq!(
+        (s["vtep6"]["mac"].as_str(), s["vtep6"]["subnet"].as_str()),
+        (Some(mac6.as_str()), Some("fd00:10:244:5::/64")),
+        "{s:#}"
+    );
+    let env = std::fs::read_to_string(h.subnet_file())?;
+    assert!(env.starts_with("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_IPV6_NETWORK=fd00:10:244::/56\nFLANNEL_IPV6_SUBNET=fd00:10:244:5::1/64\nFLANNEL_MTU="), "{env}");
     Ok(())
 }

@@ -5,12 +5,12 @@
 use std::{
     collections::BTreeMap,
     fs,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use anyhow::{Context, Result};
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use rtnetlink::{
     Handle, LinkUnspec,
     packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourState},
@@ -20,7 +20,11 @@ use tracing::{info, warn};
 use crate::{
     UsageError,
     cli::CleanupArgs,
-    dataplane::{bpffs::PinDir, device, loader},
+    dataplane::{
+        bpffs::PinDir,
+        device::{self, RouteFamily},
+        loader,
+    },
     peer::Peer,
     state::{AGENT_FILE, AgentRecord, MAC_FILE, PEERS_FILE, StateDir},
 };
@@ -96,7 +100,10 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
                     state.0.display()
                 )
             })?;
-            let removed = remove_direct_routes(&handle, rec, &peers).await?;
+            let mut removed = remove_direct_routes(&handle, &rec.iface, rec.network, &ends(&peers)).await?;
+            if let Some(v6) = &rec.v6 {
+                removed += remove_direct_routes(&handle, &rec.iface, v6.network, &ends6(&peers)).await?;
+            }
             if removed > 0 {
                 info!(routes = removed, iface = %rec.iface, "removed the DirectRouting routes");
             }
@@ -150,26 +157,43 @@ fn agent_running(pid: u32) -> bool {
         && fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "edgevx")
 }
 
-/// The DirectRouting routes on the underlay (see
-/// [`device::MainTable::direct`]) that are ours: through one of `peers`'
-/// addresses or to one of their subnets. Pod subnet → public IP, and the
-/// underlay's ifindex.
-async fn direct_routes(
-    handle: &Handle,
-    rec: &AgentRecord,
-    peers: &[Peer],
-) -> Result<(u32, BTreeMap<Ipv4Net, Ipv4Addr>)> {
-    let Some(link) = device::link_by_name(handle, &rec.iface).await? else {
-        return Ok((0, BTreeMap::new())); // no underlay, so no routes through it
-    };
-    let table = device::MainTable::read(handle).await?;
-    let ours = |(dst, gw): &(Ipv4Net, Ipv4Addr)| peers.iter().any(|p| p.public_ip == *gw || p.subnet == *dst);
-    Ok((link.header.index, table.direct(link.header.index, rec.network).filter(ours).collect()))
+/// Each peer's IPv4 pod subnet and public IP.
+fn ends(peers: &[Peer]) -> Vec<(Ipv4Net, Ipv4Addr)> {
+    peers.iter().map(|p| (p.subnet, p.public_ip)).collect()
 }
 
-/// `ip route del SUBNET via PUBLIC_IP dev eth0` for each of our DirectRouting routes.
-async fn remove_direct_routes(handle: &Handle, rec: &AgentRecord, peers: &[Peer]) -> Result<usize> {
-    let (underlay, routes) = direct_routes(handle, rec, peers).await?;
+/// Each dual-stack peer's IPv6 pod subnet and public IPv6.
+fn ends6(peers: &[Peer]) -> Vec<(Ipv6Net, Ipv6Addr)> {
+    peers.iter().filter_map(|p| p.v6).map(|v6| (v6.subnet, v6.public_ip)).collect()
+}
+
+/// The DirectRouting routes into `network` on the underlay `iface` (see
+/// [`device::MainTable::direct`]) that are ours: through one of the peers'
+/// addresses or to one of their subnets (`ends`, in the same family). Pod
+/// subnet → public IP, and the underlay's ifindex.
+async fn direct_routes<N: RouteFamily>(
+    handle: &Handle,
+    iface: &str,
+    network: N,
+    ends: &[(N, N::Addr)],
+) -> Result<(u32, BTreeMap<N, N::Addr>)> {
+    let Some(link) = device::link_by_name(handle, iface).await? else {
+        return Ok((0, BTreeMap::new())); // no underlay, so no routes through it
+    };
+    let table = device::MainTable::<N>::read(handle).await?;
+    let ours = |(dst, gw): &(N, N::Addr)| ends.iter().any(|(subnet, ip)| ip == gw || subnet == dst);
+    Ok((link.header.index, table.direct(link.header.index, network).filter(ours).collect()))
+}
+
+/// `ip [-6] route del SUBNET via PUBLIC_IP dev eth0` for each of our
+/// DirectRouting routes into `network`.
+async fn remove_direct_routes<N: RouteFamily>(
+    handle: &Handle,
+    iface: &str,
+    network: N,
+    ends: &[(N, N::Addr)],
+) -> Result<usize> {
+    let (underlay, routes) = direct_routes(handle, iface, network, ends).await?;
     for (subnet, gw) in &routes {
         device::direct_route_del(handle, underlay, *subnet, *gw).await?;
     }
@@ -197,7 +221,8 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
     let peers = state.load_peers().with_context(|| {
         format!("cannot read the peers the agent programmed (in {}); nothing was changed", state.0.display())
     })?;
-    let (_, direct) = direct_routes(handle, rec, &peers).await?;
+    // flanneld with DirectRouting keeps the IPv6 ones too: flannel-v6.<VNI> already holds its entries
+    let (_, direct) = direct_routes(handle, &rec.iface, rec.network, &ends(&peers)).await?;
     let (direct_peers, peers): (Vec<_>, Vec<_>) =
         peers.into_iter().partition(|p| direct.get(&p.subnet) == Some(&p.public_ip));
     // toggling NOARP flushes every neighbour on the device, permanent ones too:

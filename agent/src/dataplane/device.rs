@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context, Result, bail};
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use rtnetlink::{
     Handle, LinkUnspec, LinkVxlan, RouteMessageBuilder,
     packet_route::{
@@ -20,7 +20,10 @@ use rtnetlink::{
     },
 };
 
-use crate::mac::VtepMac;
+use crate::{
+    mac::VtepMac,
+    reconcile::{Hop, Prefix},
+};
 
 /// The underlay interface as the agent needs it.
 #[derive(Clone, Debug)]
@@ -298,46 +301,70 @@ pub async fn route_del(handle: &Handle, index: u32, dst: Ipv4Net, gateway: Optio
 }
 
 /// A route of the main table, as far as edgevx reads routes.
-struct MainRoute {
-    dst: Ipv4Net,
-    gateway: Option<Ipv4Addr>,
+struct MainRoute<N: Prefix> {
+    dst: N,
+    gateway: Option<N::Addr>,
     oif: Option<u32>,
     unicast: bool,
 }
 
-/// The main table's IPv4 routes, read in one dump (`ip route show table main`).
-pub struct MainTable(Vec<MainRoute>);
+/// A family of main-table routes: [`Prefix`] and the netlink family its
+/// routes are dumped in.
+pub trait RouteFamily: Prefix {
+    const FAMILY: AddressFamily;
+}
+impl RouteFamily for Ipv4Net {
+    const FAMILY: AddressFamily = AddressFamily::Inet;
+}
+impl RouteFamily for Ipv6Net {
+    const FAMILY: AddressFamily = AddressFamily::Inet6;
+}
 
-impl MainTable {
+fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(ip) => Some(IpAddr::V4(*ip)),
+        RouteAddress::Inet6(ip) => Some(IpAddr::V6(*ip)),
+        _ => None,
+    }
+}
+
+/// The main table's routes of one family (`Ipv4Net` unless named), read in
+/// one dump (`ip [-6] route show table main`).
+pub struct MainTable<N: Prefix = Ipv4Net>(Vec<MainRoute<N>>);
+
+impl<N: RouteFamily> MainTable<N> {
     pub async fn read(handle: &Handle) -> Result<Self> {
         let mut out = Vec::new();
-        let filter = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let mut filter = RouteMessageBuilder::<IpAddr>::new().build();
+        filter.header.address_family = N::FAMILY;
         let mut routes = handle.route().get(filter).execute();
         while let Some(r) = routes.try_next().await.context("cannot list routes")? {
-            if r.header.address_family != AddressFamily::Inet || r.header.table != 254 {
+            if r.header.address_family != N::FAMILY || r.header.table != 254 {
                 continue;
             }
             let mut oif = None;
-            let mut dst = Ipv4Addr::UNSPECIFIED;
+            let mut dst = N::unspecified();
             let mut gateway = None;
             for a in &r.attributes {
                 match a {
                     RouteAttribute::Oif(i) => oif = Some(*i),
-                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
-                    RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
+                    RouteAttribute::Destination(a) => dst = route_ip(a).and_then(N::of).unwrap_or(dst),
+                    RouteAttribute::Gateway(a) => gateway = route_ip(a).and_then(N::of),
                     _ => {}
                 }
             }
-            if let Ok(dst) = Ipv4Net::new(dst, r.header.destination_prefix_length) {
+            if let Some(dst) = N::with_len(dst, r.header.destination_prefix_length) {
                 out.push(MainRoute { dst, gateway, oif, unicast: r.header.kind == RouteType::Unicast });
             }
         }
         Ok(MainTable(out))
     }
+}
 
+impl<N: Prefix> MainTable<N> {
     /// The routes through `index`: destination and gateway
     /// (`ip route show dev flannel.<VNI>`).
-    pub fn via(&self, index: u32) -> impl Iterator<Item = (Ipv4Net, Option<Ipv4Addr>)> + '_ {
+    pub fn via(&self, index: u32) -> impl Iterator<Item = (N, Option<N::Addr>)> + '_ {
         self.0.iter().filter(move |r| r.oif == Some(index)).map(|r| (r.dst, r.gateway))
     }
 
@@ -349,19 +376,19 @@ impl MainTable {
     /// such a route is a direct route, ours or a DirectRouting flanneld's
     /// before us. A route without a gateway, or outside the Network, is
     /// never counted, so never deleted.
-    pub fn direct(&self, underlay: u32, network: Ipv4Net) -> impl Iterator<Item = (Ipv4Net, Ipv4Addr)> + '_ {
+    pub fn direct(&self, underlay: u32, network: N) -> impl Iterator<Item = (N, N::Addr)> + '_ {
         self.0
             .iter()
-            .filter(move |r| r.oif == Some(underlay) && r.unicast && network.contains(&r.dst))
+            .filter(move |r| r.oif == Some(underlay) && r.unicast && network.covers(&r.dst))
             .filter_map(|r| Some((r.dst, r.gateway?)))
     }
 
     /// The routes as DirectRouting's on-link test reads them: a unicast
     /// route out of `underlay` without a gateway reaches directly; any other
     /// (through a gateway, another device, blackhole, multipath) does not.
-    pub fn hops(&self, underlay: u32) -> Vec<crate::reconcile::Hop> {
-        let direct = |r: &MainRoute| r.unicast && r.gateway.is_none() && r.oif == Some(underlay);
-        self.0.iter().map(|r| crate::reconcile::Hop { dst: r.dst, direct: direct(r) }).collect()
+    pub fn hops(&self, underlay: u32) -> Vec<Hop<N>> {
+        let direct = |r: &MainRoute<N>| r.unicast && r.gateway.is_none() && r.oif == Some(underlay);
+        self.0.iter().map(|r| Hop { dst: r.dst, direct: direct(r) }).collect()
     }
 }
 
@@ -382,15 +409,21 @@ pub fn direct_routes_blocking(iface: &str, network: Ipv4Net) -> std::collections
     std::thread::spawn(ask).join().ok().flatten().unwrap_or_default()
 }
 
-/// flannel's direct route: `ip route replace SUBNET via PUBLIC_IP dev eth0`
-/// (no onlink: the kernel checks that the gateway is on the segment).
-pub async fn direct_route_put(handle: &Handle, underlay: u32, subnet: Ipv4Net, public_ip: Ipv4Addr) -> Result<()> {
-    let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(subnet.network(), subnet.prefix_len())
+/// A direct route's message: `SUBNET via PUBLIC_IP dev eth0`, in either family.
+fn direct_route<N: Prefix>(underlay: u32, subnet: N, public_ip: N::Addr) -> Result<RouteMessage> {
+    let msg = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(subnet.network_addr().into(), subnet.prefix_length())?
+        .gateway(public_ip.into())?
         .output_interface(underlay)
-        .gateway(public_ip)
-        .protocol(RouteProtocol::Boot)
         .build();
+    Ok(msg)
+}
+
+/// flannel's direct route: `ip [-6] route replace SUBNET via PUBLIC_IP dev
+/// eth0` (no onlink: the kernel checks that the gateway is on the segment).
+pub async fn direct_route_put<N: Prefix>(handle: &Handle, underlay: u32, subnet: N, public_ip: N::Addr) -> Result<()> {
+    let mut msg = direct_route(underlay, subnet, public_ip)?;
+    msg.header.protocol = RouteProtocol::Boot;
     handle
         .route()
         .add(msg)
@@ -400,18 +433,14 @@ pub async fn direct_route_put(handle: &Handle, underlay: u32, subnet: Ipv4Net, p
         .with_context(|| format!("cannot add the direct route {subnet} via {public_ip}"))
 }
 
-/// `ip route del SUBNET via PUBLIC_IP dev eth0`; a route already gone is fine.
-/// Like `ip route del`, it matches whatever protocol and scope the route was
-/// written with (unspecified and RT_SCOPE_NOWHERE: the kernel's wildcards),
-/// so a route flanneld or a hand wrote goes too.
-pub async fn direct_route_del(handle: &Handle, underlay: u32, subnet: Ipv4Net, public_ip: Ipv4Addr) -> Result<()> {
-    let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(subnet.network(), subnet.prefix_len())
-        .output_interface(underlay)
-        .gateway(public_ip)
-        .protocol(RouteProtocol::Unspec)
-        .scope(RouteScope::NoWhere)
-        .build();
+/// `ip [-6] route del SUBNET via PUBLIC_IP dev eth0`; a route already gone
+/// is fine. Like `ip route del`, it matches whatever protocol and scope the
+/// route was written with (unspecified and RT_SCOPE_NOWHERE: the kernel's
+/// wildcards), so a route flanneld or a hand wrote goes too.
+pub async fn direct_route_del<N: Prefix>(handle: &Handle, underlay: u32, subnet: N, public_ip: N::Addr) -> Result<()> {
+    let mut msg = direct_route(underlay, subnet, public_ip)?;
+    msg.header.protocol = RouteProtocol::Unspec;
+    msg.header.scope = RouteScope::NoWhere;
     match handle.route().del(msg).execute().await {
         Ok(()) => Ok(()),
         Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),

@@ -4,11 +4,15 @@
 //! - `bridge fdb replace <v6 VtepMAC> dev flannel-v6.1 dst <PublicIPv6> self permanent`
 //! - `ip -6 route replace <v6 subnet> via <base> dev flannel-v6.1 onlink`
 //!
-//! where `<base>` is the subnet's first address. Like the IPv4 side, the
-//! kernel is the truth: every pass reads the three tables back, adds or
-//! replaces what is missing or different first, and deletes what no peer
-//! wants last (flannel never deletes a stale entry, flannel#2554). The
-//! device is edgevx's alone, so anything else on it is stale.
+//! where `<base>` is the subnet's first address; or, with DirectRouting and
+//! the peer's PublicIPv6 on-link, only
+//! - `ip -6 route replace <v6 subnet> via <PublicIPv6> dev eth0`.
+//!
+//! Like the IPv4 side, the kernel is the truth: every pass reads the tables
+//! back, adds or replaces what is missing or different first, and deletes
+//! what no peer wants last (flannel never deletes a stale entry,
+//! flannel#2554). The device is edgevx's alone, so anything else on it is
+//! stale; on the underlay only the direct routes of programmed peers are.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv6Addr},
@@ -22,13 +26,19 @@ use rtnetlink::{
     packet_route::{
         AddressFamily,
         neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState},
-        route::{RouteAddress, RouteAttribute, RouteProtocol},
+        route::RouteProtocol,
     },
 };
 
-use crate::{mac::VtepMac, peer::Peer};
+use crate::{
+    dataplane::{device, maps::Accept6},
+    mac::VtepMac,
+    peer::Peer,
+    reconcile::OnLink,
+};
 
-/// What the three tables of the IPv6 VTEP hold, or should.
+/// What the three tables of the IPv6 VTEP and the underlay's direct routes
+/// hold, or should.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tables6 {
     /// Permanent neighbours: peer subnet base → its v6 VtepMAC.
@@ -37,6 +47,19 @@ pub struct Tables6 {
     pub fdb: BTreeSet<(VtepMac, Ipv6Addr)>,
     /// Routes through the device: peer v6 subnet → gateway (its base).
     pub routes: BTreeMap<Ipv6Net, Ipv6Addr>,
+    /// DirectRouting's routes through the underlay: peer v6 subnet → its
+    /// public IPv6. What counts as one is in [`device::MainTable::direct`],
+    /// and [`observe6`] keeps those of programmed peers.
+    pub direct: BTreeMap<Ipv6Net, Ipv6Addr>,
+}
+
+/// The devices the IPv6 peers' entries are on.
+#[derive(Clone, Copy, Debug)]
+pub struct Devices6 {
+    /// `flannel-v6.<VNI>`.
+    pub vtep: u32,
+    /// The underlay, where direct routes go out.
+    pub underlay: u32,
 }
 
 /// A peer's IPv6 half that was not programmed, and why.
@@ -46,15 +69,22 @@ pub struct Skipped6 {
     pub reason: String,
 }
 
-/// The tables the chosen peers need. A v6 VtepMAC already taken by an
-/// earlier peer would share its fdb entry, so the later peer is skipped
-/// with a reason (the IPv4 side keys by subnet and has no such clash).
-pub fn plan6(peers: &[Peer]) -> (Tables6, Vec<Skipped6>) {
+/// The tables the chosen peers need. A peer whose public IPv6 `on_link`
+/// reaches gets a direct route and nothing on the device (flannel's
+/// `v6DirectRoutingOK`); `on_link` is empty when DirectRouting is off. A v6
+/// VtepMAC already taken by an earlier peer through the device would share
+/// its fdb entry, so the later peer is skipped with a reason (the IPv4 side
+/// keys by subnet and has no such clash).
+pub fn plan6(peers: &[Peer], on_link: &OnLink<Ipv6Net>) -> (Tables6, Vec<Skipped6>) {
     let mut t = Tables6::default();
     let mut macs: BTreeMap<VtepMac, &str> = BTreeMap::new();
     let mut skipped = Vec::new();
     for p in peers {
         let Some(v6) = p.v6 else { continue };
+        if on_link.reaches(v6.public_ip) {
+            t.direct.insert(v6.subnet, v6.public_ip);
+            continue;
+        }
         if let Some(first) = macs.get(&v6.vtep_mac) {
             skipped.push(Skipped6 {
                 node: p.node.clone(),
@@ -85,8 +115,20 @@ fn dst_of(n: &NeighbourMessage) -> Option<Ipv6Addr> {
     })
 }
 
-/// Reads the three tables of the device `index` back from the kernel.
-pub async fn observe6(handle: &Handle, index: u32) -> Result<Tables6> {
+/// Reads the device's three tables back from the kernel, and from the
+/// main table `table` its routes and the underlay's direct routes into the
+/// IPv6 `network`. A direct route is ours, as on the IPv4 side, only through
+/// a programmed peer's address or to a programmed peer's subnet
+/// (`accepted`, the IPv6 accept map before this pass changes it): anyone
+/// else's route into the Network through the underlay is left alone.
+pub async fn observe6(
+    handle: &Handle,
+    at: Devices6,
+    table: &device::MainTable<Ipv6Net>,
+    network: Ipv6Net,
+    accepted: &BTreeMap<Ipv6Addr, Accept6>,
+) -> Result<Tables6> {
+    let index = at.vtep;
     let mut t = Tables6::default();
     let mut dump = handle.neighbours().get().set_address_family(AddressFamily::Inet6).execute();
     while let Some(n) = dump.try_next().await.context("cannot list IPv6 neighbours")? {
@@ -104,30 +146,11 @@ pub async fn observe6(handle: &Handle, index: u32) -> Result<Tables6> {
             }
         }
     }
-    let filter = RouteMessageBuilder::<Ipv6Addr>::new().build();
-    let mut routes = handle.route().get(filter).execute();
-    while let Some(r) = routes.try_next().await.context("cannot list IPv6 routes")? {
-        if r.header.address_family != AddressFamily::Inet6 || r.header.table != 254 {
-            continue;
-        }
-        let (mut oif, mut dst, mut gw) = (None, None, None);
-        for a in &r.attributes {
-            match a {
-                RouteAttribute::Oif(i) => oif = Some(*i),
-                RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = Some(*ip),
-                RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gw = Some(*ip),
-                _ => {}
-            }
-        }
-        // the kernel's own fe80::/64 has no gateway: never ours
-        if let (Some(i), Some(dst), Some(gw)) = (oif, dst, gw) {
-            if i == index {
-                if let Ok(net) = Ipv6Net::new(dst, r.header.destination_prefix_length) {
-                    t.routes.insert(net, gw);
-                }
-            }
-        }
-    }
+    // the kernel's own fe80::/64 has no gateway: never ours
+    t.routes = table.via(index).filter_map(|(dst, gw)| Some((dst, gw?))).collect();
+    let programmed =
+        |dst: &Ipv6Net, gw: &Ipv6Addr| accepted.contains_key(gw) || accepted.values().any(|a| a.subnet == *dst);
+    t.direct = table.direct(at.underlay, network).filter(|(dst, gw)| programmed(dst, gw)).collect();
     Ok(t)
 }
 
@@ -172,11 +195,16 @@ pub struct Applied6 {
     pub removed: usize,
 }
 
-/// Makes the device's tables equal `want`: neighbour, fdb entry, then
-/// route for what is missing or different (so the route never leads to
-/// an unresolved gateway); route, fdb entry, then neighbour for what no
-/// peer wants. Every write is tried; the first error is returned after.
-pub async fn apply6(handle: &Handle, index: u32, have: &Tables6, want: &Tables6) -> Result<Applied6> {
+/// Makes the kernel's tables equal `want`: neighbour, fdb entry, route,
+/// then direct route for what is missing or different (so the route never
+/// leads to an unresolved gateway); direct route, route, fdb entry, then
+/// neighbour for what no peer wants. A peer that turns direct (or back)
+/// keeps a route all along: the kernel replaces an IPv6 route of the same
+/// destination and metric in place, whatever its device, so the later
+/// delete of the old one finds nothing. Every write is tried; the first
+/// error is returned after.
+pub async fn apply6(handle: &Handle, at: Devices6, have: &Tables6, want: &Tables6) -> Result<Applied6> {
+    let index = at.vtep;
     let mut done = Applied6::default();
     let mut first_err: Option<anyhow::Error> = None;
     let mut note = |r: Result<()>, n: &mut usize| match r {
@@ -216,6 +244,14 @@ pub async fn apply6(handle: &Handle, index: u32, have: &Tables6, want: &Tables6)
             note(r, &mut done.written);
         }
     }
+    for (net, gw) in &want.direct {
+        if have.direct.get(net) != Some(gw) {
+            note(device::direct_route_put(handle, at.underlay, *net, *gw).await, &mut done.written);
+        }
+    }
+    for (net, gw) in have.direct.iter().filter(|(net, _)| !want.direct.contains_key(net)) {
+        note(device::direct_route_del(handle, at.underlay, *net, *gw).await, &mut done.removed);
+    }
     for (net, gw) in have.routes.iter().filter(|(net, _)| !want.routes.contains_key(net)) {
         let r = match handle.route().del(route6(index, *net, *gw)).execute().await {
             Err(e) if !gone(&e) => Err(e).with_context(|| format!("cannot delete the route {net} via {gw}")),
@@ -246,7 +282,7 @@ pub async fn apply6(handle: &Handle, index: u32, have: &Tables6, want: &Tables6)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peer::PeerV6;
+    use crate::{peer::PeerV6, reconcile::Hop};
 
     fn peer(node: &str, subnet: &str, ip: &str, mac: &str) -> Peer {
         let mut p = crate::reconcile::test_peer(node, "10.244.9.0/24", "198.18.0.9");
@@ -263,7 +299,7 @@ mod tests {
         let a = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let mut v4_only = peer("old", "fd00:10:244:3::/64", "fd00:198:18::3", "02:66:00:00:00:03");
         v4_only.v6 = None;
-        let (t, skipped) = plan6(&[a, v4_only]);
+        let (t, skipped) = plan6(&[a, v4_only], &OnLink::default());
         assert!(skipped.is_empty());
         let base: Ipv6Addr = "fd00:10:244:2::".parse().unwrap();
         let mac: VtepMac = "02:66:00:00:00:02".parse().unwrap();
@@ -276,10 +312,58 @@ mod tests {
     fn a_shared_v6_mac_skips_the_later_peer_with_its_reason() {
         let a = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let b = peer("b", "fd00:10:244:3::/64", "fd00:198:18::3", "02:66:00:00:00:02");
-        let (t, skipped) = plan6(&[a, b]);
+        let (t, skipped) = plan6(&[a, b], &OnLink::default());
         assert_eq!(t.routes.len(), 1);
         assert_eq!(skipped.len(), 1);
         assert_eq!(skipped[0].node, "b");
         assert!(skipped[0].reason.contains("a's too"), "{}", skipped[0].reason);
+    }
+
+    /// fd00:198:18::/64 is our segment; the rest is behind a router.
+    fn segment() -> OnLink<Ipv6Net> {
+        let hop = |dst: &str, direct| Hop { dst: dst.parse().unwrap(), direct };
+        OnLink::new(vec![hop("fd00:198:18::/64", true), hop("::/0", false)], "fd00:10:244::/56".parse().unwrap())
+    }
+
+    #[test]
+    fn an_on_link_peer_gets_a_direct_route_and_nothing_on_the_device() {
+        let near = peer("near", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
+        let far = peer("far", "fd00:10:244:3::/64", "fd00:198:18:1::3", "02:66:00:00:00:03");
+        let (t, skipped) = plan6(&[near.clone(), far], &segment());
+        assert!(skipped.is_empty());
+        let direct: Vec<_> = t.direct.iter().map(|(n, ip)| format!("{n} via {ip}")).collect();
+        assert_eq!(direct, ["fd00:10:244:2::/64 via fd00:198:18::2"]);
+        // the far peer alone has flannel's three entries
+        let far_base: Ipv6Addr = "fd00:10:244:3::".parse().unwrap();
+        assert_eq!(t.neigh.keys().collect::<Vec<_>>(), [&far_base]);
+        assert_eq!(t.fdb.iter().map(|(_, ip)| ip.to_string()).collect::<Vec<_>>(), ["fd00:198:18:1::3"]);
+        assert_eq!(t.routes, BTreeMap::from([("fd00:10:244:3::/64".parse().unwrap(), far_base)]));
+        // DirectRouting off: the three entries, no direct route
+        let (off, _) = plan6(&[near], &OnLink::default());
+        assert!(off.direct.is_empty());
+        assert_eq!((off.neigh.len(), off.fdb.len(), off.routes.len()), (1, 1, 1));
+    }
+
+    #[test]
+    fn the_decision_is_per_family() {
+        // on-link over IPv6, behind the router over IPv4: the IPv6 plan alone goes direct
+        let mut p = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
+        p.public_ip = "198.18.1.2".parse().unwrap();
+        assert_eq!(plan6(std::slice::from_ref(&p), &segment()).0.direct.len(), 1);
+        // the reverse: VXLAN over IPv6
+        let far = peer("b", "fd00:10:244:3::/64", "fd00:198:18:1::3", "02:66:00:00:00:03");
+        let (t, _) = plan6(&[far], &segment());
+        assert!(t.direct.is_empty());
+        assert_eq!(t.routes.len(), 1);
+    }
+
+    #[test]
+    fn a_direct_peer_takes_no_vtep_mac() {
+        // a direct peer has no fdb entry, so a VXLAN peer with the same MAC is not a clash
+        let near = peer("near", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
+        let far = peer("far", "fd00:10:244:3::/64", "fd00:198:18:1::3", "02:66:00:00:00:02");
+        let (t, skipped) = plan6(&[near, far], &segment());
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!((t.direct.len(), t.routes.len()), (1, 1));
     }
 }

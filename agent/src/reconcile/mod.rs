@@ -19,7 +19,7 @@ mod plan;
 mod select;
 
 pub use apply::{Dataplane, Outcome, apply};
-pub use on_link::{Hop, OnLink};
+pub use on_link::{Hop, OnLink, Prefix};
 pub use plan::{Accept, Changes, Contents, Tunnel, VTEP_GATEWAY, diff, plan};
 pub use select::select;
 

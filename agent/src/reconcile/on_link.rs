@@ -1,34 +1,94 @@
 //! Which peers are on one of our directly connected underlay subnets: the
-//! kernel's fact that DirectRouting decides by. Pure: the dataplane reads
-//! the routes, this answers for each public IP.
-use std::net::Ipv4Addr;
+//! kernel's fact that DirectRouting decides by, in either family. Pure: the
+//! dataplane reads the routes, this answers for each public IP.
+use std::{
+    fmt::{Debug, Display},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
+
+/// A destination prefix of one address family (`Ipv4Net` or `Ipv6Net`):
+/// what the on-link test and the routes DirectRouting writes need of it.
+pub trait Prefix: Copy + Ord + Debug + Display {
+    type Addr: Copy + Ord + Debug + Display + Into<IpAddr>;
+    /// `addr/len`, `None` when `len` is too long for the family.
+    fn with_len(addr: Self::Addr, len: u8) -> Option<Self>;
+    /// The address of `addr` when it is of this family.
+    fn of(addr: IpAddr) -> Option<Self::Addr>;
+    /// The family's `0.0.0.0` or `::` (a route without a destination).
+    fn unspecified() -> Self::Addr;
+    fn network_addr(&self) -> Self::Addr;
+    fn prefix_length(&self) -> u8;
+    /// `addr` lies within.
+    fn holds(&self, addr: &Self::Addr) -> bool;
+    /// `other` lies within.
+    fn covers(&self, other: &Self) -> bool;
+}
+
+macro_rules! prefix {
+    ($net:ty, $addr:ty, $variant:ident) => {
+        impl Prefix for $net {
+            type Addr = $addr;
+            fn with_len(addr: $addr, len: u8) -> Option<Self> {
+                <$net>::new(addr, len).ok()
+            }
+            fn of(addr: IpAddr) -> Option<$addr> {
+                if let IpAddr::$variant(a) = addr { Some(a) } else { None }
+            }
+            fn unspecified() -> $addr {
+                <$addr>::UNSPECIFIED
+            }
+            fn network_addr(&self) -> $addr {
+                self.network()
+            }
+            fn prefix_length(&self) -> u8 {
+                self.prefix_len()
+            }
+            fn holds(&self, addr: &$addr) -> bool {
+                self.contains(addr)
+            }
+            fn covers(&self, other: &Self) -> bool {
+                self.contains(other)
+            }
+        }
+    };
+}
+prefix!(Ipv4Net, Ipv4Addr, V4);
+prefix!(Ipv6Net, Ipv6Addr, V6);
 
 /// One route of the main table, as far as reaching a peer is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Hop {
-    pub dst: Ipv4Net,
+pub struct Hop<N = Ipv4Net> {
+    pub dst: N,
     /// Reaches its destinations directly through the underlay: a unicast
     /// route out of the underlay device with no gateway (the kernel's
     /// prefix route for the underlay's address, `198.18.0.0/24 dev eth0
-    /// proto kernel scope link`, or one like it added by hand).
+    /// proto kernel scope link` or `fd00:198:18::/64 dev eth0 proto
+    /// kernel`, or one like it added by hand or learned from a router
+    /// advertisement).
     pub direct: bool,
 }
 
 /// The main table's routes outside the pod network, most specific first.
 /// Empty when DirectRouting is off: then no peer is on-link.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct OnLink {
-    hops: Vec<Hop>,
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OnLink<N = Ipv4Net> {
+    hops: Vec<Hop<N>>,
 }
 
-impl OnLink {
+impl<N> Default for OnLink<N> {
+    fn default() -> Self {
+        OnLink { hops: Vec::new() }
+    }
+}
+
+impl<N: Prefix> OnLink<N> {
     /// Keeps the routes that are not within `network` (the pod routes, ours
     /// among them, never decide how a peer's public IP is reached).
-    pub fn new(mut hops: Vec<Hop>, network: Ipv4Net) -> Self {
-        hops.retain(|h| !network.contains(&h.dst));
-        hops.sort_by_key(|h| std::cmp::Reverse(h.dst.prefix_len()));
+    pub fn new(mut hops: Vec<Hop<N>>, network: N) -> Self {
+        hops.retain(|h| !network.covers(&h.dst));
+        hops.sort_by_key(|h| std::cmp::Reverse(h.dst.prefix_length()));
         OnLink { hops }
     }
 
@@ -37,8 +97,8 @@ impl OnLink {
     /// match in the main table, which must also leave through the underlay,
     /// the device the direct route names. Policy rules and other tables are
     /// not consulted: flannel's nodes route through the main table.
-    pub fn reaches(&self, ip: Ipv4Addr) -> bool {
-        self.hops.iter().find(|h| h.dst.contains(&ip)).is_some_and(|h| h.direct)
+    pub fn reaches(&self, ip: N::Addr) -> bool {
+        self.hops.iter().find(|h| h.dst.holds(&ip)).is_some_and(|h| h.direct)
     }
 }
 
@@ -70,9 +130,29 @@ mod tests {
 
     #[test]
     fn nothing_is_on_link_without_routes_or_inside_the_pod_network() {
-        assert!(!OnLink::default().reaches("198.18.0.2".parse().unwrap()));
+        assert!(!OnLink::<Ipv4Net>::default().reaches("198.18.0.2".parse().unwrap()));
         // a route within the Network (a pod's, or ours) is not the underlay's
         let t = OnLink::new(vec![hop("10.244.2.0/24", true)], "10.244.0.0/16".parse().unwrap());
         assert!(!t.reaches("10.244.2.5".parse().unwrap()));
+    }
+
+    #[test]
+    fn ipv6_is_decided_the_same_way() {
+        let hop6 = |dst: &str, direct| Hop::<Ipv6Net> { dst: dst.parse().unwrap(), direct };
+        let t = OnLink::new(
+            vec![
+                hop6("::/0", false),
+                hop6("fd00:198:18::/64", true),
+                hop6("fd00:198:18:0:8000::/65", false),
+                hop6("fe80::/64", true),
+                hop6("fd00:10:244:2::/64", true),
+            ],
+            "fd00:10:244::/56".parse().unwrap(),
+        );
+        assert!(t.reaches("fd00:198:18::2".parse().unwrap()));
+        assert!(!t.reaches("fd00:198:18:0:8000::2".parse().unwrap()));
+        assert!(!t.reaches("2001:db8::1".parse().unwrap()));
+        assert!(!t.reaches("fd00:10:244:2::5".parse().unwrap()), "a pod route is not the underlay's");
+        assert!(!OnLink::<Ipv6Net>::default().reaches("fd00:198:18::2".parse().unwrap()));
     }
 }

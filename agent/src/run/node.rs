@@ -286,7 +286,7 @@ impl Node {
             self.accepted = accepted;
         }
         if let Some(v6) = &mut self.v6 {
-            ok &= v6.reconcile(&self.handle, &mut self.maps, &self.accepted).await;
+            ok &= v6.reconcile(&self.handle, &mut self.maps, &self.accepted, direct_routing, self.underlay_index).await;
         }
         ok
     }

@@ -1,8 +1,8 @@
 //! The IPv6 half of a dual-stack node (`EnableIPv6`): `flannel-v6.<VNI>`
 //! brought up beside `flannel.<VNI>` and kept equal to the IPv6 halves of
 //! the peers the IPv4 pass chose, flannel's way (neighbour, fdb, route per
-//! peer; the kernel carries the packets), plus the `ip6tables` twins of
-//! the firewall chains.
+//! peer, or with DirectRouting a plain route to an on-link peer; the kernel
+//! carries the packets), plus the `ip6tables` twins of the firewall chains.
 use std::{collections::BTreeMap, net::Ipv6Addr};
 
 use anyhow::{Context, Result};
@@ -16,13 +16,14 @@ use crate::{
     dataplane::{
         device,
         maps::{Accept6, Maps},
-        peers6::{self, Tables6},
+        peers6::{self, Devices6, Tables6},
         vtep6::{self, Vtep6Spec},
     },
     mac::VtepMac,
     netconf::NetConf,
     netfilter,
     peer::{OwnNode, Peer},
+    reconcile::OnLink,
     source::LocalVtepV6,
     state::StateDir,
     vtep_mac,
@@ -48,6 +49,9 @@ pub(super) struct Side6 {
     /// What the last pass left in the kernel when every write went through
     /// (dropped with the IPv4 side's `observed`).
     pub(super) observed: Option<Tables6>,
+    /// Which public IPv6 addresses are on-link, read with `observed` and
+    /// dropped with it (DirectRouting only).
+    on_link: Option<OnLink<Ipv6Net>>,
     /// The nodes whose IPv6 half was last skipped, to warn once per change.
     skipped: Vec<peers6::Skipped6>,
 }
@@ -92,13 +96,14 @@ pub(super) async fn bring_up6(
         .context("cannot install the IPv6 firewall rules")?;
     info!(device = %spec.name, %mac, %public_ip, %subnet, mtu = spec.mtu, "IPv6 VTEP ready");
     let record = Record6 { device: spec.name, mac, public_ip, subnet, network: v6.network, mtu: spec.mtu };
-    Ok(Some(Side6 { index, record, firewall, observed: None, skipped: Vec::new() }))
+    Ok(Some(Side6 { index, record, firewall, observed: None, on_link: None, skipped: Vec::new() }))
 }
 
-/// The IPv6 accept map (read back every pass, written where it differs):
-/// each peer's public IPv6, its inner sources bound to its IPv6 subnet.
-/// Added before the routes that make replies go there; removed with them.
-fn sync_accept6(maps: &mut Maps, peers: &[Peer]) -> Result<()> {
+/// The IPv6 accept map (`have`, read back every pass, written where it
+/// differs): each peer's public IPv6, its inner sources bound to its IPv6
+/// subnet. Added before the routes that make replies go there; removed
+/// with them.
+fn sync_accept6(maps: &mut Maps, have: &BTreeMap<Ipv6Addr, Accept6>, peers: &[Peer]) -> Result<()> {
     let want: BTreeMap<Ipv6Addr, Accept6> = peers
         .iter()
         .filter_map(|p| {
@@ -106,7 +111,6 @@ fn sync_accept6(maps: &mut Maps, peers: &[Peer]) -> Result<()> {
             Some((v6.public_ip, Accept6 { subnet: v6.subnet, any_inner_source: p.any_inner_source }))
         })
         .collect();
-    let have = maps.accept6_entries()?;
     for (ip, a) in &want {
         if have.get(ip) != Some(a) {
             maps.accept6_put(*ip, a)?;
@@ -124,40 +128,58 @@ impl Side6 {
         LocalVtepV6 { mac: self.record.mac, public_ip: self.record.public_ip, subnet: self.record.subnet }
     }
 
-    /// Brings the IPv6 accept map and the device's neighbour, fdb and route
-    /// entries in line with the IPv6 halves of `peers`; returns whether
+    /// Brings the IPv6 accept map, the device's neighbour, fdb and route
+    /// entries and, with `direct_routing`, the direct routes out of the
+    /// `underlay` in line with the IPv6 halves of `peers`; returns whether
     /// every write went through.
-    pub(super) async fn reconcile(&mut self, handle: &Handle, maps: &mut Maps, peers: &[Peer]) -> bool {
-        let accept_ok = match sync_accept6(maps, peers) {
-            Ok(()) => true,
+    pub(super) async fn reconcile(
+        &mut self,
+        handle: &Handle,
+        maps: &mut Maps,
+        peers: &[Peer],
+        direct_routing: bool,
+        underlay: u32,
+    ) -> bool {
+        let at = Devices6 { vtep: self.index, underlay };
+        // before it changes: it says which direct routes are ours
+        let accepted = match maps.accept6_entries() {
+            Ok(a) => a,
             Err(e) => {
-                warn!("cannot update the IPv6 peers the programs accept, retrying: {e:#}");
-                false
+                warn!("cannot read the IPv6 peers the programs accept: {e:#}");
+                return false;
             }
         };
-        let have = match self.observed.take() {
-            Some(t) => t,
-            None => match peers6::observe6(handle, self.index).await {
-                Ok(t) => t,
+        let (have, on_link) = match (self.observed.take(), self.on_link.take()) {
+            (Some(have), on_link) if !direct_routing || on_link.is_some() => (have, on_link.unwrap_or_default()),
+            _ => match self.read_back(handle, at, &accepted, direct_routing).await {
+                Ok(read) => read,
                 Err(e) => {
-                    warn!("cannot read back the IPv6 VTEP's entries: {e:#}");
+                    warn!("cannot read back the IPv6 VTEP's entries and routes: {e:#}");
                     return false;
                 }
             },
         };
-        let (want, skipped) = peers6::plan6(peers);
+        let (want, skipped) = peers6::plan6(peers, &on_link);
         if skipped != self.skipped {
             for s in &skipped {
                 warn!(node = %s.node, "IPv6 half not programmed: {}", s.reason);
             }
             self.skipped = skipped;
         }
-        match peers6::apply6(handle, self.index, &have, &want).await {
+        let accept_ok = match sync_accept6(maps, &accepted, peers) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!("cannot update the IPv6 peers the programs accept, retrying: {e:#}");
+                false
+            }
+        };
+        match peers6::apply6(handle, at, &have, &want).await {
             Ok(done) => {
                 if done != peers6::Applied6::default() {
                     tracing::debug!(written = done.written, removed = done.removed, "IPv6 VTEP entries updated");
                 }
                 self.observed = Some(want);
+                self.on_link = direct_routing.then_some(on_link);
                 accept_ok
             }
             Err(e) => {
@@ -165,6 +187,23 @@ impl Side6 {
                 false
             }
         }
+    }
+
+    /// What the kernel holds for the IPv6 peers, and with `direct_routing`
+    /// which public IPv6 addresses are on-link, from one read of the main
+    /// table.
+    async fn read_back(
+        &self,
+        handle: &Handle,
+        at: Devices6,
+        accepted: &BTreeMap<Ipv6Addr, Accept6>,
+        direct_routing: bool,
+    ) -> Result<(Tables6, OnLink<Ipv6Net>)> {
+        let network = self.record.network;
+        let table = device::MainTable::<Ipv6Net>::read(handle).await?;
+        let have = peers6::observe6(handle, at, &table, network, accepted).await?;
+        let on_link = if direct_routing { OnLink::new(table.hops(at.underlay), network) } else { OnLink::default() };
+        Ok((have, on_link))
     }
 
     /// Whether `flannel-v6.<VNI>` is still the device we set up.

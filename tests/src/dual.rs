@@ -37,6 +37,13 @@ pub fn net_conf() -> String {
     )
 }
 
+/// [`net_conf`] with `Backend.DirectRouting` set to `direct_routing`.
+pub fn net_conf_direct_routing(direct_routing: bool) -> String {
+    format!(
+        r#"{{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"{NETWORK6}","Backend":{{"Type":"vxlan","DirectRouting":{direct_routing}}}}}"#
+    )
+}
+
 /// Gives node `h` its IPv6 underlay address and its pod an IPv6 address
 /// behind `cni0`, with IPv6 forwarding on.
 pub fn add_ipv6(h: &Host) -> Result<()> {

@@ -108,9 +108,15 @@ fn mac_of(n: &NeighbourMessage) -> Option<VtepMac> {
     })
 }
 
+/// The IPv6 destination of a neighbour or an fdb entry. The parser types
+/// NDA_DST by the message's family, so an fdb entry's (family AF_BRIDGE)
+/// comes as raw bytes: 16 of them are an IPv6 address.
 fn dst_of(n: &NeighbourMessage) -> Option<Ipv6Addr> {
     n.attributes.iter().find_map(|a| match a {
         NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => Some(*ip),
+        NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
+            <[u8; 16]>::try_from(b.as_slice()).ok().map(Ipv6Addr::from)
+        }
         _ => None,
     })
 }
@@ -198,11 +204,15 @@ pub struct Applied6 {
 /// Makes the kernel's tables equal `want`: neighbour, fdb entry, route,
 /// then direct route for what is missing or different (so the route never
 /// leads to an unresolved gateway); direct route, route, fdb entry, then
-/// neighbour for what no peer wants. A peer that turns direct (or back)
-/// keeps a route all along: the kernel replaces an IPv6 route of the same
+/// neighbour for what no peer wants. A peer that turns direct keeps a
+/// route all along: the kernel replaces an IPv6 route of the same
 /// destination and metric in place, whatever its device, so the later
-/// delete of the old one finds nothing. Every write is tried; the first
-/// error is returned after.
+/// delete of the old one finds nothing. The way back cannot: the kernel
+/// refuses an onlink gateway that a route through another device reaches
+/// ("Nexthop has invalid gateway or device mismatch"), and the base lies in
+/// the direct route's subnet, so that direct route goes just before the
+/// route through the device is written (flannel, which only replaces,
+/// fails there). Every write is tried; the first error is returned after.
 pub async fn apply6(handle: &Handle, at: Devices6, have: &Tables6, want: &Tables6) -> Result<Applied6> {
     let index = at.vtep;
     let mut done = Applied6::default();
@@ -233,6 +243,9 @@ pub async fn apply6(handle: &Handle, at: Devices6, have: &Tables6, want: &Tables
         note(r, &mut done.written);
     }
     for (net, gw) in &want.routes {
+        if let Some(public_ip) = have.direct.get(net) {
+            note(device::direct_route_del(handle, at.underlay, *net, *public_ip).await, &mut done.removed);
+        }
         if have.routes.get(net) != Some(gw) {
             let r = handle
                 .route()
@@ -249,7 +262,9 @@ pub async fn apply6(handle: &Handle, at: Devices6, have: &Tables6, want: &Tables
             note(device::direct_route_put(handle, at.underlay, *net, *gw).await, &mut done.written);
         }
     }
-    for (net, gw) in have.direct.iter().filter(|(net, _)| !want.direct.contains_key(net)) {
+    // (those now through the device went above)
+    let unwanted = |net: &&Ipv6Net| !want.direct.contains_key(*net) && !want.routes.contains_key(*net);
+    for (net, gw) in have.direct.iter().filter(|(net, _)| unwanted(net)) {
         note(device::direct_route_del(handle, at.underlay, *net, *gw).await, &mut done.removed);
     }
     for (net, gw) in have.routes.iter().filter(|(net, _)| !want.routes.contains_key(net)) {
@@ -365,5 +380,17 @@ mod tests {
         let (t, skipped) = plan6(&[near, far], &segment());
         assert!(skipped.is_empty(), "{skipped:?}");
         assert_eq!((t.direct.len(), t.routes.len()), (1, 1));
+    }
+
+    #[test]
+    fn an_fdb_entrys_destination_is_read_from_its_raw_bytes() {
+        let ip: Ipv6Addr = "fd00:198:18::2".parse().unwrap();
+        let mut fdb = NeighbourMessage::default();
+        fdb.header.family = AddressFamily::Bridge;
+        fdb.attributes.push(NeighbourAttribute::Destination(NeighbourAddress::Other(ip.octets().to_vec())));
+        assert_eq!(dst_of(&fdb), Some(ip));
+        // an IPv4 one is not
+        fdb.attributes[0] = NeighbourAttribute::Destination(NeighbourAddress::Other(vec![198, 18, 0, 2]));
+        assert_eq!(dst_of(&fdb), None);
     }
 }

@@ -5,6 +5,7 @@ mod admission_policy;
 mod cli;
 mod deploy;
 mod direct_routing;
+mod direct_routing_v6;
 mod dual_stack;
 mod edgevx_pair;
 mod env;

@@ -48,13 +48,19 @@ pub struct Skipped6 {
 
 /// The tables the chosen peers need. A v6 VtepMAC already taken by an
 /// earlier peer would share its fdb entry, so the later peer is skipped
-/// with a reason (the IPv4 side keys by subnet and has no such clash).
-pub fn plan6(peers: &[Peer]) -> (Tables6, Vec<Skipped6>) {
+/// with a reason (the IPv4 side keys by subnet and has no such clash); so
+/// is a peer claiming `own`, our public IPv6 (its frames would come back
+/// to us).
+pub fn plan6(peers: &[Peer], own: Ipv6Addr) -> (Tables6, Vec<Skipped6>) {
     let mut t = Tables6::default();
     let mut macs: BTreeMap<VtepMac, &str> = BTreeMap::new();
     let mut skipped = Vec::new();
     for p in peers {
         let Some(v6) = p.v6 else { continue };
+        if v6.public_ip == own {
+            skipped.push(Skipped6 { node: p.node.clone(), reason: format!("its public-ipv6 {own} is this node's") });
+            continue;
+        }
         if let Some(first) = macs.get(&v6.vtep_mac) {
             skipped.push(Skipped6 {
                 node: p.node.clone(),
@@ -78,9 +84,15 @@ fn mac_of(n: &NeighbourMessage) -> Option<VtepMac> {
     })
 }
 
+/// The entry's `NDA_DST` as an IPv6 address. netlink-packet-route decodes
+/// it by the message's family, so a bridge-family (fdb) entry's comes as
+/// raw bytes.
 fn dst_of(n: &NeighbourMessage) -> Option<Ipv6Addr> {
     n.attributes.iter().find_map(|a| match a {
         NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => Some(*ip),
+        NeighbourAttribute::Destination(NeighbourAddress::Other(raw)) => {
+            <[u8; 16]>::try_from(raw.as_slice()).ok().map(Ipv6Addr::from)
+        }
         _ => None,
     })
 }
@@ -263,7 +275,7 @@ mod tests {
         let a = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let mut v4_only = peer("old", "fd00:10:244:3::/64", "fd00:198:18::3", "02:66:00:00:00:03");
         v4_only.v6 = None;
-        let (t, skipped) = plan6(&[a, v4_only]);
+        let (t, skipped) = plan6(&[a, v4_only], "fd00:198:18::1".parse().unwrap());
         assert!(skipped.is_empty());
         let base: Ipv6Addr = "fd00:10:244:2::".parse().unwrap();
         let mac: VtepMac = "02:66:00:00:00:02".parse().unwrap();
@@ -273,13 +285,32 @@ mod tests {
     }
 
     #[test]
+    fn an_fdb_entrys_destination_is_read_from_its_raw_bytes() {
+        // what a bridge-family dump gives: NDA_DST undecoded
+        let mut m = fdb_message(7, "02:66:00:00:00:02".parse().unwrap(), "fd00:198:18::2".parse().unwrap());
+        let raw = "fd00:198:18::2".parse::<Ipv6Addr>().unwrap().octets().to_vec();
+        m.attributes[1] = NeighbourAttribute::Destination(NeighbourAddress::Other(raw));
+        assert_eq!(dst_of(&m), Some("fd00:198:18::2".parse().unwrap()));
+        m.attributes[1] = NeighbourAttribute::Destination(NeighbourAddress::Other(vec![198, 18, 0, 2]));
+        assert_eq!(dst_of(&m), None, "an IPv4 destination is not ours");
+    }
+
+    #[test]
     fn a_shared_v6_mac_skips_the_later_peer_with_its_reason() {
         let a = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let b = peer("b", "fd00:10:244:3::/64", "fd00:198:18::3", "02:66:00:00:00:02");
-        let (t, skipped) = plan6(&[a, b]);
+        let (t, skipped) = plan6(&[a, b], "fd00:198:18::1".parse().unwrap());
         assert_eq!(t.routes.len(), 1);
         assert_eq!(skipped.len(), 1);
         assert_eq!(skipped[0].node, "b");
         assert!(skipped[0].reason.contains("a's too"), "{}", skipped[0].reason);
+    }
+
+    #[test]
+    fn a_peer_claiming_our_public_ipv6_is_skipped() {
+        let me = peer("me-again", "fd00:10:244:2::/64", "fd00:198:18::1", "02:66:00:00:00:02");
+        let (t, skipped) = plan6(&[me], "fd00:198:18::1".parse().unwrap());
+        assert_eq!(t, Tables6::default());
+        assert!(skipped[0].reason.contains("this node's"), "{:?}", skipped);
     }
 }

@@ -386,3 +386,49 @@ fn a_pod_cannot_send_ipv6_vxlan() -> Result<()> {
     }
     Ok(())
 }
+
+/// IPv6 multicast reaches a bound socket without a socket lookup, so the
+/// guard never sees it; off the underlay decap does not either. A
+/// stranger's IPv6 VXLAN to ff02::1 on a second interface is dropped by
+/// EDGEVX-INPUT's ip6tables twin, bare and behind an extension header.
+#[test]
+fn ipv6_multicast_vxlan_on_a_second_interface_is_dropped_by_the_firewall() -> Result<()> {
+    let p = pair()?;
+    let h1 = p.c.host(1);
+    let attacker = Netns::new(&format!("{}atm", p.c.tag))?;
+    h1.ns.ip(&["link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", &attacker.name])?;
+    h1.ns.ip(&["-6", "addr", "add", "fd00:198:19::1/64", "dev", "eth1", "nodad"])?;
+    h1.ns.ip(&["link", "set", "eth1", "up"])?;
+    attacker.ip(&["-6", "addr", "add", "fd00:198:19::66/64", "dev", "eth0", "nodad"])?;
+    attacker.ip(&["link", "set", "eth0", "up"])?;
+    let rx = || -> Result<u64> {
+        let v = h1.ns.run(&["cat", "/sys/class/net/flannel-v6.1/statistics/rx_packets"])?;
+        v.trim().parse().context("rx_packets")
+    };
+    // the packets ip6tables' EDGEVX-INPUT dropped
+    let dropped = || -> Result<u64> {
+        let out = h1.ns.run(&["ip6tables", "-L", "EDGEVX-INPUT", "-v", "-x", "-n"])?;
+        let line = out.lines().find(|l| l.contains("DROP")).with_context(|| format!("no DROP rule:\n{out}"))?;
+        line.split_whitespace().next().context("no count")?.parse().context("count")
+    };
+    for ext in ["", "dstopts"] {
+        let (before, rx_before) = (dropped()?, rx()?);
+        let mut args = vec![
+            "python3",
+            "-c",
+            crate::underlay_v6::SEND,
+            "fd00:198:19::66",
+            "ff02::1%eth0",
+            &p.macs.1,
+            "eth0",
+            "fd00:10:244:2::9",
+        ];
+        if !ext.is_empty() {
+            args.push(ext);
+        }
+        attacker.run(&args)?;
+        wait_until(Duration::from_secs(5), "the multicast VXLAN dropped by ip6tables", || Ok(dropped()? > before))?;
+        assert_eq!(rx()?, rx_before, "{ext:?}: flannel-v6.1 received it");
+    }
+    Ok(())
+}

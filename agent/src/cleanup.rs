@@ -126,19 +126,18 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         }
         Err(e) => info!("no iptables here, so no firewall rules to remove: {e:#}"),
     }
-    if rec.as_ref().is_some_and(|r| r.v6.is_some()) {
-        match crate::netfilter::Firewall::new6() {
-            Ok(fw) => {
-                if fw.remove_all().context("cannot remove the IPv6 firewall rules")? {
-                    info!("removed edgevx's ip6tables chains");
-                }
+    // whatever the record says (a dual-stack run may have left them without one)
+    match crate::netfilter::Firewall::new6() {
+        Ok(fw) => {
+            if fw.remove_all().context("cannot remove the IPv6 firewall rules")? {
+                info!("removed edgevx's ip6tables chains");
             }
-            Err(e) => warn!("cannot remove the IPv6 firewall rules: {e:#}"),
         }
+        Err(e) => info!("no ip6tables here, so no IPv6 firewall rules to remove: {e:#}"),
     }
     let mut files = vec![AGENT_FILE, PEERS_FILE, crate::cache::VIEW_FILE];
     if args.purge_mac {
-        files.push(MAC_FILE);
+        files.extend([MAC_FILE, crate::state::MAC6_FILE]);
     }
     for f in files {
         let _ = fs::remove_file(state.path(f));

@@ -333,6 +333,12 @@ mod tests {
     }
 
     #[test]
+    fn the_public_ipv6_of_a_dual_stack_flanneld_is_taken() {
+        assert_eq!(run(&[], &[("FLANNELD_PUBLIC_IPV6", "fd00::1")]).unwrap(), ["--public-ipv6=fd00::1"]);
+        assert_eq!(run(&["-public-ipv6=fd00::2"], &[]).unwrap(), ["--public-ipv6=fd00::2"]);
+    }
+
+    #[test]
     fn other_subcommands_are_left_alone() {
         let args: Vec<OsString> = ["edgevx", "status", "-v"].iter().map(OsString::from).collect();
         assert_eq!(translate(args.clone(), &|_| Some("x".into())).unwrap(), args);

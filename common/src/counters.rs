@@ -76,9 +76,14 @@ pub enum Counter {
     /// IPv6 tunnel, never IPv4 or ARP), so its source cannot be bound to
     /// the peer's IPv6 pod CIDR.
     DropInnerNotIpv6 = 26,
+    /// Dropped: a peer's IPv6 datagram with more extension headers than the
+    /// judge walks (`MAX_EXT_HEADERS` in ebpf/src/judge6.rs), so whether it
+    /// is VXLAN for us cannot be told. Peers send none; a stranger's goes on
+    /// to the socket-lookup guard.
+    DropLongExtChain = 27,
 }
 
-pub const COUNT: u32 = 27;
+pub const COUNT: u32 = 28;
 
 impl Counter {
     pub const ALL: [Counter; COUNT as usize] = [
@@ -109,6 +114,7 @@ impl Counter {
         Counter::DropPodVxlan,
         Counter::DropVxlanOffUnderlay,
         Counter::DropInnerNotIpv6,
+        Counter::DropLongExtChain,
     ];
 
     /// Name used in `edgevx status` and metrics.
@@ -141,6 +147,7 @@ impl Counter {
             Counter::DropPodVxlan => "drop_pod_vxlan",
             Counter::DropVxlanOffUnderlay => "drop_vxlan_off_underlay",
             Counter::DropInnerNotIpv6 => "drop_inner_not_ipv6",
+            Counter::DropLongExtChain => "drop_long_ext_chain",
         }
     }
 }

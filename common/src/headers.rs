@@ -119,6 +119,45 @@ impl Ipv6Header<'_> {
     }
 }
 
+/// IPv6 extension headers a datagram may carry between the fixed header
+/// and UDP (RFC 8200 4.1); the judge walks them to find the UDP header.
+pub const IPPROTO_HOPOPTS: u8 = 0;
+pub const IPPROTO_ROUTING: u8 = 43;
+pub const IPPROTO_FRAGMENT: u8 = 44;
+pub const IPPROTO_DSTOPTS: u8 = 60;
+
+/// Whether `next_header` names an extension header [`ext_header`] can step over.
+#[inline(always)]
+pub fn is_ext_header(next_header: u8) -> bool {
+    matches!(next_header, IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_FRAGMENT | IPPROTO_DSTOPTS)
+}
+
+/// One step along an IPv6 extension header chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtHeader {
+    /// `next_header` follows, `len` bytes on; `first_fragment` if this was
+    /// the fragment header of a first fragment (more to come).
+    Skip { next_header: u8, len: usize, first_fragment: bool },
+    /// A fragment other than the first: no upper-layer header in it.
+    LaterFragment,
+}
+
+/// Reads the extension header of kind `kind` from its first 8 bytes (all
+/// a fragment header has; the others give their length there).
+#[inline(always)]
+pub fn ext_header(kind: u8, h: &[u8; 8]) -> ExtHeader {
+    if kind == IPPROTO_FRAGMENT {
+        let word = u16::from_be_bytes([h[2], h[3]]);
+        // offset in 8-byte units above the 2 reserved bits and the M flag
+        if word & 0xfff8 != 0 {
+            return ExtHeader::LaterFragment;
+        }
+        return ExtHeader::Skip { next_header: h[0], len: 8, first_fragment: word & 1 != 0 };
+    }
+    // hop-by-hop, routing, destination options: length in 8-byte units, less the first
+    ExtHeader::Skip { next_header: h[0], len: (h[1] as usize + 1) * 8, first_fragment: false }
+}
+
 /// The 16 bytes at `at`, written out: a copy loop over a stack array needs
 /// CAP_PERFMON in the verifier (variable-offset stack access).
 #[inline(always)]
@@ -296,5 +335,34 @@ mod tests {
         let mut v4 = [0u8; 40];
         v4[..20].copy_from_slice(&HDR);
         assert!(!Ipv6Header(&v4).is_valid_v6());
+    }
+
+    #[test]
+    fn extension_headers_are_stepped_over() {
+        let hop_by_hop = [17, 0, 1, 4, 0, 0, 0, 0];
+        assert_eq!(
+            ext_header(IPPROTO_HOPOPTS, &hop_by_hop),
+            ExtHeader::Skip { next_header: 17, len: 8, first_fragment: false }
+        );
+        let long_dst_opts = [43, 2, 1, 20, 0, 0, 0, 0];
+        assert_eq!(
+            ext_header(IPPROTO_DSTOPTS, &long_dst_opts),
+            ExtHeader::Skip { next_header: 43, len: 24, first_fragment: false }
+        );
+        let first = [17, 0, 0x00, 0x01, 0, 0, 0x42, 0x42];
+        assert_eq!(
+            ext_header(IPPROTO_FRAGMENT, &first),
+            ExtHeader::Skip { next_header: 17, len: 8, first_fragment: true }
+        );
+        let atomic = [17, 0, 0x00, 0x00, 0, 0, 0x42, 0x42];
+        assert_eq!(
+            ext_header(IPPROTO_FRAGMENT, &atomic),
+            ExtHeader::Skip { next_header: 17, len: 8, first_fragment: false }
+        );
+        for later in [[17, 0, 0x00, 0x09, 0, 0, 0, 1], [17, 0, 0x00, 0x08, 0, 0, 0, 1], [17, 0, 0x80, 0x00, 0, 0, 0, 1]]
+        {
+            assert_eq!(ext_header(IPPROTO_FRAGMENT, &later), ExtHeader::LaterFragment, "{later:x?}");
+        }
+        assert!(is_ext_header(IPPROTO_ROUTING) && !is_ext_header(17) && !is_ext_header(6) && !is_ext_header(58));
     }
 }

@@ -5,19 +5,26 @@
 //! judging. Nothing here changes a packet: what passes goes on to the
 //! kernel exactly as it came.
 //!
-//! A frame is judged when it is UDP right after the fixed IPv6 header, to
-//! our VXLAN port, whatever its destination address: as for IPv4, the
-//! kernel's socket is bound to every local address (and multicast reaches
-//! it without a socket lookup), so a peer's forged inner source sent to
-//! another address of ours must not skip the inner check. Anything else
-//! (extension headers, other protocols or ports, and everything while IPv6
-//! is off) is not touched here; the socket-lookup guard (`guard.rs`) still
-//! refuses a stranger's unicast VXLAN that comes with extension headers.
+//! A frame is judged when it is UDP to our VXLAN port, whatever its
+//! destination address: as for IPv4, the kernel's socket is bound to every
+//! local address (and multicast reaches it without a socket lookup), so a
+//! peer's forged inner source sent to another address of ours must not
+//! skip the inner check. Extension headers in front of the UDP header:
+//! - from a stranger, the frame is not touched here: the socket-lookup
+//!   guard (`guard.rs`) refuses it after the kernel walked them;
+//! - from a peer, up to [`MAX_EXT_HEADERS`] are walked and the frame is
+//!   judged like any other; a longer chain is dropped
+//!   (`drop_long_ext_chain`), a later fragment left to the kernel (which
+//!   cannot use it without the first, judged here).
+//!
+//! Other protocols or ports, and everything while IPv6 is off, are not
+//! touched.
 //!
 //! The judging, in order, before any other verdict:
 //! 1. the outer source is an IPv6 peer (`drop_unknown_peer`);
 //! 2. the VXLAN header, the inner Ethernet header and a whole inner IPv6
-//!    header are there (`drop_inner_not_ipv6`);
+//!    header are there (`drop_inner_not_ipv6`; `drop_short_fragment` for a
+//!    first fragment that does not hold them);
 //! 3. the VXLAN flags and reserved bits, as `vxlan_rcv` (`drop_bad_vxlan_flags`);
 //! 4. the inner frame is IPv6 (`drop_inner_not_ipv6`: flannel never carries
 //!    IPv4 over the IPv6 tunnel), and its source lies in the peer's IPv6
@@ -29,8 +36,8 @@
 use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 use edgevx_common::{
     counters::Counter,
-    headers::{EthHeader, Ipv6Header, VxlanHeader},
-    maps::DataplaneConfig,
+    headers::{EthHeader, ExtHeader, Ipv6Header, VxlanHeader, ext_header, is_ext_header},
+    maps::{DataplaneConfig, PeerAccept6},
     vxlan::{ETH_HLEN, IPPROTO_UDP, IPV6_HLEN, UDP_HLEN, VXLAN_HLEN},
 };
 
@@ -40,7 +47,10 @@ use crate::{
     stats,
 };
 
-const UDP_AT: usize = ETH_HLEN + IPV6_HLEN;
+/// The longest extension header chain walked to find a peer's UDP header.
+/// Flannel's peers send none (their VXLAN fits the path: the kernel sizes
+/// flannel-v6 for it); a fragment header is the one they might.
+const MAX_EXT_HEADERS: usize = 4;
 
 #[inline(always)]
 pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
@@ -51,10 +61,50 @@ pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
         return NEXT;
     };
     let ip = Ipv6Header(&outer);
-    if !ip.is_valid_v6() || ip.next_header() != IPPROTO_UDP {
+    if !ip.is_valid_v6() {
         return NEXT;
     }
-    let Ok(ports) = ctx.load::<[u8; 4]>(UDP_AT) else {
+    let mut peer = None;
+    let mut udp_at = ETH_HLEN + IPV6_HLEN;
+    let mut first_fragment = false;
+    if ip.next_header() != IPPROTO_UDP {
+        // A stranger's datagram behind extension headers is refused by the
+        // socket-lookup guard, after the kernel walked them; a peer's must
+        // be walked here, or its inner source would go unjudged.
+        if !is_ext_header(ip.next_header()) {
+            return NEXT;
+        }
+        peer = accepted(&ip);
+        if peer.is_none() {
+            return NEXT;
+        }
+        let mut next = ip.next_header();
+        for _ in 0..MAX_EXT_HEADERS {
+            let Ok(h) = ctx.load::<[u8; 8]>(udp_at) else {
+                return NEXT;
+            };
+            match ext_header(next, &h) {
+                // no UDP header in it; the kernel needs the first fragment, judged here
+                ExtHeader::LaterFragment => return NEXT,
+                ExtHeader::Skip { next_header, len, first_fragment: first } => {
+                    next = next_header;
+                    udp_at += len;
+                    first_fragment |= first;
+                }
+            }
+            if !is_ext_header(next) {
+                break;
+            }
+        }
+        if is_ext_header(next) {
+            stats::add(Counter::DropLongExtChain, 1);
+            return TC_ACT_SHOT;
+        }
+        if next != IPPROTO_UDP {
+            return NEXT;
+        }
+    }
+    let Ok(ports) = ctx.load::<[u8; 4]>(udp_at) else {
         return NEXT;
     };
     if u16::from_be_bytes([ports[2], ports[3]]) != cfg.port {
@@ -62,14 +112,17 @@ pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
     }
 
     // From here on the datagram is for the kernel's VXLAN socket: judge it.
-    let Some(accept) = EDGEVX_PEER_ACCEPT6.get_ptr(ip.src()).map(|p| unsafe { *p }) else {
+    let Some(accept) = peer.or_else(|| accepted(&ip)) else {
         stats::add(Counter::DropUnknownPeer, 1);
         return TC_ACT_SHOT;
     };
     let (Ok(tunnel), Ok(inner_ip)) =
-        (ctx.load::<[u8; TUNNEL_LEN]>(UDP_AT), ctx.load::<[u8; IPV6_HLEN]>(UDP_AT + TUNNEL_LEN))
+        (ctx.load::<[u8; TUNNEL_LEN]>(udp_at), ctx.load::<[u8; IPV6_HLEN]>(udp_at + TUNNEL_LEN))
     else {
-        stats::add(Counter::DropInnerNotIpv6, 1);
+        // a first fragment must hold all that is judged: the kernel would
+        // reassemble it and decapsulate what this program never saw
+        let reason = if first_fragment { Counter::DropShortFragment } else { Counter::DropInnerNotIpv6 };
+        stats::add(reason, 1);
         return TC_ACT_SHOT;
     };
     let vxlan = VxlanHeader(sub::<TUNNEL_LEN, VXLAN_AT, VXLAN_HLEN>(&tunnel));
@@ -93,7 +146,13 @@ pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
         stats::add(Counter::PassNotOurs, 1);
         return NEXT;
     }
-    let inner_len = ctx.len().wrapping_sub((UDP_AT + UDP_HLEN + VXLAN_HLEN) as u32);
+    let inner_len = ctx.len().wrapping_sub((udp_at + UDP_HLEN + VXLAN_HLEN) as u32);
     stats::count(Counter::RxHostPackets, Counter::RxHostBytes, inner_len);
     NEXT
+}
+
+/// The accept entry of the peer that sent `ip`, if it is one.
+#[inline(always)]
+fn accepted(ip: &Ipv6Header) -> Option<PeerAccept6> {
+    EDGEVX_PEER_ACCEPT6.get_ptr(ip.src()).map(|p| unsafe { *p })
 }

@@ -74,13 +74,18 @@ pub struct Skipped6 {
 /// `v6DirectRoutingOK`); `on_link` is empty when DirectRouting is off. A v6
 /// VtepMAC already taken by an earlier peer through the device would share
 /// its fdb entry, so the later peer is skipped with a reason (the IPv4 side
-/// keys by subnet and has no such clash).
-pub fn plan6(peers: &[Peer], on_link: &OnLink<Ipv6Net>) -> (Tables6, Vec<Skipped6>) {
+/// keys by subnet and has no such clash); so is a peer claiming `own`, our
+/// public IPv6 (its frames would come back to us).
+pub fn plan6(peers: &[Peer], own: Ipv6Addr, on_link: &OnLink<Ipv6Net>) -> (Tables6, Vec<Skipped6>) {
     let mut t = Tables6::default();
     let mut macs: BTreeMap<VtepMac, &str> = BTreeMap::new();
     let mut skipped = Vec::new();
     for p in peers {
         let Some(v6) = p.v6 else { continue };
+        if v6.public_ip == own {
+            skipped.push(Skipped6 { node: p.node.clone(), reason: format!("its public-ipv6 {own} is this node's") });
+            continue;
+        }
         if on_link.reaches(v6.public_ip) {
             t.direct.insert(v6.subnet, v6.public_ip);
             continue;
@@ -314,7 +319,7 @@ mod tests {
         let a = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let mut v4_only = peer("old", "fd00:10:244:3::/64", "fd00:198:18::3", "02:66:00:00:00:03");
         v4_only.v6 = None;
-        let (t, skipped) = plan6(&[a, v4_only], &OnLink::default());
+        let (t, skipped) = plan6(&[a, v4_only], OWN, &OnLink::default());
         assert!(skipped.is_empty());
         let base: Ipv6Addr = "fd00:10:244:2::".parse().unwrap();
         let mac: VtepMac = "02:66:00:00:00:02".parse().unwrap();
@@ -323,11 +328,22 @@ mod tests {
         assert_eq!(t.routes, BTreeMap::from([("fd00:10:244:2::/64".parse().unwrap(), base)]));
     }
 
+    /// Our own public IPv6 in these tests.
+    const OWN: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x198, 0x18, 0, 0, 0, 0, 1);
+
+    #[test]
+    fn a_peer_claiming_our_public_ipv6_is_skipped() {
+        let me = peer("me-again", "fd00:10:244:2::/64", "fd00:198:18::1", "02:66:00:00:00:02");
+        let (t, skipped) = plan6(&[me], OWN, &OnLink::default());
+        assert_eq!(t, Tables6::default());
+        assert!(skipped[0].reason.contains("this node's"), "{:?}", skipped);
+    }
+
     #[test]
     fn a_shared_v6_mac_skips_the_later_peer_with_its_reason() {
         let a = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let b = peer("b", "fd00:10:244:3::/64", "fd00:198:18::3", "02:66:00:00:00:02");
-        let (t, skipped) = plan6(&[a, b], &OnLink::default());
+        let (t, skipped) = plan6(&[a, b], OWN, &OnLink::default());
         assert_eq!(t.routes.len(), 1);
         assert_eq!(skipped.len(), 1);
         assert_eq!(skipped[0].node, "b");
@@ -344,7 +360,7 @@ mod tests {
     fn an_on_link_peer_gets_a_direct_route_and_nothing_on_the_device() {
         let near = peer("near", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let far = peer("far", "fd00:10:244:3::/64", "fd00:198:18:1::3", "02:66:00:00:00:03");
-        let (t, skipped) = plan6(&[near.clone(), far], &segment());
+        let (t, skipped) = plan6(&[near.clone(), far], OWN, &segment());
         assert!(skipped.is_empty());
         let direct: Vec<_> = t.direct.iter().map(|(n, ip)| format!("{n} via {ip}")).collect();
         assert_eq!(direct, ["fd00:10:244:2::/64 via fd00:198:18::2"]);
@@ -354,7 +370,7 @@ mod tests {
         assert_eq!(t.fdb.iter().map(|(_, ip)| ip.to_string()).collect::<Vec<_>>(), ["fd00:198:18:1::3"]);
         assert_eq!(t.routes, BTreeMap::from([("fd00:10:244:3::/64".parse().unwrap(), far_base)]));
         // DirectRouting off: the three entries, no direct route
-        let (off, _) = plan6(&[near], &OnLink::default());
+        let (off, _) = plan6(&[near], OWN, &OnLink::default());
         assert!(off.direct.is_empty());
         assert_eq!((off.neigh.len(), off.fdb.len(), off.routes.len()), (1, 1, 1));
     }
@@ -364,10 +380,10 @@ mod tests {
         // on-link over IPv6, behind the router over IPv4: the IPv6 plan alone goes direct
         let mut p = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         p.public_ip = "198.18.1.2".parse().unwrap();
-        assert_eq!(plan6(std::slice::from_ref(&p), &segment()).0.direct.len(), 1);
+        assert_eq!(plan6(std::slice::from_ref(&p), OWN, &segment()).0.direct.len(), 1);
         // the reverse: VXLAN over IPv6
         let far = peer("b", "fd00:10:244:3::/64", "fd00:198:18:1::3", "02:66:00:00:00:03");
-        let (t, _) = plan6(&[far], &segment());
+        let (t, _) = plan6(&[far], OWN, &segment());
         assert!(t.direct.is_empty());
         assert_eq!(t.routes.len(), 1);
     }
@@ -377,7 +393,7 @@ mod tests {
         // a direct peer has no fdb entry, so a VXLAN peer with the same MAC is not a clash
         let near = peer("near", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let far = peer("far", "fd00:10:244:3::/64", "fd00:198:18:1::3", "02:66:00:00:00:02");
-        let (t, skipped) = plan6(&[near, far], &segment());
+        let (t, skipped) = plan6(&[near, far], OWN, &segment());
         assert!(skipped.is_empty(), "{skipped:?}");
         assert_eq!((t.direct.len(), t.routes.len()), (1, 1));
     }

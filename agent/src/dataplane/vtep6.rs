@@ -51,7 +51,12 @@ fn compatible(link: &LinkMessage, spec: &Vtep6Spec) -> bool {
         && has(&InfoVxlan::Link(spec.underlay_index))
         && has(&InfoVxlan::Local6(spec.local))
         && has(&InfoVxlan::Port(spec.port))
-        && !info.iter().any(|i| matches!(i, InfoVxlan::CollectMetadata(true) | InfoVxlan::UDPZeroCsumRX(true)))
+        && !info.iter().any(|i| {
+            matches!(
+                i,
+                InfoVxlan::CollectMetadata(true) | InfoVxlan::UDPZeroCsumRX(true) | InfoVxlan::UDPZeroCsumTX(true)
+            )
+        })
 }
 
 /// Creates or adopts the IPv6 VTEP; returns its ifindex.

@@ -50,6 +50,7 @@ pub const fn series(c: Counter) -> Series {
         Counter::DropShortFragment => Drops { reason: "short_fragment", direction: INGRESS },
         Counter::DropInnerNotIpv4 => Drops { reason: "inner_not_ipv4", direction: INGRESS },
         Counter::DropInnerNotIpv6 => Drops { reason: "inner_not_ipv6", direction: INGRESS },
+        Counter::DropLongExtChain => Drops { reason: "long_ext_chain", direction: INGRESS },
         Counter::DropFragNeeded => Drops { reason: "frag_needed", direction: EGRESS },
         Counter::DropTooBig => Drops { reason: "too_big", direction: EGRESS },
         Counter::DropUnknownPeerSocket => Drops { reason: "unknown_peer_socket", direction: INGRESS },

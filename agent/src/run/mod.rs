@@ -356,6 +356,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Phase::Up(_) => {}
         }
         let Phase::Up(n) = &mut phase else { continue };
+        if d.conf.ipv6.as_ref().map(|v6| v6.network) != n.record.v6.as_ref().map(|v6| v6.network) {
+            // a dual-stack node must publish both halves or flannel peers skip it whole: apply it now
+            warn!("EnableIPv6 or IPv6Network changed; rebuilding the dataplane to apply it");
+            report.rebuilding();
+            phase = Phase::Down;
+            Due::soon(&mut due.pass, Duration::ZERO);
+            continue;
+        }
         let conf_changed =
             d.conf.vni != n.record.vni || d.conf.port != n.record.port || d.conf.network != n.record.network;
         if conf_changed && !cached {

@@ -68,8 +68,10 @@ pub(super) async fn bring_up(
     let (mac, _) = vtep_mac::choose(own.published_mac, state)?;
     let public_ip: Ipv4Addr =
         super::config::public_ip(c.args.public_ip, own.node_public_ip, &c.underlay).context("no public IP")?;
-    // the underlay's MTU now: it may have changed since the start-up checks
-    let underlay_mtu = device::underlay(handle, &c.iface).await.map_or(c.underlay.mtu, |u| u.mtu);
+    // the underlay now: its MTU (or IPv6 address) may have changed since the start-up checks
+    let underlay = device::underlay(handle, &c.iface).await.unwrap_or_else(|_| c.underlay.clone());
+    let underlay_mtu = underlay.mtu;
+    let plan6 = super::node6::prepare6(c, conf, &own, state, &underlay)?;
     let mtu = super::config::vtep_mtu(conf, underlay_mtu);
     super::mtu::warn_if_capped(conf, underlay_mtu, mtu);
     bpffs::ensure_dir_on_bpffs(&c.args.paths.bpffs)?;
@@ -109,8 +111,9 @@ pub(super) async fn bring_up(
     // the pods learned by an earlier run may sit on a bridge our program is
     // not attached to yet; they come back at the first learning pass
     maps.sync_local_pods(&Default::default())?;
-    // before the config names our public IPv6: from then on the programs judge IPv6 VXLAN
-    let v6 = super::node6::bring_up6(c, conf, &own, state, handle, underlay_mtu).await?;
+    if plan6.is_none() {
+        super::node6::remove_leftovers(handle, conf.vni).await?;
+    }
     maps.set_config(&DataplaneConfig {
         vni: conf.vni,
         local_ip: public_ip.octets(),
@@ -122,8 +125,13 @@ pub(super) async fn bring_up(
         vtep_ifindex: vtep_index,
         underlay_ifindex: c.underlay.index,
         // all zero: IPv6 off, IPv6 VXLAN is not judged
-        public_ip6: v6.as_ref().map_or([0; 16], |s| s.record.public_ip.octets()),
+        public_ip6: plan6.as_ref().map_or([0; 16], |p| p.public_ip().octets()),
     })?;
+    // only now that the programs judge IPv6 VXLAN: the device's socket
+    let v6 = match plan6 {
+        Some(p) => Some(super::node6::bring_up6(c, conf, p, handle).await?),
+        None => None,
+    };
 
     let forward_rules = c.args.iptables_forward_rules;
     // always: the broadcast and multicast VXLAN guard is in the rule set whatever the flags

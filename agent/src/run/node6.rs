@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::{check::Checked, config};
 use crate::{
     dataplane::{
-        device,
+        device::{self, Underlay},
         maps::{Accept6, Maps},
         peers6::{self, Devices6, Tables6},
         vtep6::{self, Vtep6Spec},
@@ -56,23 +56,37 @@ pub(super) struct Side6 {
     skipped: Vec<peers6::Skipped6>,
 }
 
-/// Brings up `flannel-v6.<VNI>` when the network is dual-stack; `None`
-/// when it is not.
-pub(super) async fn bring_up6(
+/// What the IPv6 VTEP will be, decided before anything is created: the
+/// programs must know our public IPv6 (and so judge IPv6 VXLAN) before a
+/// socket for it exists.
+pub(super) struct Plan6 {
+    spec: Vtep6Spec,
+    subnet: Ipv6Net,
+    network: Ipv6Net,
+}
+
+impl Plan6 {
+    pub(super) fn public_ip(&self) -> Ipv6Addr {
+        self.spec.local
+    }
+}
+
+/// The IPv6 VTEP's settings when the network is dual-stack (`None` when it
+/// is not); `underlay` as it is now (a global IPv6 address may have come
+/// since the start, SLAAC or DAD). Chooses and saves its MAC.
+pub(super) fn prepare6(
     c: &Checked,
     conf: &NetConf,
     own: &OwnNode,
     state: &StateDir,
-    handle: &Handle,
-    underlay_mtu: u32,
-) -> Result<Option<Side6>> {
-    let (ip_masq, forward) = (c.args.ip_masq, c.args.iptables_forward_rules);
+    underlay: &Underlay,
+) -> Result<Option<Plan6>> {
     let Some(v6) = &conf.ipv6 else { return Ok(None) };
     let subnet = own.subnet6.context(
         "the network is dual-stack (EnableIPv6), but this node has no IPv6 pod CIDR (spec.podCIDRs, or the etcd lease)",
     )?;
     let (mac, _) = vtep_mac::choose_v6(own.published_mac6, state)?;
-    let public_ip = config::public_ipv6(c.args.public_ipv6, own.node_public_ipv6, &c.underlay).with_context(|| {
+    let public_ip = config::public_ipv6(c.args.public_ipv6, own.node_public_ipv6, underlay).with_context(|| {
         format!(
             "the network is dual-stack (EnableIPv6), but {} has no usable global IPv6 address: add one, or give \
              --public-ipv6 (or the node-public-ipv6 annotation)",
@@ -86,28 +100,53 @@ pub(super) async fn bring_up6(
         local: public_ip,
         underlay_index: c.underlay.index,
         mac,
-        mtu: config::vtep6_mtu(conf, underlay_mtu),
+        mtu: config::vtep6_mtu(conf, underlay.mtu),
     };
+    Ok(Some(Plan6 { spec, subnet, network: v6.network }))
+}
+
+/// Brings up `flannel-v6.<VNI>` as `plan` says, with its address and the
+/// ip6tables chains.
+pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan6, handle: &Handle) -> Result<Side6> {
+    let (ip_masq, forward) = (c.args.ip_masq, c.args.iptables_forward_rules);
+    let Plan6 { spec, subnet, network } = plan;
+    let (mac, public_ip) = (spec.mac, spec.local);
     let index = vtep6::ensure_vtep6(handle, &spec).await?;
     vtep6::ensure_address6(handle, index, subnet).await?;
     let firewall = netfilter::Firewall::new6()?;
     firewall
-        .apply(&netfilter::plan6(v6.network, subnet, conf.port, ip_masq, forward))
+        .apply(&netfilter::plan6(network, subnet, conf.port, ip_masq, forward))
         .context("cannot install the IPv6 firewall rules")?;
     info!(device = %spec.name, %mac, %public_ip, %subnet, mtu = spec.mtu, "IPv6 VTEP ready");
-    let record = Record6 { device: spec.name, mac, public_ip, subnet, network: v6.network, mtu: spec.mtu };
-    Ok(Some(Side6 { index, record, firewall, observed: None, on_link: None, skipped: Vec::new() }))
+    let record = Record6 { device: spec.name, mac, public_ip, subnet, network, mtu: spec.mtu };
+    Ok(Side6 { index, record, firewall, observed: None, on_link: None, skipped: Vec::new() })
+}
+
+/// With IPv6 off: a `flannel-v6.<VNI>` left by an earlier dual-stack run
+/// (ours or flanneld's) would take IPv6 VXLAN that nothing judges, so it
+/// goes, and our ip6tables chains with it.
+pub(super) async fn remove_leftovers(handle: &Handle, vni: u32) -> Result<()> {
+    let name = vtep6::vtep6_name(vni);
+    if device::delete_link(handle, &name).await? {
+        warn!(device = %name, "IPv6 is off in the network config: deleted the IPv6 VTEP an earlier run left");
+    }
+    if let Ok(fw) = netfilter::Firewall::new6() {
+        if fw.remove_all().context("cannot remove the IPv6 firewall rules")? {
+            info!("IPv6 is off: removed edgevx's ip6tables chains");
+        }
+    }
+    Ok(())
 }
 
 /// The IPv6 accept map (`have`, read back every pass, written where it
-/// differs): each peer's public IPv6, its inner sources bound to its IPv6
-/// subnet. Added before the routes that make replies go there; removed
-/// with them.
-fn sync_accept6(maps: &mut Maps, have: &BTreeMap<Ipv6Addr, Accept6>, peers: &[Peer]) -> Result<()> {
+/// differs): each peer's public IPv6 (never `own`, ours), its inner sources
+/// bound to its IPv6 subnet. Added before the routes that make replies go
+/// there; removed with them.
+fn sync_accept6(maps: &mut Maps, have: &BTreeMap<Ipv6Addr, Accept6>, peers: &[Peer], own: Ipv6Addr) -> Result<()> {
     let want: BTreeMap<Ipv6Addr, Accept6> = peers
         .iter()
         .filter_map(|p| {
-            let v6 = p.v6?;
+            let v6 = p.v6.filter(|v6| v6.public_ip != own)?;
             Some((v6.public_ip, Accept6 { subnet: v6.subnet, any_inner_source: p.any_inner_source }))
         })
         .collect();
@@ -159,14 +198,14 @@ impl Side6 {
                 }
             },
         };
-        let (want, skipped) = peers6::plan6(peers, &on_link);
+        let (want, skipped) = peers6::plan6(peers, self.record.public_ip, &on_link);
         if skipped != self.skipped {
             for s in &skipped {
                 warn!(node = %s.node, "IPv6 half not programmed: {}", s.reason);
             }
             self.skipped = skipped;
         }
-        let accept_ok = match sync_accept6(maps, &accepted, peers) {
+        let accept_ok = match sync_accept6(maps, &accepted, peers, self.record.public_ip) {
             Ok(()) => true,
             Err(e) => {
                 warn!("cannot update the IPv6 peers the programs accept, retrying: {e:#}");

@@ -359,12 +359,15 @@ pub fn allocate6(range: SubnetRange6, taken: &[Ipv6Net], previous: Option<Ipv6Ne
     let mut candidates = Vec::new();
     let mut at = Some(min);
     while let Some(a) = at.filter(|a| *a <= max && candidates.len() < 100) {
-        if let Ok(n) = Ipv6Net::new(Ipv6Addr::from(a), range.len) {
-            if free(&n) {
-                candidates.push(n);
-            }
+        let Ok(n) = Ipv6Net::new(Ipv6Addr::from(a), range.len) else { break };
+        let overlap = taken.iter().find(|t| t.contains(&n.network()) || n.contains(&t.network()));
+        if overlap.is_none() {
+            candidates.push(n);
         }
-        at = a.checked_add(size);
+        // past this candidate, or past a bigger taken subnet in one step: a
+        // lease key with a short prefix must not make this walk 2^64 steps
+        let last = overlap.map_or(0, |t| u128::from(t.broadcast())).max(a + (size - 1));
+        at = last.checked_add(1);
     }
     candidates.get((seed % candidates.len().max(1) as u64) as usize).copied()
 }
@@ -706,6 +709,12 @@ mod tests {
         // a wide lease covers many subnets
         let all: Vec<Ipv6Net> = vec![net("fd00:10:244::/56")];
         assert_eq!(allocate6(r, &all, None, 3), None);
+        // one taken subnet covering 2^48 candidates is skipped in one step
+        // (walked one by one, this would not end)
+        let wide =
+            SubnetRange6 { len: 64, min: "fd00::".parse().unwrap(), max: "fd00:ffff:ffff:ffff::".parse().unwrap() };
+        assert_eq!(allocate6(wide, &[net("fd00::/16")], None, 0), None);
+        assert_eq!(allocate6(wide, &[net("fd00::/17")], None, 0), Some(net("fd00:8000::/64")));
         assert_eq!(
             previous_subnet6("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_IPV6_SUBNET=fd00:10:244:5::1/64\n"),
             Some(net("fd00:10:244:5::/64"))

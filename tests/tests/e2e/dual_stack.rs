@@ -144,10 +144,24 @@ fn dual_stack_entries_follow_the_view_and_are_repaired() -> Result<()> {
         "permanent",
     ])?;
     h1.ns.run(&["ip", "-6", "route", "replace", &subnet6(9), "via", &base6(9), "dev", "flannel-v6.1", "onlink"])?;
+    h1.ns.run(&[
+        "bridge",
+        "fdb",
+        "append",
+        "02:00:00:00:09:09",
+        "dev",
+        "flannel-v6.1",
+        "dst",
+        "fd00:198:18::9",
+        "self",
+        "permanent",
+    ])?;
     wait_until(Duration::from_secs(15), "the stale IPv6 entries removed", || {
-        let (neigh, _, routes) = v6_entries(&h1.ns)?;
-        Ok(!neigh.contains(&base6(9)) && !routes.contains(&subnet6(9)))
+        let (neigh, fdb, routes) = v6_entries(&h1.ns)?;
+        Ok(!neigh.contains(&base6(9)) && !routes.contains(&subnet6(9)) && !fdb.contains("fd00:198:18::9"))
     })?;
+    // and the wanted fdb entry stays
+    ensure!(v6_entries(&h1.ns)?.1.contains(&format!("{KERNEL_MAC6} dst {}", underlay_ip6(2))));
     // node 2 leaves the view: its three entries go
     write(&p.nodes_file, &node_list(vec![flannel_node6(1, None)]))?;
     wait_until(Duration::from_secs(15), "node 2's IPv6 entries removed", || {
@@ -173,6 +187,15 @@ fn the_ipv6_vtep_keeps_its_mac_across_a_restart_and_cleanup_removes_it() -> Resu
     let s = agent.status()?;
     assert_eq!(s["vtep6"]["mac"].as_str(), Some(p.macs.1.as_str()), "{s:#}");
     wait_reachable(&h1.pod, pod_ip6(2), 20)?;
+    agent.stop()?;
+    // IPv6 switched off: the IPv6 VTEP would take IPv6 VXLAN that nothing judges, so it goes
+    let v4_only = p.c.dir.join("net-conf-v4.json");
+    std::fs::write(&v4_only, r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#)?;
+    let mut agent = Agent::start(h1, &p.nodes_file, &["--net-conf", v4_only.to_str().context("path")?])?;
+    ensure!(h1.ns.ip(&["link", "show", "flannel-v6.1"]).is_err(), "flannel-v6.1 stayed with IPv6 off");
+    ensure!(!h1.ns.run(&["ip6tables", "-S"])?.contains("EDGEVX"), "our ip6tables chains stayed with IPv6 off");
+    ensure!(agent.status()?["vtep6"].is_null());
+    wait_reachable(&h1.pod, pod_ip(2), 20)?;
     agent.stop()?;
     let out = cleanup(h1, &[])?;
     ensure!(out.status.success(), "cleanup failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -267,7 +290,11 @@ fn kube_dual_stack_publishes_both_vteps_and_skips_half_nodes_whole() -> Result<(
     })?;
     wait_reachable(&c.host(1).pod, pod_ip6(2), 20)?;
     wait_reachable(&c.host(2).pod, pod_ip6(1), 20)?;
-    ensure!(agent.log_text().contains("node3"), "node3's rejection is not logged:\n{}", agent.log_text());
+    let log = agent.log_text();
+    ensure!(
+        log.lines().any(|l| l.contains("node3") && l.contains("no flannel.alpha.coreos.com/public-ipv6 annotation")),
+        "node3's rejection is not logged with its reason:\n{log}"
+    );
     ensure!(!c.host(1).ns.run(&["ip", "route"])?.contains("10.244.3.0/24"), "node3's IPv4 half was programmed");
 
     // a reboot: the device and the state dir's IPv6 MAC are gone, the annotation brings it back
@@ -324,5 +351,84 @@ fn only_ipv6_peers_get_in_and_only_with_their_own_pod_sources() -> Result<()> {
     let rx_before = rx()?;
     send(&underlay_ip6(2).to_string(), inside)?;
     wait_until(Duration::from_secs(5), "node 2's own frame reaching flannel-v6.1", || Ok(rx()? > rx_before))?;
+    Ok(())
+}
+
+/// A pod cannot send IPv6 VXLAN, to a peer or to its own node, bare or
+/// behind an extension header: dropped on the pod bridge's ingress.
+#[test]
+fn a_pod_cannot_send_ipv6_vxlan() -> Result<()> {
+    let p = pair()?;
+    let (h1, h2) = (p.c.host(1), p.c.host(2));
+    let counter = |name: &str| -> Result<u64> {
+        p.agent.status()?["counters"][name].as_u64().with_context(|| format!("no counter {name}"))
+    };
+    let rx2 = || -> Result<u64> {
+        let v = h2.ns.run(&["cat", "/sys/class/net/flannel-v6.1/statistics/rx_packets"])?;
+        v.trim().parse().context("rx_packets")
+    };
+    let pod = pod_ip6(1).to_string();
+    for (what, dst, ext) in [
+        ("to the peer", underlay_ip6(2).to_string(), ""),
+        ("to its own node", underlay_ip6(1).to_string(), ""),
+        ("to the peer behind destination options", underlay_ip6(2).to_string(), "dstopts"),
+    ] {
+        let (before, rx_before) = (counter("drop_pod_vxlan")?, rx2()?);
+        let mut args = vec!["python3", "-c", crate::underlay_v6::SEND, &pod, &dst, KERNEL_MAC6, "eth0", &pod];
+        if !ext.is_empty() {
+            args.push(ext);
+        }
+        h1.pod.run(&args)?;
+        wait_until(Duration::from_secs(5), &format!("{what}: drop_pod_vxlan counted"), || {
+            Ok(counter("drop_pod_vxlan")? > before)
+        })?;
+        assert_eq!(rx2()?, rx_before, "{what}: node 2's flannel-v6.1 received it");
+    }
+    Ok(())
+}
+
+/// IPv6 multicast reaches a bound socket without a socket lookup, so the
+/// guard never sees it; off the underlay decap does not either. A
+/// stranger's IPv6 VXLAN to ff02::1 on a second interface is dropped by
+/// EDGEVX-INPUT's ip6tables twin, bare and behind an extension header.
+#[test]
+fn ipv6_multicast_vxlan_on_a_second_interface_is_dropped_by_the_firewall() -> Result<()> {
+    let p = pair()?;
+    let h1 = p.c.host(1);
+    let attacker = Netns::new(&format!("{}atm", p.c.tag))?;
+    h1.ns.ip(&["link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", &attacker.name])?;
+    h1.ns.ip(&["-6", "addr", "add", "fd00:198:19::1/64", "dev", "eth1", "nodad"])?;
+    h1.ns.ip(&["link", "set", "eth1", "up"])?;
+    attacker.ip(&["-6", "addr", "add", "fd00:198:19::66/64", "dev", "eth0", "nodad"])?;
+    attacker.ip(&["link", "set", "eth0", "up"])?;
+    let rx = || -> Result<u64> {
+        let v = h1.ns.run(&["cat", "/sys/class/net/flannel-v6.1/statistics/rx_packets"])?;
+        v.trim().parse().context("rx_packets")
+    };
+    // the packets ip6tables' EDGEVX-INPUT dropped
+    let dropped = || -> Result<u64> {
+        let out = h1.ns.run(&["ip6tables", "-L", "EDGEVX-INPUT", "-v", "-x", "-n"])?;
+        let line = out.lines().find(|l| l.contains("DROP")).with_context(|| format!("no DROP rule:\n{out}"))?;
+        line.split_whitespace().next().context("no count")?.parse().context("count")
+    };
+    for ext in ["", "dstopts"] {
+        let (before, rx_before) = (dropped()?, rx()?);
+        let mut args = vec![
+            "python3",
+            "-c",
+            crate::underlay_v6::SEND,
+            "fd00:198:19::66",
+            "ff02::1%eth0",
+            &p.macs.1,
+            "eth0",
+            "fd00:10:244:2::9",
+        ];
+        if !ext.is_empty() {
+            args.push(ext);
+        }
+        attacker.run(&args)?;
+        wait_until(Duration::from_secs(5), "the multicast VXLAN dropped by ip6tables", || Ok(dropped()? > before))?;
+        assert_eq!(rx()?, rx_before, "{ext:?}: flannel-v6.1 received it");
+    }
     Ok(())
 }

@@ -196,7 +196,7 @@ fn etcd_dual_stack_lease_is_flannels_key_and_value() -> Result<()> {
         h.subnet_file(),
         "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\n\
          FLANNEL_IPV6_NETWORK=fd00:10:244::/56\nFLANNEL_IPV6_SUBNET=fd00:10:244:5::1/64\n\
-         FLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n",
+         FLANNEL_MTU=1234\nFLANNEL_IPMASQ=false\n",
     )?;
     let a = Agent::start_with(h, &etcd_args(&[]))?;
     assert!(a.log_text().contains("does not fit the network config's IPv6 settings"), "{}", a.log_text());
@@ -223,6 +223,7 @@ fn etcd_dual_stack_lease_is_flannels_key_and_value() -> Result<()> {
         "{s:#}"
     );
     let env = std::fs::read_to_string(h.subnet_file())?;
+    assert!(!env.contains("FLANNEL_MTU=1234"), "subnet.env was not rewritten: {env}");
     assert!(env.starts_with("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_IPV6_NETWORK=fd00:10:244::/56\nFLANNEL_IPV6_SUBNET=fd00:10:244:5::1/64\nFLANNEL_MTU="), "{env}");
     Ok(())
 }

@@ -18,7 +18,7 @@ fn flanneld_flags_without_meaning_exit_2_naming_them() -> Result<()> {
         (vec!["-kube-api-url=https://10.0.0.1:6443"], None, "--kube-api-url", "kubeconfig"),
         (vec!["--healthz-port=8471"], None, "--healthz-port", "--metrics-addr"),
         (vec!["--subnet-lease-renew-margin=1440"], None, "--subnet-lease-renew-margin", "1 to 1439"),
-        (vec![], Some(("FLANNELD_PUBLIC_IPV6", "fd00::1")), "FLANNELD_PUBLIC_IPV6", "IPv4-only"),
+        (vec![], Some(("FLANNELD_KUBE_API_URL", "https://10.0.0.1:6443")), "FLANNELD_KUBE_API_URL", "kubeconfig"),
     ] {
         let mut cmd = Command::new(edgevx_bin());
         cmd.args(["run", "--node-name", "node1", "--nodes-file", "/nonexistent"]).args(&args);

@@ -38,8 +38,10 @@ const ETH_P_IPV6: u16 = 0x86dd;
 const IPPROTO_HOPOPTS: u8 = 0;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
+const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
 const IPPROTO_ICMPV6: u8 = 58;
+const IPPROTO_DSTOPTS: u8 = 60;
 /// Where the VXLAN header starts in an IPv6 VXLAN frame (14 + 40 + 8).
 const VXLAN_AT: usize = 62;
 
@@ -152,8 +154,10 @@ fn judge(l: &Loaded, what: &str, frame: &[u8]) -> Result<u32> {
 }
 
 /// The counters the judge moves, to show what did not move.
-const JUDGE_COUNTERS: [Counter; 7] = [
+const JUDGE_COUNTERS: [Counter; 9] = [
     Counter::DropUnknownPeer,
+    Counter::DropShortFragment,
+    Counter::DropLongExtChain,
     Counter::DropInnerNotIpv6,
     Counter::DropBadVxlanFlags,
     Counter::DropSpoofedSource,
@@ -273,38 +277,153 @@ fn judge6_gives_bad_vxlan_headers_and_other_vnis_the_v4_verdicts() -> Result<()>
     Ok(())
 }
 
+/// The UDP datagram a flannel-v6 peer at `src` sends us for `inner`
+/// (inner IPv6) with the VXLAN header `vxlan`, to `dport`.
+fn vxlan_udp(src: &str, dport: u16, vxlan: [u8; 8], inner: &[u8]) -> Vec<u8> {
+    let mut payload = vxlan.to_vec();
+    payload.extend(eth(OUR_MAC6, PEER_MAC, ETH_P_IPV6, inner));
+    udp6(v6(src), v6(OUR_IP6), dport, &payload)
+}
+
+/// An IPv6 frame from `src` to us whose payload is `chain` (extension
+/// headers, each `(kind, bytes)`, the first byte of each naming the next)
+/// and then `upper` of protocol `upper_proto`.
+fn with_chain(src: &str, chain: &[(u8, Vec<u8>)], upper_proto: u8, upper: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    for (i, (_, bytes)) in chain.iter().enumerate() {
+        let mut h = bytes.clone();
+        h[0] = chain.get(i + 1).map_or(upper_proto, |(kind, _)| *kind);
+        payload.extend(h);
+    }
+    payload.extend(upper);
+    let first = chain.first().map_or(upper_proto, |(kind, _)| *kind);
+    eth([2; 6], [4; 6], ETH_P_IPV6, &ipv6(v6(src), v6(OUR_IP6), first, &payload))
+}
+
+/// Hop-by-hop or destination options holding one PadN option (8 bytes).
+fn options(kind: u8) -> (u8, Vec<u8>) {
+    (kind, vec![0, 0, 1, 4, 0, 0, 0, 0])
+}
+
+/// Destination options of 24 bytes (length field 2).
+fn long_options() -> (u8, Vec<u8>) {
+    let mut h = vec![0, 2, 1, 20];
+    h.extend([0u8; 20]);
+    (IPPROTO_DSTOPTS, h)
+}
+
+/// A fragment header: offset in 8-byte units, more fragments or not.
+fn fragment(offset: u16, more: bool) -> (u8, Vec<u8>) {
+    let word = (offset << 3) | more as u16;
+    let w = word.to_be_bytes();
+    (IPPROTO_FRAGMENT, vec![0, 0, w[0], w[1], 0, 0, 0x42, 0x42])
+}
+
+/// An empty type-4 routing header (segments left 0).
+fn routing() -> (u8, Vec<u8>) {
+    (IPPROTO_ROUTING, vec![0, 0, 4, 0, 0, 0, 0, 0])
+}
+
 #[test]
-fn judge6_leaves_what_is_not_plain_udp_to_the_vxlan_port_untouched() -> Result<()> {
+fn judge6_leaves_a_strangers_extension_headers_and_what_is_not_vxlan_untouched() -> Result<()> {
     let l = load6(0)?;
-    let mut vxlan = vxlan_header(1).to_vec();
-    vxlan.extend(eth(OUR_MAC6, PEER_MAC, ETH_P_IPV6, &inner_echo6("2001:db8::7", POD6)));
-    let (src, dst) = (v6(STRANGER_IP6), v6(OUR_IP6));
-    let udp = udp6(src, dst, 8472, &vxlan);
-    // a hop-by-hop header (PadN) or an atomic fragment header in front of the UDP
-    let mut hop_by_hop = vec![IPPROTO_UDP, 0, 1, 4, 0, 0, 0, 0];
-    hop_by_hop.extend(&udp);
-    let mut fragment = vec![IPPROTO_UDP, 0, 0, 0, 0, 0, 0x42, 0x42];
-    fragment.extend(&udp);
+    let udp = vxlan_udp(STRANGER_IP6, 8472, vxlan_header(1), &inner_echo6("2001:db8::7", POD6));
     let mut tcp = vec![0x9c, 0x40, 0x21, 0x18];
     tcp.extend([0u8; 16]);
-    let outer = |next, payload: &[u8]| eth([2; 6], [4; 6], ETH_P_IPV6, &ipv6(src, dst, next, payload));
+    let plain = |next, payload: &[u8]| with_chain(STRANGER_IP6, &[], next, payload);
     let cases = [
-        ("a hop-by-hop options header", outer(IPPROTO_HOPOPTS, &hop_by_hop)),
-        ("a fragment header", outer(IPPROTO_FRAGMENT, &fragment)),
-        ("TCP to the VXLAN port", outer(IPPROTO_TCP, &tcp)),
-        ("ICMPv6", outer(IPPROTO_ICMPV6, &[128, 0, 0, 0, 0, 1, 0, 1])),
+        // the socket-lookup guard refuses these after the kernel walked the headers
+        (
+            "a stranger's hop-by-hop options header",
+            with_chain(STRANGER_IP6, &[options(IPPROTO_HOPOPTS)], IPPROTO_UDP, &udp),
+        ),
+        ("a stranger's atomic fragment", with_chain(STRANGER_IP6, &[fragment(0, false)], IPPROTO_UDP, &udp)),
+        ("a stranger's first fragment", with_chain(STRANGER_IP6, &[fragment(0, true)], IPPROTO_UDP, &udp[..16])),
+        ("TCP to the VXLAN port", plain(IPPROTO_TCP, &tcp)),
+        ("ICMPv6", plain(IPPROTO_ICMPV6, &[128, 0, 0, 0, 0, 1, 0, 1])),
         ("VXLAN to another port", frame6(STRANGER_IP6, OUR_IP6, 4789, vxlan_header(1), ETH_P_IPV6, &[0u8; 40])),
         (
             "a version-4 header in an IPv6 frame",
             eth([2; 6], [4; 6], ETH_P_IPV6, &ipv4(STRANGER_IP, OUR_IP, 17, &udp, 0)),
         ),
         // (a frame shorter than an IPv6 header is refused by BPF_PROG_TEST_RUN itself)
-        ("a truncated UDP header", outer(IPPROTO_UDP, &udp[..2])),
+        ("a truncated UDP header", plain(IPPROTO_UDP, &udp[..2])),
+        // from a peer: walked, and found not to be VXLAN for us
+        ("a peer's TCP behind options", with_chain(PEER_IP6, &[options(IPPROTO_DSTOPTS)], IPPROTO_TCP, &tcp)),
+        (
+            "a peer's UDP to another port behind options",
+            with_chain(
+                PEER_IP6,
+                &[options(IPPROTO_HOPOPTS)],
+                IPPROTO_UDP,
+                &vxlan_udp(PEER_IP6, 4789, vxlan_header(1), &[0; 40]),
+            ),
+        ),
+        ("a peer's later fragment", with_chain(PEER_IP6, &[fragment(3, false)], IPPROTO_UDP, &udp)),
+        (
+            "a peer's middle fragment",
+            with_chain(PEER_IP6, &[options(IPPROTO_HOPOPTS), fragment(3, true)], IPPROTO_UDP, &udp),
+        ),
     ];
     for (what, frame) in cases {
         assert_eq!(judge(&l, what, &frame)?, NEXT, "{what}");
     }
     assert_eq!(counters(&l)?, vec![0; JUDGE_COUNTERS.len()], "nothing was judged");
+    Ok(())
+}
+
+#[test]
+fn judge6_walks_a_peers_extension_headers_and_judges_what_follows() -> Result<()> {
+    let l = load6(0)?;
+    let good = vxlan_udp(PEER_IP6, 8472, vxlan_header(1), &inner_echo6(PEER_POD6, POD6));
+    let forged = vxlan_udp(PEER_IP6, 8472, vxlan_header(1), &inner_echo6("2001:db8::7", POD6));
+    let four = [options(IPPROTO_HOPOPTS), long_options(), routing(), fragment(0, false)];
+    let passed = [
+        ("hop-by-hop options", vec![options(IPPROTO_HOPOPTS)]),
+        ("an atomic fragment", vec![fragment(0, false)]),
+        ("a first fragment that holds the headers", vec![fragment(0, true)]),
+        ("four extension headers", four.to_vec()),
+    ];
+    for (what, chain) in &passed {
+        assert_eq!(judge(&l, what, &with_chain(PEER_IP6, chain, IPPROTO_UDP, &good))?, NEXT, "{what}");
+    }
+    assert_eq!(l.counter(Counter::RxHostPackets)?, passed.len() as u64);
+    let refused = [
+        (
+            "a forged source behind hop-by-hop options",
+            vec![options(IPPROTO_HOPOPTS)],
+            &forged,
+            Counter::DropSpoofedSource,
+        ),
+        ("a forged source behind 24 bytes of options", vec![long_options()], &forged, Counter::DropSpoofedSource),
+        ("a forged source in an atomic fragment", vec![fragment(0, false)], &forged, Counter::DropSpoofedSource),
+        ("a forged source in a first fragment", vec![fragment(0, true)], &forged, Counter::DropSpoofedSource),
+        ("a forged source behind four headers", four.to_vec(), &forged, Counter::DropSpoofedSource),
+        (
+            "bad VXLAN flags behind a routing header",
+            vec![routing()],
+            &with_byte(&good, 8, 0x8c),
+            Counter::DropBadVxlanFlags,
+        ),
+        (
+            "a first fragment holding 16 bytes of UDP",
+            vec![fragment(0, true)],
+            &good[..16].to_vec(),
+            Counter::DropShortFragment,
+        ),
+        (
+            "five extension headers",
+            vec![options(IPPROTO_HOPOPTS), options(IPPROTO_DSTOPTS), routing(), long_options(), fragment(0, false)],
+            &good,
+            Counter::DropLongExtChain,
+        ),
+    ];
+    for (what, chain, udp, counter) in refused {
+        let before = l.counter(counter)?;
+        assert_eq!(judge(&l, what, &with_chain(PEER_IP6, &chain, IPPROTO_UDP, udp))?, TC_ACT_SHOT, "{what}");
+        assert_eq!(l.counter(counter)?, before + 1, "{what}: {counter:?}");
+    }
+    assert_eq!(l.counter(Counter::RxHostPackets)?, passed.len() as u64, "nothing refused was passed");
     Ok(())
 }
 

@@ -26,16 +26,19 @@ const PEER_POD6: &str = "fd00:10:244:2::2";
 
 /// Sends one VXLAN datagram (VNI 1) from `src` to `dst`:8472 through a
 /// plain UDP socket, leaving by `link` (`SO_BINDTODEVICE`), holding an
-/// inner IPv6/UDP packet from `inner_src` to the device's MAC.
+/// inner IPv6/UDP packet from `inner_src` to the device's MAC; with a last
+/// argument `dstopts`, behind a destination options header (PadN).
 pub const SEND: &str = r#"
 import socket, struct, sys
 src, dst, mac, link, inner_src = sys.argv[1:6]
+ext = sys.argv[6] if len(sys.argv) > 6 else ''
 a6 = lambda a: socket.inet_pton(socket.AF_INET6, a)
 udp = struct.pack('!HHHH', 40000, 9999, 12, 0) + b'evx!'
 inner = struct.pack('!IHBB', 0x60000000, len(udp), 17, 64) + a6(inner_src) + a6('fd00:10:244:1::2') + udp
 frame = bytes.fromhex(mac.replace(':', '')) + bytes.fromhex('02bbccddeeff') + b'\x86\xdd' + inner
 s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, link.encode())
+if ext == 'dstopts': s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_DSTOPTS, bytes([0, 0, 1, 4, 0, 0, 0, 0]))
 s.bind((src, 0))
 s.sendto(struct.pack('!II', 0x08000000, 1 << 8) + frame, (dst, 8472))
 "#;
@@ -82,9 +85,10 @@ fn ipv6_vxlan_reaches_a_kernel_flannel_v6_device_only_from_a_peer_on_the_underla
         "dstport", "8472", "nolearning",
     ])?;
     node.ip(&["link", "set", DEVICE, "up"])?;
-    let send_from = |src: &str, dst: &str, link: &str, inner_src: &str| {
-        attacker.run(&["python3", "-c", SEND, src, dst, DEVICE_MAC, link, inner_src]).map(|_| ())
+    let send_ext = |src: &str, dst: &str, link: &str, inner_src: &str, ext: &str| {
+        attacker.run(&["python3", "-c", SEND, src, dst, DEVICE_MAC, link, inner_src, ext]).map(|_| ())
     };
+    let send_from = |src: &str, dst: &str, link: &str, inner_src: &str| send_ext(src, dst, link, inner_src, "");
     let send = |src: &str, dst: &str, link: &str| send_from(src, dst, link, PEER_POD6);
 
     // without the guard the kernel device takes a stranger's VXLAN
@@ -137,15 +141,27 @@ fn ipv6_vxlan_reaches_a_kernel_flannel_v6_device_only_from_a_peer_on_the_underla
         assert_eq!(l.counter(counter)?, before + 1, "{what}");
         assert_eq!(device_rx(&node)?, rx, "{what}: the device received it");
     }
+    // behind a destination options header the kernel still hands it to the
+    // socket, and the guard passes a peer: the judge walks the header
+    let (what, counter) = ("the peer with a client's inner source behind options", Counter::DropSpoofedSource);
+    {
+        let before = l.counter(counter)?;
+        send_ext(PEER_IP6, NODE, "eth0", "2001:db8::7", "dstopts")?;
+        assert!(wait_for(|| Ok(l.counter(counter)? > before))?, "{what}: {counter:?} did not move");
+        assert_eq!(l.counter(counter)?, before + 1, "{what}");
+        assert_eq!(device_rx(&node)?, rx, "{what}: the device received it");
+    }
 
-    // the peer on the underlay gets through both, unmodified, and is refused nowhere
+    // the peer on the underlay gets through both, unmodified (behind options
+    // too), and is refused nowhere
     let refusals = [Counter::DropUnknownPeerSocket, Counter::DropVxlanOffUnderlay, Counter::DropUnknownPeer];
     let counts = |l: &crate::prog_test_run::Loaded| refusals.iter().map(|c| l.counter(*c)).collect::<Result<Vec<_>>>();
     let (refused, passed) = (counts(&l)?, l.counter(Counter::RxHostPackets)?);
     send(PEER_IP6, NODE, "eth0")?;
-    assert!(wait_for(|| Ok(device_rx(&node)? > rx))?, "the peer's frame did not reach the device");
-    assert_eq!(device_rx(&node)?, rx + 1, "only the peer's frame arrived");
-    assert_eq!(l.counter(Counter::RxHostPackets)?, passed + 1, "the judge passed it");
+    send_ext(PEER_IP6, NODE, "eth0", PEER_POD6, "dstopts")?;
+    assert!(wait_for(|| Ok(device_rx(&node)? >= rx + 2))?, "the peer's frames did not reach the device");
+    assert_eq!(device_rx(&node)?, rx + 2, "only the peer's frames arrived");
+    assert_eq!(l.counter(Counter::RxHostPackets)?, passed + 2, "the judge passed them");
     assert_eq!(counts(&l)?, refused);
     Ok(())
 }

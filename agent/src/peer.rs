@@ -73,4 +73,9 @@ pub struct ClusterView {
     pub rejected: Vec<Rejection>,
     /// Nodes flannel's rules say to skip, e.g. not vxlan (logged at debug).
     pub ignored: Vec<Rejection>,
+    /// Peers taken without their IPv6 half, and why (warned about): the
+    /// half is well formed but no IPv6 VTEP can be it. flannel programs
+    /// such a half; edgevx keeps only the peer's IPv4 half.
+    #[serde(default)]
+    pub partial: Vec<Rejection>,
 }

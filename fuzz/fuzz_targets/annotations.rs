@@ -41,6 +41,7 @@ fuzz_target!(|data: &[u8]| {
         let reader = NodeReader { names: names.clone(), own_name: "me".into(), conf };
         let d = reader.desired(&[node("me"), node("peer")]);
         assert_eq!(d.view.peers.len() + d.view.rejected.len() + d.view.ignored.len(), 1);
+        assert!(d.view.partial.iter().all(|r| d.view.peers.iter().any(|p| p.node == r.node && p.v6.is_none())));
         assert_eq!(
             d.view.own.as_ref().is_some_and(|o| o.subnet6.is_some()),
             d.conf.ipv6.is_some() && d.view.own.is_some()

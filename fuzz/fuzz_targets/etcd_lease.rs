@@ -32,9 +32,10 @@ fuzz_target!(|data: &[u8]| {
     let all = BTreeMap::from([(key.to_string(), value.to_string())]);
     for network6 in [None, "fd00::/8".parse().ok()] {
         let reader = leases::Reader { network, network6, own: None, own_ip, own_ip6 };
-        let (peers, rejected, ignored) = reader.peers(&all);
-        assert_eq!(peers.len() + rejected.len() + ignored.len(), 1);
-        for p in &peers {
+        let view = reader.peers(&all);
+        assert_eq!(view.peers.len() + view.rejected.len() + view.ignored.len(), 1);
+        assert!(view.partial.iter().all(|r| view.peers.iter().any(|p| p.node == r.node && p.v6.is_none())));
+        for p in &view.peers {
             assert!(peer_record::check(p.public_ip, p.subnet, network, &[own_ip]).is_ok(), "{p:?}");
             match (p.v6, network6) {
                 (Some(v6), Some(n6)) => {

@@ -56,6 +56,7 @@ const SETTLE: Duration = Duration::from_millis(30);
 
 fn log_view(view: &ClusterView, warned: &mut Warned) {
     warned.malformed(&view.rejected);
+    warned.partial(&view.partial);
     for r in &view.ignored {
         debug!(node = %r.node, "not a peer: {}", r.reason);
     }

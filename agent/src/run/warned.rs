@@ -10,6 +10,7 @@ use crate::peer::Rejection;
 pub(super) struct Warned {
     malformed: BTreeMap<String, String>,
     conflicts: BTreeMap<String, String>,
+    partial: BTreeMap<String, String>,
 }
 
 /// Logs the rejections whose node is new to `seen` or has a new reason;
@@ -31,6 +32,11 @@ impl Warned {
     /// Nodes a source could not read (bad annotations, no pod CIDR, ...).
     pub(super) fn malformed(&mut self, rejected: &[Rejection]) -> usize {
         once(&mut self.malformed, rejected, "skipping malformed node")
+    }
+
+    /// Peers taken without their IPv6 half.
+    pub(super) fn partial(&mut self, partial: &[Rejection]) -> usize {
+        once(&mut self.partial, partial, "peer without its IPv6 half")
     }
 
     /// Nodes that conflict with another (overlapping CIDR, taken public IP).

@@ -306,7 +306,6 @@ impl Session {
             own_ip: self.public_ip,
             own_ip6: self.public_ipv6,
         };
-        let (peers, rejected, ignored) = reader.peers(&self.leases);
         let ours = leases::parse_lease(&self.own_short_key(), &self.own_value, self.own6.is_some()).ok();
         Desired {
             conf: self.conf.clone(),
@@ -319,10 +318,7 @@ impl Session {
                     published_mac6: ours.as_ref().and_then(|l| l.v6?.vtep_mac),
                     node_public_ipv6: None,
                 }),
-                own_problem: None,
-                peers,
-                rejected,
-                ignored,
+                ..reader.peers(&self.leases)
             },
         }
     }

@@ -22,7 +22,8 @@ pub struct Rules<'a> {
 }
 
 enum Verdict {
-    Peer(Peer),
+    /// A peer, and why its IPv6 half was left out, if it was.
+    Peer(Peer, Option<String>),
     Ignored(String),
 }
 
@@ -158,17 +159,22 @@ impl Rules<'_> {
         super::peer_record::check(public_ip, subnet, self.network, &own_ips.v4)
             .map_err(|e| format!("public-ip annotation or pod CIDR: {e}"))?;
         // dual-stack: flannel skips a node without its IPv6 half whole (nodeToLease,
-        // handleSubnetEvents), so kernel flannel nodes never program its IPv4 half either
-        let v6 = match self.network6 {
-            Some(network6) => Some(self.peer6(&ann, node, network6, own_ips)?),
-            None => None,
+        // handleSubnetEvents), so kernel flannel nodes never program its IPv4 half either;
+        // a half that parses but no IPv6 VTEP can be is left out alone
+        let (v6, partial) = match self.network6 {
+            Some(network6) => match super::peer_record::checked_half6(self.peer6(&ann, node)?, network6, &own_ips.v6) {
+                Ok(v6) => (Some(v6), None),
+                Err(why) => (None, Some(format!("public-ipv6 annotation or IPv6 pod CIDR: {why}"))),
+            },
+            None => (None, None),
         };
         let any_inner_source = ann.get(ANY_INNER_SOURCE) == Some("true");
-        Ok(Verdict::Peer(Peer { node: name.to_string(), subnet, public_ip, vtep_mac, any_inner_source, v6 }))
+        let peer = Peer { node: name.to_string(), subnet, public_ip, vtep_mac, any_inner_source, v6 };
+        Ok(Verdict::Peer(peer, partial))
     }
 
-    /// A peer's IPv6 half; every part is required.
-    fn peer6(&self, ann: &Annotations, node: &Value, network6: Ipv6Net, own_ips: &OwnIps) -> Result<PeerV6, String> {
+    /// A peer's IPv6 half; every part is required and must parse.
+    fn peer6(&self, ann: &Annotations, node: &Value) -> Result<PeerV6, String> {
         let n = self.names;
         let public_ip = match (ann.get(&n.public_ipv6_overwrite), ann.get(&n.public_ipv6)) {
             (Some(o), _) if !o.is_empty() => parse_ip6("public-ipv6-overwrite", o)?,
@@ -178,10 +184,7 @@ impl Rules<'_> {
         let data =
             ann.get(&n.backend_v6_data).ok_or_else(|| format!("no {} annotation (dual-stack)", n.backend_v6_data))?;
         let vtep_mac = vtep_mac("backend-v6-data", data)?;
-        let subnet = pod_cidr6(node)?;
-        super::peer_record::check6(public_ip, subnet, network6, &own_ips.v6)
-            .map_err(|e| format!("public-ipv6 annotation or IPv6 pod CIDR: {e}"))?;
-        Ok(PeerV6 { subnet, public_ip, vtep_mac })
+        Ok(PeerV6 { subnet: pod_cidr6(node)?, public_ip, vtep_mac })
     }
 
     fn own(&self, node: &Value) -> Result<OwnNode, String> {
@@ -273,7 +276,12 @@ impl Rules<'_> {
                 continue;
             }
             match self.peer(name, node, &own_ips) {
-                Ok(Verdict::Peer(p)) => view.peers.push(p),
+                Ok(Verdict::Peer(p, partial)) => {
+                    if let Some(reason) = partial {
+                        view.partial.push(Rejection { node: name.into(), reason });
+                    }
+                    view.peers.push(p)
+                }
                 Ok(Verdict::Ignored(reason)) => view.ignored.push(Rejection { node: name.into(), reason }),
                 Err(reason) => view.rejected.push(Rejection { node: name.into(), reason }),
             }
@@ -472,7 +480,7 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_without_a_valid_ipv6_half_is_rejected_whole() {
+    fn a_broken_ipv6_half_drops_the_node_and_an_unusable_one_only_the_half() {
         let without = |name: &str, n: u8, key: &str| {
             let mut v = node6(name, n);
             v["metadata"]["annotations"].as_object_mut().unwrap().remove(key);
@@ -485,36 +493,52 @@ mod tests {
         };
         let mut v4_only = node6("v4only", 12);
         v4_only["spec"] = json!({"podCIDR": "10.244.12.0/24", "podCIDRs": ["10.244.12.0/24"]});
-        let mut outside = node6("outside6", 13);
-        outside["spec"]["podCIDRs"][1] = json!("fd00:99::/64");
         let mut hostbits = node6("hostbits6", 14);
         hostbits["spec"]["podCIDRs"][1] = json!("fd00:10:244:14::1/64");
         let ip6 = "flannel.alpha.coreos.com/public-ipv6";
         let data6 = "flannel.alpha.coreos.com/backend-v6-data";
-        let cases = vec![
+        // missing or not parsing: flannel's nodeToLease fails, so the node is skipped whole
+        let whole = vec![
             (without("noip6", 3, ip6), "no flannel.alpha.coreos.com/public-ipv6 annotation"),
             (with("emptyip6", 4, ip6, ""), "bad public-ipv6"),
             (with("v4asv6", 5, ip6, "198.18.0.5"), "want an IPv6 address"),
+            (without("nodata6", 11, data6), "no flannel.alpha.coreos.com/backend-v6-data annotation"),
+            (with("badmac6", 15, data6, r#"{"VtepMAC":"zz"}"#), "backend-v6-data has a bad VtepMAC"),
+            (with("nomac6", 16, data6, r#"{"VNI":1}"#), "backend-v6-data has no VtepMAC"),
+            (v4_only, "missing IPv6 address on spec.podCIDRs"),
+            (hostbits, "host bits"),
+        ];
+        // well formed, but no IPv6 VTEP can be it: flannel would program it; only the half goes
+        let mut outside = node6("outside6", 13);
+        outside["spec"]["podCIDRs"][1] = json!("fd00:99::/64");
+        let half = vec![
             (with("lo6", 6, ip6, "::1"), "loopback"),
             (with("ll6", 7, ip6, "fe80::7"), "link-local"),
             (with("mc6", 8, ip6, "ff02::1"), "multicast"),
             (with("zero6", 9, ip6, "::"), "unspecified"),
             (with("ours6", 10, ip6, "fd00:198:18::1"), "this node's own address"),
-            (without("nodata6", 11, data6), "no flannel.alpha.coreos.com/backend-v6-data annotation"),
-            (with("badmac6", 15, data6, r#"{"VtepMAC":"zz"}"#), "backend-v6-data has a bad VtepMAC"),
-            (with("nomac6", 16, data6, r#"{"VNI":1}"#), "backend-v6-data has no VtepMAC"),
-            (v4_only, "missing IPv6 address on spec.podCIDRs"),
             (outside, "outside the network fd00:10:244::/56"),
-            (hostbits, "host bits"),
         ];
-        let nodes: Vec<Value> = cases.iter().map(|(n, _)| n.clone()).chain([node6("me", 1), node6("ok", 2)]).collect();
+        let nodes: Vec<Value> =
+            whole.iter().chain(&half).map(|(n, _)| n.clone()).chain([node6("me", 1), node6("ok", 2)]).collect();
         let v = view6(&nodes);
-        assert_eq!(v.peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), ["ok"]);
-        for (n, reason) in &cases {
-            let name = n["metadata"]["name"].as_str().unwrap();
-            let r = v.rejected.iter().find(|r| r.node == name).unwrap_or_else(|| panic!("{name} not rejected"));
-            assert!(r.reason.contains(reason), "{name}: {}", r.reason);
+        let name = |n: &Value| n["metadata"]["name"].as_str().unwrap().to_string();
+        let mut peers: Vec<(String, bool)> = v.peers.iter().map(|p| (p.node.clone(), p.v6.is_some())).collect();
+        peers.sort();
+        let mut want: Vec<(String, bool)> = half.iter().map(|(n, _)| (name(n), false)).collect();
+        want.push(("ok".into(), true));
+        want.sort();
+        assert_eq!(peers, want, "the half cases keep their IPv4 half, nothing else is a peer");
+        for (n, reason) in &whole {
+            let r = v.rejected.iter().find(|r| r.node == name(n)).unwrap_or_else(|| panic!("{} not rejected", name(n)));
+            assert!(r.reason.contains(reason), "{}: {}", name(n), r.reason);
         }
+        assert_eq!(v.rejected.len(), whole.len(), "{:?}", v.rejected);
+        for (n, reason) in &half {
+            let r = v.partial.iter().find(|r| r.node == name(n)).unwrap_or_else(|| panic!("{} not partial", name(n)));
+            assert!(r.reason.contains(reason) && r.reason.contains("IPv4 half kept"), "{}: {}", name(n), r.reason);
+        }
+        assert_eq!(v.partial.len(), half.len(), "{:?}", v.partial);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::peer_record;
 use crate::{
     mac::VtepMac,
     netconf::{Ipv6Conf, NetConf},
-    peer::{Peer, PeerV6, Rejection},
+    peer::{ClusterView, Peer, PeerV6, Rejection},
 };
 
 /// flannel's `MakeSubnetKey`: `10.244.1.0/24` -> `10.244.1.0-24`, and in
@@ -172,43 +172,57 @@ pub struct Reader {
 impl Reader {
     /// Turns leases into peers with flannel's rules; `own` is skipped, and a
     /// lease gets the same checks as a Node ([`peer_record::check`]). In
-    /// dual-stack a lease with an IPv6 subnet must have a usable IPv6 half,
-    /// or it is rejected whole (flannel's `handleSubnetEvents` skips it
-    /// before programming either family); one without stays an IPv4 peer.
-    pub fn peers(&self, leases: &BTreeMap<String, String>) -> (Vec<Peer>, Vec<Rejection>, Vec<Rejection>) {
-        let (mut peers, mut rejected, mut ignored) = (Vec::new(), Vec::new(), Vec::new());
+    /// dual-stack a lease with an IPv6 subnet must have its IPv6 half whole
+    /// and parsing, or it is rejected (flannel's `handleSubnetEvents` skips
+    /// it before programming either family); a half that parses but no IPv6
+    /// VTEP can be is left out alone ([`peer_record::checked_half6`]), and
+    /// a lease without one stays an IPv4 peer. The view's `own` is unset.
+    pub fn peers(&self, leases: &BTreeMap<String, String>) -> ClusterView {
+        let mut view = ClusterView::default();
         for (key, value) in leases {
             let reject = |reason: String| Rejection { node: key.clone(), reason };
             match parse_lease(key, value, self.network6.is_some()) {
-                Err(reason) => rejected.push(reject(reason)),
+                Err(reason) => view.rejected.push(reject(reason)),
                 Ok(l) if Some(l.subnet) == self.own => {}
                 Ok(l) if l.backend_type != "vxlan" => {
-                    ignored.push(reject(format!("backend type {:?} is not \"vxlan\"", l.backend_type)))
+                    view.ignored.push(reject(format!("backend type {:?} is not \"vxlan\"", l.backend_type)))
                 }
                 Ok(l) => match self.peer(key, value, l) {
-                    Ok(p) => peers.push(p),
-                    Err(reason) => rejected.push(reject(reason)),
+                    Ok((p, partial)) => {
+                        view.partial.extend(partial.map(reject));
+                        view.peers.push(p)
+                    }
+                    Err(reason) => view.rejected.push(reject(reason)),
                 },
             }
         }
-        (peers, rejected, ignored)
+        view
     }
 
-    fn peer(&self, key: &str, value: &str, l: Lease) -> Result<Peer, String> {
+    /// A lease's peer, and why its IPv6 half was left out, if it was.
+    fn peer(&self, key: &str, value: &str, l: Lease) -> Result<(Peer, Option<String>), String> {
         peer_record::check(l.public_ip, l.subnet, self.network, &[self.own_ip]).map_err(|e| e.to_string())?;
         let vtep_mac = l.vtep_mac.ok_or("lease has no BackendData.VtepMAC")?;
-        let v6 = match (l.v6, self.network6) {
+        let (v6, partial) = match (l.v6, self.network6) {
             (Some(v6), Some(network6)) => {
                 let public_ip = v6.public_ip.ok_or("lease has an IPv6 subnet but no PublicIPv6")?;
                 let mac = v6.vtep_mac.ok_or("lease has an IPv6 subnet but no BackendV6Data.VtepMAC")?;
                 let own6: Vec<Ipv6Addr> = self.own_ip6.into_iter().collect();
-                peer_record::check6(public_ip, v6.subnet, network6, &own6).map_err(|e| format!("IPv6: {e}"))?;
-                Some(PeerV6 { subnet: v6.subnet, public_ip, vtep_mac: mac })
+                match peer_record::checked_half6(
+                    PeerV6 { subnet: v6.subnet, public_ip, vtep_mac: mac },
+                    network6,
+                    &own6,
+                ) {
+                    Ok(v6) => (Some(v6), None),
+                    Err(why) => (None, Some(why)),
+                }
             }
-            _ => None,
+            _ => (None, None),
         };
         let any_inner_source = lease_allows_any_inner_source(value);
-        Ok(Peer { node: key.to_string(), subnet: l.subnet, public_ip: l.public_ip, vtep_mac, any_inner_source, v6 })
+        let peer =
+            Peer { node: key.to_string(), subnet: l.subnet, public_ip: l.public_ip, vtep_mac, any_inner_source, v6 };
+        Ok((peer, partial))
     }
 }
 
@@ -443,7 +457,7 @@ mod tests {
             ("10.244.3.0-24".to_string(), with(Value::Bool(true))),
             ("10.244.4.0-24".to_string(), with(Value::String("true".into()))),
         ]);
-        let (peers, rejected, _) = reader(None).peers(&leases);
+        let ClusterView { peers, rejected, .. } = reader(None).peers(&leases);
         assert!(rejected.is_empty(), "{rejected:?}");
         let exempt: Vec<bool> = peers.iter().map(|p| p.any_inner_source).collect();
         assert_eq!(exempt, [false, true, false]);
@@ -459,7 +473,7 @@ mod tests {
             ("10.244.4.0-24".to_string(), r#"{"PublicIP":"198.18.0.4","BackendType":"udp"}"#.to_string()),
             ("10.244.5.0-24".to_string(), "{".to_string()),
         ]);
-        let (p, rejected, ignored) = reader(Some("10.244.1.0/24")).peers(&leases);
+        let ClusterView { peers: p, rejected, ignored, .. } = reader(Some("10.244.1.0/24")).peers(&leases);
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].node, "10.244.2.0-24");
         assert_eq!(rejected.len(), 2);
@@ -481,7 +495,7 @@ mod tests {
             .enumerate()
             .map(|(i, (ip, _))| (format!("10.244.{}.0-24", i + 10), lease_value(ip.parse().unwrap(), 1, mac, None)))
             .collect();
-        let (p, rejected, _) = reader(None).peers(&leases);
+        let ClusterView { peers: p, rejected, .. } = reader(None).peers(&leases);
         assert!(p.is_empty(), "{p:?}");
         for (i, (ip, reason)) in cases.iter().enumerate() {
             let key = format!("10.244.{}.0-24", i + 10);
@@ -586,7 +600,7 @@ mod tests {
             // an older, IPv4-only node: still an IPv4 peer, as in flannel's etcd mode
             ("10.244.3.0-24".to_string(), value(3, false)),
         ]);
-        let (p, rejected, _) = reader6().peers(&leases);
+        let ClusterView { peers: p, rejected, .. } = reader6().peers(&leases);
         assert!(rejected.is_empty(), "{rejected:?}");
         assert_eq!(
             p[0].v6,
@@ -598,12 +612,12 @@ mod tests {
         );
         assert_eq!((p[1].node.as_str(), p[1].v6), ("10.244.3.0-24", None));
         // with IPv6 off the IPv6 half is not read at all
-        let (p, _, _) = reader(None).peers(&leases);
+        let p = reader(None).peers(&leases).peers;
         assert!(p.iter().all(|p| p.v6.is_none()) && p.len() == 2);
     }
 
     #[test]
-    fn a_lease_with_a_broken_ipv6_half_is_rejected_whole() {
+    fn a_broken_ipv6_half_rejects_the_lease_and_an_unusable_one_only_the_half() {
         let good =
             lease_value("198.18.0.2".parse().unwrap(), 1, mac(2), Some(("fd00:198:18::2".parse().unwrap(), mac(0x62))));
         let edit = |f: &dyn Fn(&mut Value)| {
@@ -611,7 +625,8 @@ mod tests {
             f(&mut v);
             v.to_string()
         };
-        let cases = [
+        // missing or not parsing: rejected whole
+        let whole = [
             ("10.244.2.0-24&fd00:10:244:2::-64", edit(&|v| v["PublicIPv6"] = Value::Null), "no PublicIPv6"),
             ("10.244.3.0-24&fd00:10:244:3::-64", edit(&|v| v["PublicIPv6"] = "nope".into()), "bad PublicIPv6"),
             (
@@ -626,16 +641,24 @@ mod tests {
                 edit(&|v| v["BackendV6Data"]["VtepMAC"] = "zz".into()),
                 "bad BackendV6Data.VtepMAC",
             ),
+        ];
+        // well formed, but no IPv6 VTEP can be it: an IPv4 peer, the half left out
+        let half = [
             ("10.244.6.0-24&fd00:99:6::-64", good.clone(), "outside the network fd00:10:244::/56"),
             ("10.244.7.0-24&fd00:10:244:7::-64", edit(&|v| v["PublicIPv6"] = "fe80::7".into()), "link-local"),
             ("10.244.8.0-24&fd00:10:244:8::-64", edit(&|v| v["PublicIPv6"] = "fd00:198:18::1".into()), "own address"),
         ];
-        let leases: BTreeMap<String, String> = cases.iter().map(|(k, v, _)| (k.to_string(), v.clone())).collect();
-        let (p, rejected, _) = reader6().peers(&leases);
-        assert!(p.is_empty(), "{p:?}");
-        for (key, _, reason) in &cases {
-            let r = rejected.iter().find(|r| r.node == *key).unwrap_or_else(|| panic!("{key} not rejected"));
-            assert!(r.reason.contains(reason), "{key}: {}", r.reason);
+        let leases: BTreeMap<String, String> =
+            whole.iter().chain(&half).map(|(k, v, _)| (k.to_string(), v.clone())).collect();
+        let view = reader6().peers(&leases);
+        let peers: Vec<(&str, bool)> = view.peers.iter().map(|p| (p.node.as_str(), p.v6.is_some())).collect();
+        assert_eq!(peers, half.iter().map(|(k, _, _)| (*k, false)).collect::<Vec<_>>());
+        for (list, cases) in [(&view.rejected, &whole[..]), (&view.partial, &half[..])] {
+            assert_eq!(list.len(), cases.len(), "{list:?}");
+            for (key, _, reason) in cases {
+                let r = list.iter().find(|r| r.node == *key).unwrap_or_else(|| panic!("{key} not listed"));
+                assert!(r.reason.contains(reason), "{key}: {}", r.reason);
+            }
         }
     }
 

@@ -79,6 +79,20 @@ pub fn check6(public_ip: Ipv6Addr, subnet: Ipv6Net, network: Ipv6Net, own: &[Ipv
     Ok(())
 }
 
+/// A peer's IPv6 half, kept if [`check6`] passes. flannel skips a peer
+/// only when a part is missing or does not parse, and would program a half
+/// that fails these checks; so only the half is dropped (`Err` says why)
+/// and the peer's IPv4 half still carries traffic.
+pub fn checked_half6(
+    v6: crate::peer::PeerV6,
+    network: Ipv6Net,
+    own: &[Ipv6Addr],
+) -> Result<crate::peer::PeerV6, String> {
+    check6(v6.public_ip, v6.subnet, network, own)
+        .map(|()| v6)
+        .map_err(|e| format!("IPv6 half not used, IPv4 half kept: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -237,7 +237,9 @@ fn wait_until(timeout: Duration, what: &str, mut ok: impl FnMut() -> Result<bool
 /// The Kubernetes source, dual-stack: edgevx publishes both VTEPs in one
 /// patch (kernel flannel peers skip a dual-stack node whole without its
 /// IPv6 half), takes the IPv6 MAC back from `backend-v6-data` after a
-/// reboot, and skips a peer without an IPv6 half whole, as flannel does.
+/// reboot, and skips a peer without an IPv6 half whole, as flannel does;
+/// a peer whose IPv6 half parses but is unusable (a link-local
+/// `public-ipv6`, which flannel would program) keeps its IPv4 half.
 #[test]
 fn kube_dual_stack_publishes_both_vteps_and_skips_half_nodes_whole() -> Result<()> {
     use edgevx_tests::{agent::peers, kubeapi::KubeApi, topo::node_name};
@@ -285,8 +287,13 @@ fn kube_dual_stack_publishes_both_vteps_and_skips_half_nodes_whole() -> Result<(
     kernel_add_peer6(h2, 1, mac6)?;
     api.put_node(flannel_node6(2, Some((KERNEL_MAC, KERNEL_MAC6))));
     api.put_node(edgevx_tests::nodes::flannel_node(3, Some("02:00:00:00:03:01")));
-    wait_status(&agent, Duration::from_secs(5), "node2 added", |s| {
-        peers(s) == vec![("node2".into(), KERNEL_MAC.into())]
+    let mut node4 = flannel_node6(4, Some(("02:00:00:00:04:01", "02:00:00:00:04:06")));
+    node4["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ipv6"] = json!("fe80::4");
+    api.put_node(node4);
+    wait_status(&agent, Duration::from_secs(5), "node2 and node4 added", |s| {
+        let mut p = peers(s);
+        p.sort();
+        p == vec![("node2".into(), KERNEL_MAC.into()), ("node4".into(), "02:00:00:00:04:01".into())]
     })?;
     wait_reachable(&c.host(1).pod, pod_ip6(2), 20)?;
     wait_reachable(&c.host(2).pod, pod_ip6(1), 20)?;
@@ -296,6 +303,12 @@ fn kube_dual_stack_publishes_both_vteps_and_skips_half_nodes_whole() -> Result<(
         "node3's rejection is not logged with its reason:\n{log}"
     );
     ensure!(!c.host(1).ns.run(&["ip", "route"])?.contains("10.244.3.0/24"), "node3's IPv4 half was programmed");
+    ensure!(
+        log.lines().any(|l| l.contains("node4") && l.contains("IPv4 half kept") && l.contains("link-local")),
+        "node4's dropped IPv6 half is not logged with its reason:\n{log}"
+    );
+    let v6_entries = c.host(1).ns.run(&["bridge", "fdb", "show", "dev", "flannel-v6.1"])?;
+    ensure!(!v6_entries.contains("02:00:00:00:04:06"), "node4's unusable IPv6 half was programmed:\n{v6_entries}");
 
     // a reboot: the device and the state dir's IPv6 MAC are gone, the annotation brings it back
     agent.stop()?;

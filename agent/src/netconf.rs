@@ -206,7 +206,11 @@ fn parse_ipv6(
     let addr = |key: &'static str| -> Result<Option<Ipv6Addr>, NetConfError> {
         match text(key)? {
             None => Ok(None),
-            Some(a) => a.parse().map(Some).map_err(|_| field(key, format!("{a:?} is not an IPv6 address"))),
+            // `::` is flannel's "unset" too (`ip.IsEmpty` in CheckNetworkConfig)
+            Some(a) => a
+                .parse::<Ipv6Addr>()
+                .map(|a| Some(a).filter(|a| !a.is_unspecified()))
+                .map_err(|_| field(key, format!("{a:?} is not an IPv6 address"))),
         }
     };
     v6.subnet_min = addr("IPv6SubnetMin")?;
@@ -307,6 +311,13 @@ mod tests {
         assert_eq!(v6.subnet_len, Some(64));
         assert_eq!(v6.subnet_min, Some("fd00:10:244:1::".parse().unwrap()));
         assert_eq!(v6.subnet_max, Some("fd00:10:244:ff::".parse().unwrap()));
+        let c = NetConf::parse(
+            r#"{"EnableIPv6":true,"IPv6Network":"fd00::/56","IPv6SubnetMin":"::","IPv6SubnetMax":"::"}"#,
+            "x",
+        )
+        .unwrap();
+        let v6 = c.ipv6.unwrap();
+        assert_eq!((v6.subnet_min, v6.subnet_max), (None, None), "\"::\" is flannel's unset");
     }
 
     #[test]

@@ -271,6 +271,9 @@ pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange, String>
             None => Ok(Ipv4Addr::from(default)),
             Some(s) => {
                 let a: Ipv4Addr = s.parse().map_err(|_| format!("{key} {s:?} is not an IPv4 address"))?;
+                if a.is_unspecified() {
+                    return Ok(Ipv4Addr::from(default)); // flannel's "unset" (ip.IP4(0))
+                }
                 if u32::from(a) % size != 0 || !net.contains(&a) {
                     return Err(format!("{key} {a} is not a /{len} inside {net}"));
                 }
@@ -526,6 +529,11 @@ mod tests {
         let r = subnet_range(r#"{"Network":"10.1.0.0/24"}"#, &conf("10.1.0.0/24")).unwrap();
         assert_eq!(r.len, 26);
         assert!(subnet_range(r#"{"SubnetMin":"10.244.1.7"}"#, &conf("10.244.0.0/16")).is_err());
+        // 0.0.0.0 is flannel's "unset": the defaults
+        assert_eq!(
+            subnet_range(r#"{"SubnetMin":"0.0.0.0","SubnetMax":"0.0.0.0"}"#, &conf("10.244.0.0/16")),
+            subnet_range("{}", &conf("10.244.0.0/16"))
+        );
     }
 
     #[test]

@@ -49,7 +49,8 @@ pub struct OwnNode {
     /// The VtepMAC in our own `backend-v6-data`, if it parses.
     #[serde(default)]
     pub published_mac6: Option<VtepMac>,
-    /// `node-public-ipv6`.
+    /// `node-public-ipv6`; in etcd mode the `PublicIPv6` our lease
+    /// publishes, so the IPv6 VTEP sends from it.
     #[serde(default)]
     pub node_public_ipv6: Option<Ipv6Addr>,
 }

@@ -35,6 +35,9 @@ pub struct Underlay {
     /// first): permanent before dynamic, non-temporary before temporary;
     /// deprecated, tentative and link-local addresses never.
     pub ipv6: Option<Ipv6Addr>,
+    /// A global IPv6 address is there but still tentative (duplicate
+    /// address detection runs): `ipv6` will have it in a moment.
+    pub ipv6_tentative: bool,
 }
 
 /// What `flannel.<VNI>` must look like.
@@ -75,6 +78,7 @@ pub async fn underlay(handle: &Handle, name: &str) -> Result<Underlay> {
     let mut ipv4 = None;
     // (rank, address): the lowest rank wins, the first of a rank stays
     let mut ipv6: Option<(u8, Ipv6Addr)> = None;
+    let mut ipv6_tentative = false;
     while let Some(msg) = addrs.try_next().await.with_context(|| format!("cannot list addresses of {name}"))? {
         let flags = msg
             .attributes
@@ -87,6 +91,8 @@ pub async fn underlay(handle: &Handle, name: &str) -> Result<Underlay> {
                     ipv4.get_or_insert(*ip);
                 }
                 AddressAttribute::Address(IpAddr::V6(ip)) if msg.header.scope == AddressScope::Universe => {
+                    ipv6_tentative |=
+                        flags.contains(AddressFlags::Tentative) && !flags.contains(AddressFlags::Dadfailed);
                     if let Some(rank) = ipv6_rank(flags) {
                         if ipv6.is_none_or(|(r, _)| rank < r) {
                             ipv6 = Some((rank, *ip));
@@ -97,7 +103,7 @@ pub async fn underlay(handle: &Handle, name: &str) -> Result<Underlay> {
             }
         }
     }
-    Ok(Underlay { index, mtu, ipv4, ipv6: ipv6.map(|(_, ip)| ip) })
+    Ok(Underlay { index, mtu, ipv4, ipv6: ipv6.map(|(_, ip)| ip), ipv6_tentative })
 }
 
 /// How good a global IPv6 address is as a VTEP source; `None`: unusable.

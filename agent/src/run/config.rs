@@ -55,7 +55,7 @@ mod tests {
     use super::*;
 
     fn underlay(mtu: u32) -> Underlay {
-        Underlay { index: 2, mtu, ipv4: Some(Ipv4Addr::new(198, 18, 0, 1)), ipv6: None }
+        Underlay { index: 2, mtu, ipv4: Some(Ipv4Addr::new(198, 18, 0, 1)), ipv6: None, ipv6_tentative: false }
     }
 
     #[test]

@@ -94,6 +94,7 @@ fn start_source(
                 public_ip: config::public_ip(c.args.public_ip, None, &c.underlay).unwrap_or(Ipv4Addr::UNSPECIFIED),
                 // used only if etcd's config turns IPv6 on
                 public_ipv6: config::public_ipv6(c.args.public_ipv6, None, &c.underlay),
+                iface: c.iface.clone(),
                 state: state.clone(),
                 subnet_file: c.args.subnet_file.clone(),
             };

@@ -45,10 +45,13 @@ pub struct EtcdSettings {
 #[derive(Clone, Debug)]
 pub struct LocalNode {
     pub public_ip: Ipv4Addr,
-    /// Our public IPv6 (`PublicIPv6`), if the node has one. Whether IPv6
-    /// is on is the etcd config's to say (`EnableIPv6`); with it on and no
-    /// address here the config is refused.
+    /// Our public IPv6 (`PublicIPv6`) as known at start (`--public-ipv6`,
+    /// else the underlay's). Whether IPv6 is on is the etcd config's to
+    /// say (`EnableIPv6`); with it on and none here, the underlay is read
+    /// again ([`public_ipv6_now`]).
     pub public_ipv6: Option<Ipv6Addr>,
+    /// The underlay interface.
+    pub iface: String,
     pub state: StateDir,
     pub subnet_file: PathBuf,
 }
@@ -65,6 +68,32 @@ async fn connect(s: &EtcdSettings) -> Result<Client> {
     Client::connect(&s.endpoints, Some(opts))
         .await
         .with_context(|| format!("cannot connect to etcd at {}", s.endpoints.join(",")))
+}
+
+/// Our public IPv6 when etcd's config turns IPv6 on and none was known at
+/// start: the underlay's now. An address still in duplicate address
+/// detection (a boot, SLAAC) is waited for (the error is retried); no
+/// global IPv6 address at all refuses the config, as flanneld fails.
+async fn public_ipv6_now(me: &LocalNode, config_key: &str) -> Result<Ipv6Addr> {
+    let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
+    let conn = tokio::spawn(conn);
+    let underlay = crate::dataplane::device::underlay(&handle, &me.iface).await;
+    conn.abort();
+    let underlay = underlay?;
+    match underlay.ipv6 {
+        Some(ip) => Ok(ip),
+        None if underlay.ipv6_tentative => anyhow::bail!(
+            "{config_key}: EnableIPv6 is set and {}'s global IPv6 address is still tentative (duplicate address \
+             detection); waiting for it",
+            me.iface
+        ),
+        None => Err(RefusedConfig(format!(
+            "{config_key}: EnableIPv6 is set, but this node has no public IPv6 address (none on the underlay \
+             interface {}; give --public-ipv6)",
+            me.iface
+        ))
+        .into()),
+    }
 }
 
 /// A network config at `<prefix>/config` that edgevx will not run with.
@@ -167,12 +196,7 @@ impl Session {
         let public_ipv6 = match (&conf.ipv6, me.public_ipv6) {
             (None, _) => None,
             (Some(_), Some(ip)) => Some(ip),
-            (Some(_), None) => {
-                return Err(RefusedConfig(format!(
-                    "{config_key}: EnableIPv6 is set, but this node has no public IPv6 address (none on the underlay interface)"
-                ))
-                .into());
-            }
+            (Some(_), None) => Some(public_ipv6_now(me, &config_key).await?),
         };
         let prefix = format!("{}/subnets/", settings.prefix);
         let (mut all, revision) = Self::list(&mut client, &prefix).await?;
@@ -316,7 +340,9 @@ impl Session {
                     node_public_ip: None,
                     subnet6: self.own6,
                     published_mac6: ours.as_ref().and_then(|l| l.v6?.vtep_mac),
-                    node_public_ipv6: None,
+                    // the address our lease publishes is the IPv6 VTEP's source,
+                    // even if the underlay's changed since (flannel: one ExtV6Addr)
+                    node_public_ipv6: self.public_ipv6,
                 }),
                 ..reader.peers(&self.leases)
             },

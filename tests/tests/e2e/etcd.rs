@@ -3,7 +3,7 @@
 //! dual-stack lease (one key for both families).
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use edgevx_tests::{
     agent::{Agent, peers, wait_status},
     edgevx_bin,
@@ -174,6 +174,33 @@ fn etcd_dual_stack_needs_a_public_ipv6_and_changes_nothing_without_one() -> Resu
     assert!(h.ns.ip(&["link", "show", "flannel.1"]).is_err(), "a device was created");
     assert!(!h.subnet_file().exists(), "subnet.env was written");
     assert!(etcd.get_prefix(&format!("{PREFIX}/subnets/"))?.is_empty(), "a lease was taken");
+    Ok(())
+}
+
+/// At boot the underlay's global IPv6 address may still be in duplicate
+/// address detection when edgevx starts: it waits for the address instead
+/// of refusing the config (exit 2 would keep systemd from restarting it),
+/// and the lease and the IPv6 VTEP then use that address.
+#[test]
+fn etcd_dual_stack_waits_for_a_tentative_public_ipv6() -> Result<()> {
+    let mut c = Cluster::new(1)?;
+    c.host_mut(1).mount_bpffs()?;
+    let etcd = Etcd::start(&c)?;
+    etcd.put(&format!("{PREFIX}/config"), CONFIG6)?;
+    let h = c.host(1);
+    // one DAD probe, answered after 4 s: the address stays tentative that long
+    h.ns.sysctl("net.ipv6.conf.eth0.dad_transmits", "1")?;
+    h.ns.sysctl("net.ipv6.neigh.eth0.retrans_time_ms", "4000")?;
+    h.ns.ip(&["-6", "addr", "add", "fd00:198:18::1/64", "dev", "eth0"])?;
+    let tentative = h.ns.ip(&["-6", "addr", "show", "dev", "eth0", "tentative"])?;
+    ensure!(tentative.contains("fd00:198:18::1"), "the address is not tentative: {tentative}");
+    let a = Agent::start_with(h, &etcd_args(&[]))?;
+    let log = a.log_text();
+    ensure!(log.contains("still tentative"), "edgevx did not wait for the tentative address:\n{log}");
+    let all = etcd.get_prefix(&format!("{PREFIX}/subnets/"))?;
+    ensure!(all.len() == 1 && all[0].1.contains(r#""PublicIPv6":"fd00:198:18::1""#), "{all:?}");
+    let local6 = h.ns.ip(&["-d", "link", "show", "flannel-v6.1"])?;
+    ensure!(local6.contains("local fd00:198:18::1"), "{local6}");
     Ok(())
 }
 

@@ -164,6 +164,7 @@ pub async fn ensure_vtep(handle: &Handle, spec: &VtepSpec) -> Result<u32> {
             let msg = msg.up().build();
             handle.link().set(msg).execute().await.with_context(|| format!("cannot configure {}", spec.name))?;
             verify_mac(handle, spec).await?;
+            no_router_advertisements(&spec.name);
             return Ok(index);
         }
         tracing::warn!(device = %spec.name, "existing device does not match the configuration; recreating it");
@@ -183,7 +184,17 @@ pub async fn ensure_vtep(handle: &Handle, spec: &VtepSpec) -> Result<u32> {
     verify_mac(handle, spec).await?;
     let link =
         link_by_name(handle, &spec.name).await?.with_context(|| format!("{} vanished after creation", spec.name))?;
+    no_router_advertisements(&spec.name);
     Ok(link.header.index)
+}
+
+/// `accept_ra 0` on the IPv4 VTEP too, as flannel's `newVXLANDevice` sets
+/// it on every VXLAN device, and like flannel without failing: a host with
+/// IPv6 disabled has no such setting.
+fn no_router_advertisements(device: &str) {
+    if let Err(e) = super::vtep6::no_router_advertisements(device) {
+        tracing::debug!(device, "accept_ra not set: {e:#}");
+    }
 }
 
 pub(crate) fn link_mac(link: &LinkMessage) -> Option<Vec<u8>> {

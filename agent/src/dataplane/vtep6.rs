@@ -117,7 +117,7 @@ pub async fn ensure_vtep6(handle: &Handle, spec: &Vtep6Spec) -> Result<u32> {
 }
 
 /// `sysctl net.ipv6.conf.<dev>.accept_ra=0`, as flannel sets it.
-fn no_router_advertisements(device: &str) -> Result<()> {
+pub(super) fn no_router_advertisements(device: &str) -> Result<()> {
     let path = format!("/proc/sys/net/ipv6/conf/{device}/accept_ra");
     if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == "0") {
         return Ok(());

@@ -91,6 +91,10 @@ fn run(args: &[String]) -> Result<(), String> {
                 .or_else(|_| UdpSocket::bind(("0.0.0.0", port)))
                 .map_err(|e| e.to_string())?;
             s.set_read_timeout(Some(Duration::from_millis(ms))).map_err(|e| e.to_string())?;
+            // the whole burst fits in the socket: a receiver the scheduler
+            // holds back a few ms (a loaded 2-core CI machine) must not turn
+            // into loss that a test would blame on the dataplane
+            big_receive_buffer(&s, count as usize * (size + 1024))?;
             ready();
             let (mut good, mut bad, mut buf) = (0u64, 0u64, vec![0u8; 65536]);
             while good + bad < count {
@@ -118,6 +122,26 @@ fn run(args: &[String]) -> Result<(), String> {
             println!("{count}");
         }
         other => return Err(format!("unknown mode {other}")),
+    }
+    Ok(())
+}
+
+/// SO_RCVBUFFORCE (root; past net.core.rmem_max) to at least `bytes`.
+fn big_receive_buffer(s: &UdpSocket, bytes: usize) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let want = libc::c_int::try_from(bytes.max(1 << 20)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: a valid socket and a c_int option value of the stated size
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&want as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(format!("SO_RCVBUFFORCE {want}: {}", std::io::Error::last_os_error()));
     }
     Ok(())
 }

@@ -23,6 +23,9 @@ fn edgevx_to_edgevx_carries_icmp_tcp_udp() -> Result<()> {
     let a2 = Agent::start(c.host(2), &nodes, &["--strict-inner-source"])?;
     assert_eq!(a1.status()?["vtep_mac"], m1);
     assert_eq!(a2.status()?["vtep_mac"], m2);
+    // flannel's newVXLANDevice: no router advertisements on the VTEP
+    let accept_ra = c.host(1).ns.run(&["cat", "/proc/sys/net/ipv6/conf/flannel.1/accept_ra"])?;
+    assert_eq!(accept_ra.trim(), "0");
 
     let (p1, p2) = (&c.host(1).pod, &c.host(2).pod);
     wait_reachable(p1, pod_ip(2), 20)?;

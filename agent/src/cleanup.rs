@@ -65,13 +65,14 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
     // the clsact filters of the fallback, on the interfaces the last run used
     if let Some(rec) = &rec {
         use aya::programs::TcAttachType::{Egress, Ingress};
+        let vtep = rec.v4.as_ref().map_or("", |v4| v4.vtep_device.as_str());
         for (name, iface, kind) in [
-            (loader::ENCAP, rec.vtep_device.as_str(), Egress),
+            (loader::ENCAP, vtep, Egress),
             (loader::DECAP, rec.iface.as_str(), Ingress),
             (loader::BRIDGE, rec.pod_bridge.as_str(), Egress),
             (loader::POD_GUARD, rec.pod_bridge.as_str(), Ingress),
         ] {
-            if crate::dataplane::clsact::detach(name, iface, kind)? {
+            if !iface.is_empty() && crate::dataplane::clsact::detach(name, iface, kind)? {
                 info!(program = name, iface, "removed the clsact filter");
             }
         }
@@ -84,12 +85,14 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
     }
     match (&rec, kept_vtep) {
         (Some(rec), Some(_)) => {
-            info!(device = %rec.vtep_device, mac = %rec.vtep_mac, subnet_file = %rec.subnet_file.display(),
-                "kept, with its MAC, address, routes and subnet.env, for flanneld to adopt");
+            let devices =
+                rec.v4.iter().map(|v4| v4.vtep_device.as_str()).chain(rec.v6.iter().map(|v6| v6.device.as_str()));
+            info!(devices = ?devices.collect::<Vec<_>>(), subnet_file = %rec.subnet_file.display(),
+                "kept, with their MACs, addresses, routes and subnet.env, for flanneld to adopt");
         }
         (Some(_), None) if args.keep_vtep => {}
         (Some(rec), None) => {
-            for name in std::iter::once(&rec.vtep_device).chain(rec.v6.as_ref().map(|v6| &v6.device)) {
+            for name in rec.v4.iter().map(|v4| &v4.vtep_device).chain(rec.v6.as_ref().map(|v6| &v6.device)) {
                 if device::delete_link(&handle, name).await? {
                     info!(device = %name, "deleted (its routes went with it)");
                 }
@@ -100,7 +103,10 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
                     state.0.display()
                 )
             })?;
-            let mut removed = remove_direct_routes(&handle, &rec.iface, rec.network, &ends(&peers)).await?;
+            let mut removed = 0;
+            if let Some(v4) = &rec.v4 {
+                removed += remove_direct_routes(&handle, &rec.iface, v4.network, &ends(&peers)).await?;
+            }
             if let Some(v6) = &rec.v6 {
                 removed += remove_direct_routes(&handle, &rec.iface, v6.network, &ends6(&peers)).await?;
             }
@@ -158,7 +164,7 @@ fn agent_running(pid: u32) -> bool {
 
 /// Each peer's IPv4 pod subnet and public IP.
 fn ends(peers: &[Peer]) -> Vec<(Ipv4Net, Ipv4Addr)> {
-    peers.iter().map(|p| (p.subnet, p.public_ip)).collect()
+    peers.iter().filter_map(|p| p.v4).map(|v4| (v4.subnet, v4.public_ip)).collect()
 }
 
 /// Each dual-stack peer's IPv6 pod subnet and public IPv6.
@@ -211,9 +217,19 @@ async fn remove_direct_routes<N: RouteFamily>(
 /// route is what flanneld with DirectRouting installs for it, and a
 /// flanneld without replaces it with its own at its first lease list.
 /// Returns the VTEP's index, if it exists.
+/// IPv6-only: only the IPv6 VTEP's index (it already holds flanneld's
+/// entries: the kernel carries IPv6).
 async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Result<Option<u32>> {
-    let Some(link) = device::link_by_name(handle, &rec.vtep_device).await? else {
-        warn!(device = %rec.vtep_device, "is gone: nothing to hand over (flanneld will create it, with a new MAC)");
+    let Some(v4) = &rec.v4 else {
+        let name = rec.v6.as_ref().map_or("", |v6| v6.device.as_str());
+        let link = device::link_by_name(handle, name).await?;
+        if link.is_none() {
+            warn!(device = name, "is gone: nothing to hand over (flanneld will create it, with a new MAC)");
+        }
+        return Ok(link.map(|l| l.header.index));
+    };
+    let Some(link) = device::link_by_name(handle, &v4.vtep_device).await? else {
+        warn!(device = %v4.vtep_device, "is gone: nothing to hand over (flanneld will create it, with a new MAC)");
         return Ok(None);
     };
     let index = link.header.index;
@@ -221,15 +237,17 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
         format!("cannot read the peers the agent programmed (in {}); nothing was changed", state.0.display())
     })?;
     // flanneld with DirectRouting keeps the IPv6 ones too: flannel-v6.<VNI> already holds its entries
-    let (_, direct) = direct_routes(handle, &rec.iface, rec.network, &ends(&peers)).await?;
-    let (direct_peers, peers): (Vec<_>, Vec<_>) =
-        peers.into_iter().partition(|p| direct.get(&p.subnet) == Some(&p.public_ip));
+    let (_, direct) = direct_routes(handle, &rec.iface, v4.network, &ends(&peers)).await?;
+    let (direct_peers, peers): (Vec<_>, Vec<_>) = peers
+        .into_iter()
+        .filter_map(|p| Some((p.v4?, p.node)))
+        .partition(|(p, _)| direct.get(&p.subnet) == Some(&p.public_ip));
     // toggling NOARP flushes every neighbour on the device, permanent ones too:
     // note flanneld's entries first, and write them back right after
     let flanneld = permanent_arp(handle, index).await?;
     let msg = LinkUnspec::new_with_index(index).arp(true).build();
     handle.link().set(msg).execute().await.context("cannot switch ARP back on on the VTEP")?;
-    let ours = peers.iter().map(|p| (p.subnet.network(), p.vtep_mac.0.to_vec()));
+    let ours = peers.iter().map(|(p, _)| (p.subnet.network(), p.vtep_mac.0.to_vec()));
     let arp: BTreeMap<Ipv4Addr, Vec<u8>> = ours.chain(flanneld.clone()).collect();
     for (gateway, mac) in &arp {
         handle
@@ -240,10 +258,10 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
             .replace()
             .execute()
             .await
-            .with_context(|| format!("cannot add the arp entry {gateway} -> {mac:02x?} on {}", rec.vtep_device))?;
+            .with_context(|| format!("cannot add the arp entry {gateway} -> {mac:02x?} on {}", v4.vtep_device))?;
     }
     let mut fdb = 0;
-    for p in &peers {
+    for (p, node) in &peers {
         let added = handle
             .neighbours()
             .add_bridge(index, &p.vtep_mac.0)
@@ -255,18 +273,17 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
             Ok(()) => fdb += 1,
             Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => {}
             Err(e) => {
-                return Err(e).with_context(|| {
-                    format!("cannot add the fdb entry {} -> {} for {}", p.vtep_mac, p.public_ip, p.node)
-                });
+                return Err(e)
+                    .with_context(|| format!("cannot add the fdb entry {} -> {} for {node}", p.vtep_mac, p.public_ip));
             }
         }
     }
     // flanneld's per-peer routes, then away with our single route for the Network
-    for p in &peers {
+    for (p, _) in &peers {
         device::route_replace(handle, index, p.subnet).await?;
     }
-    device::route_del(handle, index, rec.network, Some(crate::reconcile::VTEP_GATEWAY)).await?;
-    info!(device = %rec.vtep_device, peers = peers.len(), direct = direct_peers.len(), arp_kept = flanneld.len(), arp_added = arp.len() - flanneld.len(),
+    device::route_del(handle, index, v4.network, Some(crate::reconcile::VTEP_GATEWAY)).await?;
+    info!(device = %v4.vtep_device, peers = peers.len(), direct = direct_peers.len(), arp_kept = flanneld.len(), arp_added = arp.len() - flanneld.len(),
         fdb_added = fdb, "the kernel has flanneld's arp and fdb entries and routes for every peer (or its direct route)");
     Ok(Some(index))
 }

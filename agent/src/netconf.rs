@@ -13,6 +13,10 @@ use edgevx_common::vxlan::{DEFAULT_PORT, DEFAULT_VNI};
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NetConf {
+    /// `EnableIPv4` (flannel's default: on). Off makes an IPv6-only
+    /// network: `network` is then unused, as flannel leaves it unread.
+    #[serde(default = "on")]
+    pub ipv4: bool,
     /// The cluster pod network (`Network`).
     pub network: Ipv4Net,
     pub vni: u32,
@@ -58,14 +62,22 @@ impl Ipv6Conf {
     }
 }
 
-/// What `EnableIPv4:false` is refused with, with IPv6 on.
-pub const IPV6_ONLY_REFUSED: &str = "IPv6-only is not supported yet: edgevx's dataplane carries the IPv4 overlay";
+fn on() -> bool {
+    true
+}
+
+/// What an IPv6-only network (`EnableIPv4: false`) is refused with in etcd
+/// mode, as flannel's etcd subnet manager cannot run one either.
+pub const IPV6_ONLY_ETCD: &str = "IPv6-only (EnableIPv4 false) works with the Kubernetes subnet manager only: \
+    flannel's etcd subnet manager always takes an IPv4 lease (pkg/subnet/etcd), so flannel peers could not read \
+    an IPv6-only one";
 /// flannel's error when both families are off (pkg/ipmatch `GetIPFamily`).
 pub const NO_STACK: &str = "none defined stack";
 
 impl Default for NetConf {
     fn default() -> Self {
         NetConf {
+            ipv4: true,
             network: Ipv4Net::new(Ipv4Addr::new(10, 244, 0, 0), 16).unwrap_or_default(),
             vni: DEFAULT_VNI,
             port: DEFAULT_PORT,
@@ -120,11 +132,10 @@ impl NetConf {
             }
         };
         let (ipv4, ipv6) = (flag("EnableIPv4", true)?, flag("EnableIPv6", false)?);
-        match (ipv4, ipv6) {
-            (false, false) => return Err(field("EnableIPv4", format!("false with EnableIPv6 false: {NO_STACK}"))),
-            (false, true) => return Err(field("EnableIPv4", IPV6_ONLY_REFUSED.into())),
-            _ => {}
+        if !(ipv4 || ipv6) {
+            return Err(field("EnableIPv4", format!("false with EnableIPv6 false: {NO_STACK}")));
         }
+        conf.ipv4 = ipv4;
         if ipv6 {
             conf.ipv6 = Some(parse_ipv6(root, &field)?);
         }
@@ -328,10 +339,13 @@ mod tests {
     }
 
     #[test]
-    fn ipv6_only_and_no_stack_are_refused() {
-        let e = NetConf::parse(r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fc00::/48"}"#, "x");
-        let e = e.unwrap_err().to_string();
-        assert!(e.contains("EnableIPv4") && e.contains(IPV6_ONLY_REFUSED), "{e}");
+    fn ipv6_only_is_read_and_no_stack_is_refused() {
+        let c = NetConf::parse(r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fc00::/48"}"#, "x").unwrap();
+        assert!(!c.ipv4);
+        assert_eq!(c.ipv6.unwrap().network.to_string(), "fc00::/48");
+        let e = NetConf::parse(r#"{"EnableIPv4":false,"EnableIPv6":true}"#, "x").unwrap_err().to_string();
+        assert!(e.contains("IPv6Network"), "{e}");
+        assert!(NetConf::parse(r#"{"EnableIPv4":true}"#, "x").unwrap().ipv4);
         for text in [r#"{"EnableIPv4":false}"#, r#"{"enableipv4":false,"EnableIPv6":false}"#] {
             let e = NetConf::parse(text, "x").unwrap_err().to_string();
             assert!(e.ends_with(NO_STACK), "{e}");

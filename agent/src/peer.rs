@@ -6,13 +6,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::mac::VtepMac;
 
-/// A remote VTEP and the pod subnet behind it.
+/// A remote node: its IPv4 VTEP, its IPv6 VTEP, or both (dual-stack).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Peer {
     pub node: String,
-    pub subnet: Ipv4Net,
-    pub public_ip: Ipv4Addr,
-    pub vtep_mac: VtepMac,
+    /// The peer's IPv4 half (`public-ip`, `backend-data`, the IPv4 pod
+    /// CIDR); `None` only in an IPv6-only network (`EnableIPv4: false`).
+    /// Flattened, so the peer lists and views of earlier versions load.
+    #[serde(flatten)]
+    pub v4: Option<PeerV4>,
     /// The peer may send any inner source, not only addresses of `subnet`:
     /// an external VTEP that forwards client traffic without SNAT (an F5
     /// BIG-IP). Set only by its own entry: the Node annotation
@@ -20,10 +22,18 @@ pub struct Peer {
     /// [`crate::source::leases::ANY_INNER_SOURCE_FIELD`].
     #[serde(default)]
     pub any_inner_source: bool,
-    /// The peer's IPv6 half when the network is dual-stack (`EnableIPv6`):
-    /// carried by its own `flannel-v6.<VNI>` device, with its own MAC.
+    /// The peer's IPv6 half when IPv6 is on (`EnableIPv6`): carried by its
+    /// own `flannel-v6.<VNI>` device, with its own MAC.
     #[serde(default)]
     pub v6: Option<PeerV6>,
+}
+
+/// A peer's IPv4 VTEP and the pod subnet behind it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerV4 {
+    pub subnet: Ipv4Net,
+    pub public_ip: Ipv4Addr,
+    pub vtep_mac: VtepMac,
 }
 
 /// A peer's IPv6 VTEP (`public-ipv6`, `backend-v6-data`, the IPv6 pod CIDR;
@@ -38,7 +48,8 @@ pub struct PeerV6 {
 /// What the cluster says about this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnNode {
-    pub subnet: Ipv4Net,
+    /// Our IPv4 pod CIDR (`None` in an IPv6-only network).
+    pub subnet: Option<Ipv4Net>,
     /// The VtepMAC in our own `backend-data`, if it parses.
     pub published_mac: Option<VtepMac>,
     /// `node-public-ip`: the address to use as our VTEP source.
@@ -79,4 +90,34 @@ pub struct ClusterView {
     /// such a half; edgevx keeps only the peer's IPv4 half.
     #[serde(default)]
     pub partial: Vec<Rejection>,
+}
+
+impl Peer {
+    /// An IPv4 peer (no IPv6 half).
+    pub fn v4(node: &str, subnet: Ipv4Net, public_ip: Ipv4Addr, vtep_mac: VtepMac) -> Self {
+        Peer {
+            node: node.to_string(),
+            v4: Some(PeerV4 { subnet, public_ip, vtep_mac }),
+            any_inner_source: false,
+            v6: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_saved_before_ipv6_only_still_load() {
+        let old = r#"{"node":"a","subnet":"10.244.2.0/24","public_ip":"198.18.0.2","vtep_mac":"02:00:00:00:00:02"}"#;
+        let p: Peer = serde_json::from_str(old).unwrap();
+        let mac = "02:00:00:00:00:02".parse().unwrap();
+        assert_eq!(p, Peer::v4("a", "10.244.2.0/24".parse().unwrap(), "198.18.0.2".parse().unwrap(), mac));
+        assert_eq!(serde_json::from_str::<Peer>(&serde_json::to_string(&p).unwrap()).unwrap(), p);
+        let v6_only = Peer { v4: None, ..p };
+        let text = serde_json::to_string(&v6_only).unwrap();
+        assert!(!text.contains("subnet"), "{text}");
+        assert_eq!(serde_json::from_str::<Peer>(&text).unwrap(), v6_only);
+    }
 }

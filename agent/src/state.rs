@@ -173,13 +173,14 @@ pub fn read_nofollow(path: &Path) -> Result<Option<Vec<u8>>, StateError> {
 pub struct AgentRecord {
     pub node: String,
     pub iface: String,
-    pub vtep_device: String,
-    pub vtep_mac: VtepMac,
+    /// The IPv4 VTEP; `None` in an IPv6-only network. Flattened, so the
+    /// records of earlier versions load.
+    #[serde(flatten)]
+    pub v4: Option<Record4>,
     pub vni: u32,
     pub port: u16,
-    pub public_ip: Ipv4Addr,
-    pub subnet: Ipv4Net,
-    pub network: Ipv4Net,
+    /// The MTU in subnet.env: the IPv4 VTEP's, in an IPv6-only network the
+    /// IPv6 VTEP's.
     pub mtu: u32,
     /// `--bypass-netfilter` (older records called it fast delivery).
     #[serde(alias = "fast_delivery")]
@@ -198,6 +199,16 @@ pub struct AgentRecord {
     /// The IPv6 VTEP of a dual-stack network.
     #[serde(default)]
     pub v6: Option<crate::run::node6::Record6>,
+}
+
+/// What the IPv4 VTEP (`flannel.<VNI>`) was set up with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record4 {
+    pub vtep_device: String,
+    pub vtep_mac: VtepMac,
+    pub public_ip: Ipv4Addr,
+    pub subnet: Ipv4Net,
+    pub network: Ipv4Net,
 }
 
 fn default_pod_bridge() -> String {

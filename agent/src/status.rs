@@ -28,8 +28,9 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         loader::AttachMode::Tcx => pins.link(name).exists(),
         loader::AttachMode::Clsact => clsact::attached_blocking(iface, kind),
     };
-    let dataplane_attached = on(loader::ENCAP, &rec.vtep_device, TcAttachType::Egress)
-        && on(loader::DECAP, &rec.iface, TcAttachType::Ingress);
+    // IPv6-only: no IPv4 VTEP, so no encap program
+    let encap_on = rec.v4.as_ref().is_none_or(|v4| on(loader::ENCAP, &v4.vtep_device, TcAttachType::Egress));
+    let dataplane_attached = encap_on && on(loader::DECAP, &rec.iface, TcAttachType::Ingress);
     let bridge_attached = on(loader::BRIDGE, &rec.pod_bridge, TcAttachType::Egress);
     let counters = match &maps {
         Some(m) => serde_json::to_value(m.global_stats()?)?,
@@ -37,13 +38,27 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     };
     let programmed = maps.as_ref().map(|m| m.subnets()).transpose()?.unwrap_or_default();
     let accepted = maps.as_ref().map(|m| m.accepted()).transpose()?.unwrap_or_default();
-    let direct = device::direct_routes_blocking(&rec.iface, rec.network);
+    let direct = rec.v4.as_ref().map(|v4| device::direct_routes_blocking(&rec.iface, v4.network)).unwrap_or_default();
+    let accepted6 = maps.as_ref().and_then(|m| m.accept6_entries().ok()).unwrap_or_default();
     let peers: Vec<Value> = peers
         .iter()
         .map(|p| {
+            let Some(p4) = p.v4 else {
+                // IPv6-only: the IPv6 half (its entries are the kernel's, on flannel-v6.<VNI>)
+                let v6 = p.v6.as_ref();
+                return json!({
+                    "node": p.node,
+                    "subnet": v6.map(|v6| v6.subnet.to_string()),
+                    "public_ip": v6.map(|v6| v6.public_ip.to_string()),
+                    "vtep_mac": v6.map(|v6| v6.vtep_mac.to_string()),
+                    "in_dataplane": v6.is_some_and(|v6| accepted6.contains_key(&v6.public_ip)),
+                    "route": "ipv6",
+                });
+            };
+            let (node, p) = (&p.node, p4);
             let s = maps.as_ref().and_then(|m| m.peer_stats(p.public_ip)).unwrap_or_default();
             json!({
-                "node": p.node,
+                "node": node,
                 "subnet": p.subnet.to_string(),
                 "public_ip": p.public_ip.to_string(),
                 "vtep_mac": p.vtep_mac.to_string(),
@@ -69,20 +84,21 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         "bridge_attached": bridge_attached,
         "attach": rec.attach.name(),
         "iface": rec.iface,
-        "vtep_device": rec.vtep_device,
-        "vtep_mac": rec.vtep_mac.to_string(),
+        // null in an IPv6-only network
+        "vtep_device": rec.v4.as_ref().map(|v4| v4.vtep_device.clone()),
+        "vtep_mac": rec.v4.as_ref().map(|v4| v4.vtep_mac.to_string()),
         "vni": rec.vni,
         "port": rec.port,
-        "public_ip": rec.public_ip.to_string(),
-        "subnet": rec.subnet.to_string(),
-        "network": rec.network.to_string(),
+        "public_ip": rec.v4.as_ref().map(|v4| v4.public_ip.to_string()),
+        "subnet": rec.v4.as_ref().map(|v4| v4.subnet.to_string()),
+        "network": rec.v4.as_ref().map(|v4| v4.network.to_string()),
         "mtu": rec.mtu,
         "delivery": if rec.bypass_netfilter { "bypass-netfilter" } else { "host-stack" },
         "ip_masq": rec.ip_masq,
         "local_pods": maps.as_ref().map(|m| m.local_pods().len()).unwrap_or(0),
         "counters": counters,
         "peers": peers,
-        // dual-stack: flannel-v6.<VNI> (null when IPv6 is off)
+        // flannel-v6.<VNI> (null when IPv6 is off)
         "vtep6": rec.v6.as_ref().map(|v6| json!({
             "device": v6.device,
             "mac": v6.mac.to_string(),

@@ -37,7 +37,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let dual =
         NetConf { ipv6: Some(Ipv6Conf::new("fd00:10:244::/56".parse().unwrap_or_default())), ..NetConf::default() };
-    for conf in [NetConf::default(), dual] {
+    let v6_only = NetConf { ipv4: false, ..dual.clone() };
+    for conf in [NetConf::default(), dual, v6_only] {
         let reader = NodeReader { names: names.clone(), own_name: "me".into(), conf };
         let d = reader.desired(&[node("me"), node("peer")]);
         assert_eq!(d.view.peers.len() + d.view.rejected.len() + d.view.ignored.len(), 1);
@@ -46,8 +47,16 @@ fuzz_target!(|data: &[u8]| {
             d.view.own.as_ref().is_some_and(|o| o.subnet6.is_some()),
             d.conf.ipv6.is_some() && d.view.own.is_some()
         );
+        assert_eq!(d.view.own.as_ref().is_some_and(|o| o.subnet.is_some()), d.conf.ipv4 && d.view.own.is_some());
         for p in &d.view.peers {
-            assert!(peer_record::check(p.public_ip, p.subnet, d.conf.network, &[]).is_ok(), "{p:?}");
+            match p.v4 {
+                Some(v4) => {
+                    assert!(d.conf.ipv4, "an IPv4 half in an IPv6-only network: {p:?}");
+                    assert!(peer_record::check(v4.public_ip, v4.subnet, d.conf.network, &[]).is_ok(), "{p:?}");
+                }
+                // IPv6-only: the IPv6 half is the whole peer
+                None => assert!(!d.conf.ipv4 && p.v6.is_some(), "{p:?}"),
+            }
             match (&p.v6, &d.conf.ipv6) {
                 (Some(v6), Some(c6)) => {
                     assert!(peer_record::check6(v6.public_ip, v6.subnet, c6.network, &[]).is_ok(), "{p:?}")

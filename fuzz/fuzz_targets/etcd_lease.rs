@@ -36,7 +36,8 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(view.peers.len() + view.rejected.len() + view.ignored.len(), 1);
         assert!(view.partial.iter().all(|r| view.peers.iter().any(|p| p.node == r.node && p.v6.is_none())));
         for p in &view.peers {
-            assert!(peer_record::check(p.public_ip, p.subnet, network, &[own_ip]).is_ok(), "{p:?}");
+            let v4 = p.v4.expect("etcd leases always have an IPv4 half");
+            assert!(peer_record::check(v4.public_ip, v4.subnet, network, &[own_ip]).is_ok(), "{p:?}");
             match (p.v6, network6) {
                 (Some(v6), Some(n6)) => {
                     let own6: Vec<_> = own_ip6.into_iter().collect();

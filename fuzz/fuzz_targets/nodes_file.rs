@@ -16,7 +16,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(names) = AnnotationNames::new(DEFAULT_PREFIX) else { return };
     let dual =
         NetConf { ipv6: Some(Ipv6Conf::new("fd00:10:244::/56".parse().unwrap_or_default())), ..NetConf::default() };
-    for conf in [NetConf::default(), dual] {
+    let v6_only = NetConf { ipv4: false, ..dual.clone() };
+    for conf in [NetConf::default(), dual, v6_only] {
         let reader = NodeReader { names: names.clone(), own_name: "node1".into(), conf };
         let d = reader.desired(&nodes);
         let v = &d.view;
@@ -33,8 +34,14 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(if d.conf.ipv6.is_some() { halves } else { 0 }, v.partial.len(), "{v:?}");
         assert!(v.partial.iter().all(|r| v.peers.iter().any(|p| p.node == r.node && p.v6.is_none())), "{v:?}");
         for p in &v.peers {
-            assert!(peer_record::check(p.public_ip, p.subnet, d.conf.network, &[]).is_ok(), "{p:?}");
-            assert_eq!(p.subnet.trunc(), p.subnet, "{p:?}");
+            match p.v4 {
+                Some(v4) => {
+                    assert!(d.conf.ipv4, "an IPv4 half in an IPv6-only network: {p:?}");
+                    assert!(peer_record::check(v4.public_ip, v4.subnet, d.conf.network, &[]).is_ok(), "{p:?}");
+                    assert_eq!(v4.subnet.trunc(), v4.subnet, "{p:?}");
+                }
+                None => assert!(!d.conf.ipv4 && p.v6.is_some(), "a peer without an IPv4 half: {p:?}"),
+            }
             assert!(p.v6.is_none() || d.conf.ipv6.is_some(), "an IPv6 half with IPv6 off: {p:?}");
             if let (Some(v6), Some(c6)) = (&p.v6, &d.conf.ipv6) {
                 assert!(peer_record::check6(v6.public_ip, v6.subnet, c6.network, &[]).is_ok(), "{p:?}");

@@ -379,7 +379,7 @@ mod tests {
     fn the_decision_is_per_family() {
         // on-link over IPv6, behind the router over IPv4: the IPv6 plan alone goes direct
         let mut p = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
-        p.public_ip = "198.18.1.2".parse().unwrap();
+        p.v4.as_mut().unwrap().public_ip = "198.18.1.2".parse().unwrap();
         assert_eq!(plan6(std::slice::from_ref(&p), OWN, &segment()).0.direct.len(), 1);
         // the reverse: VXLAN over IPv6
         let far = peer("b", "fd00:10:244:3::/64", "fd00:198:18:1::3", "02:66:00:00:00:03");

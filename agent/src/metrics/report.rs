@@ -214,9 +214,10 @@ impl LoopReport {
         lock(&self.view_at).map(|at| SystemTime::now().duration_since(at).unwrap_or_default())
     }
 
-    /// The peers now programmed (after a pass).
+    /// The peers now programmed (after a pass), by their IPv4 halves: the
+    /// programs count per IPv4 peer (the kernel carries IPv6).
     pub fn set_peers<'a>(&self, peers: impl Iterator<Item = &'a Peer>) {
-        let list = peers.map(|p| PeerKey { node: p.node.clone(), public_ip: p.public_ip }).collect();
+        let list = peers.filter_map(|p| Some(PeerKey { node: p.node.clone(), public_ip: p.v4?.public_ip })).collect();
         *lock(&self.peers) = list;
     }
 

@@ -26,12 +26,5 @@ pub use select::select;
 /// A peer for the unit tests of this module.
 #[cfg(test)]
 pub(crate) fn test_peer(node: &str, subnet: &str, ip: &str) -> crate::peer::Peer {
-    crate::peer::Peer {
-        node: node.into(),
-        subnet: subnet.parse().unwrap(),
-        public_ip: ip.parse().unwrap(),
-        vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
-        any_inner_source: false,
-        v6: None,
-    }
+    crate::peer::Peer::v4(node, subnet.parse().unwrap(), ip.parse().unwrap(), "02:00:00:00:00:01".parse().unwrap())
 }

@@ -59,12 +59,18 @@ pub struct Contents {
 /// no VXLAN is sent to it. It keeps its LPM entry and accepted address: a
 /// peer without DirectRouting may still send VXLAN to us.
 pub fn plan(peers: &[Peer], network: Ipv4Net, on_link: &OnLink) -> Contents {
+    // the IPv4 halves (every peer has one unless the network is IPv6-only)
+    let halves = || peers.iter().filter_map(|p| Some((p.v4?, p.any_inner_source)));
     Contents {
-        direct: peers.iter().filter(|p| on_link.reaches(p.public_ip)).map(|p| (p.subnet, p.public_ip)).collect(),
-        subnets: peers.iter().map(|p| (p.subnet, Tunnel { public_ip: p.public_ip, vtep_mac: p.vtep_mac.0 })).collect(),
-        accept: peers
-            .iter()
-            .map(|p| (p.public_ip, Accept { pod_subnet: p.subnet, any_inner_source: p.any_inner_source }))
+        direct: halves()
+            .filter(|(v4, _)| on_link.reaches(v4.public_ip))
+            .map(|(v4, _)| (v4.subnet, v4.public_ip))
+            .collect(),
+        subnets: halves()
+            .map(|(v4, _)| (v4.subnet, Tunnel { public_ip: v4.public_ip, vtep_mac: v4.vtep_mac.0 }))
+            .collect(),
+        accept: halves()
+            .map(|(v4, any_inner_source)| (v4.public_ip, Accept { pod_subnet: v4.subnet, any_inner_source }))
             .collect(),
         routes: BTreeMap::from([(network, Some(VTEP_GATEWAY))]),
     }

@@ -47,16 +47,19 @@ fn overlaps6(a: Ipv6Net, b: Ipv6Net) -> bool {
 /// Chooses which candidates become peers. A peer the dataplane already
 /// holds (its subnet is in the LPM map with its public IP) keeps its place;
 /// a newcomer whose subnet overlaps ours or an accepted peer's, or whose
-/// public IP or name is taken, is rejected with the reason. In dual-stack
-/// (`own6`) the same holds for a peer's IPv6 half, and a peer whose IPv6
-/// half collides is rejected whole, as flannel treats a node as one lease.
+/// public IP or name is taken, is rejected with the reason. The same holds
+/// for a peer's IPv6 half (against `own6`, our IPv6 pod CIDR), and a peer
+/// whose IPv6 half collides is rejected whole, as flannel treats a node as
+/// one lease. `own` is `None` in an IPv6-only network, whose peers have
+/// no IPv4 half.
 pub fn select(
-    own: Ipv4Net,
+    own: Option<Ipv4Net>,
     own6: Option<Ipv6Net>,
     observed: &Contents,
     candidates: &[Peer],
 ) -> (Vec<Peer>, Vec<Rejection>) {
-    let established = |p: &Peer| observed.subnets.get(&p.subnet).is_some_and(|t| t.public_ip == p.public_ip);
+    let established =
+        |p: &Peer| p.v4.is_some_and(|v4| observed.subnets.get(&v4.subnet).is_some_and(|t| t.public_ip == v4.public_ip));
     let mut ordered: Vec<&Peer> = candidates.iter().filter(|p| established(p)).collect();
     ordered.extend(candidates.iter().filter(|p| !established(p)));
 
@@ -68,16 +71,20 @@ pub fn select(
     let mut intervals6 = Intervals::new();
     for p in ordered {
         let reject = |reason: String| Rejection { node: p.node.clone(), reason };
-        let v6 = p.v6.as_ref();
+        let (v4, v6) = (p.v4.as_ref(), p.v6.as_ref());
         let ip6 = v6.map(|v6| IpAddr::V6(v6.public_ip));
+        let subnet4 = |a: &Peer| a.v4.map(|a4| a4.subnet.to_string()).unwrap_or_default();
         if names.contains(p.node.as_str()) {
             rejected.push(reject("the node is listed twice".into()));
-        } else if own.contains(&p.subnet.network()) || p.subnet.contains(&own.network()) {
-            rejected.push(reject(format!("pod CIDR {} overlaps our own {own}", p.subnet)));
-        } else if let Some(a) = intervals.overlapping(bounds(p.subnet)).map(|i| &accepted[i]) {
-            rejected.push(reject(format!("pod CIDR {} overlaps {} of node {}", p.subnet, a.subnet, a.node)));
-        } else if let Some(a) = ips.get(&IpAddr::V4(p.public_ip)).map(|&i| &accepted[i]) {
-            rejected.push(reject(format!("public IP {} is already node {}'s", p.public_ip, a.node)));
+        } else if let Some((v4, own)) =
+            v4.zip(own).filter(|(v4, own)| own.contains(&v4.subnet.network()) || v4.subnet.contains(&own.network()))
+        {
+            rejected.push(reject(format!("pod CIDR {} overlaps our own {own}", v4.subnet)));
+        } else if let Some((v4, a)) = v4.and_then(|v4| Some((v4, &accepted[intervals.overlapping(bounds(v4.subnet))?])))
+        {
+            rejected.push(reject(format!("pod CIDR {} overlaps {} of node {}", v4.subnet, subnet4(a), a.node)));
+        } else if let Some((v4, a)) = v4.and_then(|v4| Some((v4, &accepted[*ips.get(&IpAddr::V4(v4.public_ip))?]))) {
+            rejected.push(reject(format!("public IP {} is already node {}'s", v4.public_ip, a.node)));
         } else if let Some((v6, own6)) = v6.zip(own6).filter(|(v6, own6)| overlaps6(v6.subnet, *own6)) {
             rejected.push(reject(format!("IPv6 pod CIDR {} overlaps our own {own6}", v6.subnet)));
         } else if let Some((v6, a)) =
@@ -87,10 +94,14 @@ pub fn select(
             rejected.push(reject(format!("IPv6 pod CIDR {} overlaps {theirs} of node {}", v6.subnet, a.node)));
         } else if let Some((ip6, a)) = ip6.and_then(|ip6| Some((ip6, &accepted[*ips.get(&ip6)?]))) {
             rejected.push(reject(format!("public IPv6 {ip6} is already node {}'s", a.node)));
+        } else if v4.is_none() && v6.is_none() {
+            rejected.push(reject("neither an IPv4 nor an IPv6 half".into()));
         } else {
             names.insert(&p.node);
-            ips.insert(IpAddr::V4(p.public_ip), accepted.len());
-            intervals.insert(bounds(p.subnet), accepted.len());
+            if let Some(v4) = v4 {
+                ips.insert(IpAddr::V4(v4.public_ip), accepted.len());
+                intervals.insert(bounds(v4.subnet), accepted.len());
+            }
             if let Some(v6) = v6 {
                 ips.insert(IpAddr::V6(v6.public_ip), accepted.len());
                 intervals6.insert(bounds6(v6.subnet), accepted.len());
@@ -107,8 +118,8 @@ mod tests {
     use crate::reconcile::plan;
     use crate::reconcile::test_peer as peer;
 
-    fn own() -> Ipv4Net {
-        "10.244.1.0/24".parse().unwrap()
+    fn own() -> Option<Ipv4Net> {
+        Some("10.244.1.0/24".parse().unwrap())
     }
     fn nothing() -> Contents {
         Contents::default()
@@ -172,24 +183,15 @@ mod tests {
                     let len = 20 + (r % 9) as u8;
                     let addr = std::net::Ipv4Addr::from(0x0a00_0000 | ((r >> 8) as u32 & 0x00ff_ffff));
                     let net = Ipv4Net::new(addr, len).unwrap().trunc();
-                    Peer {
-                        node: format!("n{i}"),
-                        subnet: net,
-                        public_ip: [198, 18, 1, i as u8].into(),
-                        vtep_mac: "02:00:00:00:00:01".parse().unwrap(),
-                        any_inner_source: false,
-                        v6: None,
-                    }
+                    Peer::v4(&format!("n{i}"), net, [198, 18, 1, i as u8].into(), "02:00:00:00:00:01".parse().unwrap())
                 })
                 .collect();
-            let (ok, _) = select("192.168.0.0/24".parse().unwrap(), None, &nothing(), &candidates);
+            let (ok, _) = select(Some("192.168.0.0/24".parse().unwrap()), None, &nothing(), &candidates);
             // pairwise reference
             let mut want: Vec<&Peer> = Vec::new();
+            let net = |p: &Peer| p.v4.unwrap().subnet;
             for p in &candidates {
-                if !want
-                    .iter()
-                    .any(|a| a.subnet.contains(&p.subnet.network()) || p.subnet.contains(&a.subnet.network()))
-                {
+                if !want.iter().any(|a| net(a).contains(&net(p).network()) || net(p).contains(&net(a).network())) {
                     want.push(p);
                 }
             }
@@ -254,5 +256,32 @@ mod tests {
         );
         assert_eq!(ok.len(), 1);
         assert!(bad[0].reason.contains("of node a"), "{:?}", bad);
+    }
+
+    #[test]
+    fn ipv6_only_peers_are_checked_by_their_ipv6_half() {
+        let only6 = |name: &str, n: u8, subnet6: &str, ip6: u8| Peer { v4: None, ..peer6(name, n, subnet6, ip6) };
+        let own6 = Some("fd00:10:244:1::/64".parse().unwrap());
+        let (ok, bad) = select(
+            None,
+            own6,
+            &nothing(),
+            &[
+                only6("a", 2, "fd00:10:244:2::/64", 2),
+                only6("ours", 3, "fd00:10:244:1::/64", 3),
+                only6("inside", 4, "fd00:10:244:2::/80", 4),
+                only6("sameip", 5, "fd00:10:244:5::/64", 2),
+                only6("a", 6, "fd00:10:244:6::/64", 6),
+                Peer { v6: None, ..only6("empty", 7, "fd00:10:244:7::/64", 7) },
+                only6("b", 8, "fd00:10:244:8::/64", 8),
+            ],
+        );
+        assert_eq!(ok.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        let reason = |n: &str| bad.iter().find(|r| r.node == n).map(|r| r.reason.clone()).unwrap_or_default();
+        assert!(reason("ours").contains("overlaps our own"), "{bad:?}");
+        assert!(reason("inside").contains("of node a"), "{bad:?}");
+        assert!(reason("sameip").contains("already node a's"), "{bad:?}");
+        assert_eq!(reason("a"), "the node is listed twice");
+        assert_eq!(reason("empty"), "neither an IPv4 nor an IPv6 half");
     }
 }

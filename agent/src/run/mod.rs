@@ -251,9 +251,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 let direct = desired.as_ref().is_some_and(|d| d.conf.direct_routing);
                 // the IPv6 VTEP's routes, neighbours and fdb entries are ours too
                 let vtep6 = n.v6.as_ref().map(|s| s.index);
+                let ours = |oif: Option<u32>| oif.is_some() && (oif == n.vtep_index || oif == vtep6);
                 match ev {
                     KernelEvent::Route { oif, .. }
-                        if oif == Some(n.vtep_index) || (direct && oif == Some(c.underlay.index)) || oif.is_some() && oif == vtep6 =>
+                        if ours(oif) || (direct && oif == Some(c.underlay.index)) =>
                     {
                         n.observed = None;
                         Due::soon(&mut due.pass, SETTLE)
@@ -264,7 +265,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     }
                     KernelEvent::Link { index, .. } | KernelEvent::Address { index }
                         if index == c.underlay.index => Due::soon(&mut due.check, SETTLE),
-                    KernelEvent::Link { index, .. } if index == n.vtep_index => Due::soon(&mut due.check, SETTLE),
+                    KernelEvent::Link { index, .. } if Some(index) == n.vtep_index => Due::soon(&mut due.check, SETTLE),
                     KernelEvent::Link { .. } | KernelEvent::Neighbour { .. } => Due::soon(&mut due.learn, SETTLE),
                     _ => {}
                 }
@@ -304,7 +305,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 n.warn_off_underlay();
             }
             if let (Phase::Up(n), Some(d)) = (&mut phase, &desired) {
-                if let Err(e) = n.follow_mtu(&d.conf, underlay.mtu, &c.args.subnet_file, &state).await {
+                if let Err(e) = n.follow_mtu(&d.conf, underlay.mtu, &state).await {
                     warn!("cannot bring the VTEP's MTU in line with the underlay's, retrying: {e:#}");
                     Due::soon(&mut due.check, RETRY_AFTER);
                 }
@@ -346,8 +347,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 }
             },
             Phase::Up(n) if n.own.subnet != own.subnet || n.own.subnet6 != own.subnet6 => {
-                warn!(old = %n.own.subnet, new = %own.subnet, "own pod CIDR changed; re-addressing the VTEP");
-                if let Err(e) = readdress(n, &c, &own, &state).await {
+                warn!(old = ?n.own.subnet, new = ?own.subnet, old6 = ?n.own.subnet6, new6 = ?own.subnet6,
+                    "own pod CIDR changed; re-addressing the VTEP");
+                if let Err(e) = readdress(n, &own, &state).await {
                     error!("cannot apply the new pod CIDR: {e:#}");
                     report.pass_failed(Stage::Readdress, pass);
                     Due::soon(&mut due.pass, RETRY_AFTER);
@@ -358,16 +360,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Phase::Up(_) => {}
         }
         let Phase::Up(n) = &mut phase else { continue };
-        if d.conf.ipv6.as_ref().map(|v6| v6.network) != n.record.v6.as_ref().map(|v6| v6.network) {
+        let families_changed = d.conf.ipv6.as_ref().map(|v6| v6.network) != n.record.v6.as_ref().map(|v6| v6.network)
+            || d.conf.ipv4 != n.record.v4.is_some();
+        if families_changed {
             // a dual-stack node must publish both halves or flannel peers skip it whole: apply it now
-            warn!("EnableIPv6 or IPv6Network changed; rebuilding the dataplane to apply it");
+            warn!("EnableIPv4, EnableIPv6 or IPv6Network changed; rebuilding the dataplane to apply it");
             report.rebuilding();
             phase = Phase::Down;
             Due::soon(&mut due.pass, Duration::ZERO);
             continue;
         }
-        let conf_changed =
-            d.conf.vni != n.record.vni || d.conf.port != n.record.port || d.conf.network != n.record.network;
+        let conf_changed = d.conf.vni != n.record.vni
+            || d.conf.port != n.record.port
+            || n.record.v4.as_ref().is_some_and(|v4| v4.network != d.conf.network);
         if conf_changed && !cached {
             warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
         }

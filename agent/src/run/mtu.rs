@@ -3,7 +3,7 @@ use anyhow::{Context, Result};
 use tracing::{info, warn};
 
 use super::node::Node;
-use crate::{dataplane::device, netconf::NetConf, state::StateDir, subnet_env};
+use crate::{dataplane::device, netconf::NetConf, state::StateDir};
 
 /// Says when `Backend.MTU` was capped to what the underlay carries (at
 /// bring-up, and whenever the VTEP's MTU is set again).
@@ -27,36 +27,35 @@ impl Node {
     /// fragments them (DF clear) or answers "fragmentation needed" (DF set),
     /// instead of the encap program's last-resort drop. subnet.env follows,
     /// for the pods the CNI plugin sets up from now on.
-    pub(super) async fn follow_mtu(
-        &mut self,
-        conf: &NetConf,
-        underlay_mtu: u32,
-        subnet_file: &std::path::Path,
-        state: &StateDir,
-    ) -> Result<()> {
+    pub(super) async fn follow_mtu(&mut self, conf: &NetConf, underlay_mtu: u32, state: &StateDir) -> Result<()> {
         if let Some(v6) = &mut self.v6 {
             v6.follow_mtu(&self.handle, conf, underlay_mtu).await?;
             self.record.v6 = Some(v6.record.clone());
         }
-        let want = super::config::vtep_mtu(conf, underlay_mtu);
-        let link = device::link_by_name(&self.handle, &self.record.vtep_device)
-            .await?
-            .with_context(|| format!("{} is gone", self.record.vtep_device))?;
-        let have = device::link_mtu(&link);
-        if have == Some(want) && self.record.mtu == want {
-            return Ok(());
-        }
-        if have != Some(want) {
-            warn_if_capped(conf, underlay_mtu, want);
-            device::set_mtu(&self.handle, self.vtep_index, want).await?;
-            info!(device = %self.record.vtep_device, underlay_mtu, was = ?have, mtu = want,
-                "VTEP MTU set to what the underlay carries once encapsulated");
-        }
+        // IPv6-only: subnet.env follows the IPv6 VTEP
+        let want = match (&self.record.v4, self.vtep_index) {
+            (Some(v4), Some(index)) => {
+                let want = super::config::vtep_mtu(conf, underlay_mtu);
+                let link = device::link_by_name(&self.handle, &v4.vtep_device)
+                    .await?
+                    .with_context(|| format!("{} is gone", v4.vtep_device))?;
+                let have = device::link_mtu(&link);
+                if have != Some(want) {
+                    warn_if_capped(conf, underlay_mtu, want);
+                    device::set_mtu(&self.handle, index, want).await?;
+                    info!(device = %v4.vtep_device, underlay_mtu, was = ?have, mtu = want,
+                        "VTEP MTU set to what the underlay carries once encapsulated");
+                }
+                want
+            }
+            _ => match &self.record.v6 {
+                Some(v6) => v6.mtu,
+                None => return Ok(()),
+            },
+        };
         if self.record.mtu != want {
-            let r = &self.record;
-            let v6 = r.v6.as_ref().map(|v6| (v6.network, v6.subnet));
-            subnet_env::write(subnet_file, r.network, self.own.subnet, v6, want, r.ip_masq)
-                .with_context(|| format!("cannot write {}", subnet_file.display()))?;
+            // recorded only once subnet.env says it, so a failed write is retried
+            super::node::write_subnet_env(&crate::state::AgentRecord { mtu: want, ..self.record.clone() })?;
             self.record.mtu = want;
             state.save_agent(&self.record)?;
         }

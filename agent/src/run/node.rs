@@ -2,6 +2,8 @@
 //! the desired view (peers, local pods, own address).
 use std::net::Ipv4Addr;
 
+use ipnet::Ipv4Net;
+
 use anyhow::{Context, Result};
 use aya::programs::TcAttachType;
 use edgevx_common::maps::{
@@ -17,8 +19,8 @@ use crate::{
     netfilter,
     peer::{ClusterView, OwnNode},
     reconcile::{self, Dataplane},
-    source::LocalVtep,
-    state::{AgentRecord, StateDir},
+    source::{LocalVtep, LocalVtepV4},
+    state::{AgentRecord, Record4, StateDir},
     subnet_env, vtep_mac,
 };
 
@@ -33,12 +35,14 @@ pub(super) struct Node {
     pub(super) loaded: Option<aya::Ebpf>,
     /// The pod bridge's ifindex while our program is attached to it.
     pub(super) bridge: Option<u32>,
-    pub(super) firewall: netfilter::Firewall,
+    /// The IPv4 firewall chains (`None` in an IPv6-only network).
+    pub(super) firewall: Option<netfilter::Firewall>,
     pub(super) forward_rules: bool,
     pub(super) pins: bpffs::PinDir,
     pub(super) handle: Handle,
     pub(super) maps: Maps,
-    pub(super) vtep_index: u32,
+    /// `flannel.<VNI>`'s ifindex (`None` in an IPv6-only network).
+    pub(super) vtep_index: Option<u32>,
     pub(super) underlay_index: u32,
     pub(super) own: OwnNode,
     pub(super) record: AgentRecord,
@@ -54,7 +58,7 @@ pub(super) struct Node {
     on_link: Option<reconcile::OnLink>,
     /// `drop_vxlan_off_underlay` when last looked at (`warn_off_underlay`).
     pub(super) off_underlay_seen: Option<u64>,
-    /// `flannel-v6.<VNI>` when the network is dual-stack.
+    /// `flannel-v6.<VNI>` when IPv6 is on.
     pub(super) v6: Option<super::node6::Side6>,
 }
 
@@ -65,36 +69,36 @@ pub(super) async fn bring_up(
     state: &StateDir,
     handle: &Handle,
 ) -> Result<Node> {
-    let (mac, _) = vtep_mac::choose(own.published_mac, state)?;
-    let public_ip: Ipv4Addr =
-        super::config::public_ip(c.args.public_ip, own.node_public_ip, &c.underlay).context("no public IP")?;
     // the underlay now: its MTU (or IPv6 address) may have changed since the start-up checks
     let underlay = device::underlay(handle, &c.iface).await.unwrap_or_else(|_| c.underlay.clone());
     let underlay_mtu = underlay.mtu;
+    let plan4 = prepare4(c, conf, &own, state, underlay_mtu)?;
     let plan6 = super::node6::prepare6(c, conf, &own, state, &underlay)?;
     let mtu = super::config::vtep_mtu(conf, underlay_mtu);
-    super::mtu::warn_if_capped(conf, underlay_mtu, mtu);
+    if plan4.is_some() {
+        super::mtu::warn_if_capped(conf, underlay_mtu, mtu);
+    }
     bpffs::ensure_dir_on_bpffs(&c.args.paths.bpffs)?;
     let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
     let ebpf = loader::load(&pins)?;
 
-    let spec = device::VtepSpec {
-        name: device::vtep_name(conf.vni),
-        vni: conf.vni,
-        port: conf.port,
-        local: public_ip,
-        underlay_index: c.underlay.index,
-        mac,
-        mtu,
+    let vtep_index = match &plan4 {
+        Some(p) => {
+            let index = device::ensure_vtep(handle, &p.spec).await?;
+            device::ensure_address(handle, index, p.subnet, conf.network).await?;
+            Some(index)
+        }
+        None => {
+            remove_leftovers4(handle, conf.vni).await?;
+            None
+        }
     };
-    let vtep_index = device::ensure_vtep(handle, &spec).await?;
-    device::ensure_address(handle, vtep_index, own.subnet, conf.network).await?;
 
     let mut maps = Maps::open(&pins)?;
     let bypass = c.args.bypass_netfilter;
     let legacy_encap =
         c.args.legacy_encap || super::kernel::encap_without_l2_eth(aya::util::KernelVersion::current().ok());
-    if legacy_encap {
+    if legacy_encap && plan4.is_some() {
         info!("encapsulating without BPF_F_ADJ_ROOM_ENCAP_L2_ETH (kernel before 5.13, or --legacy-encap)");
     }
     if bypass {
@@ -116,13 +120,14 @@ pub(super) async fn bring_up(
     }
     maps.set_config(&DataplaneConfig {
         vni: conf.vni,
-        local_ip: public_ip.octets(),
-        vtep_mac: mac.0,
+        // all zero in an IPv6-only network: no IPv4 VXLAN is ours, decap refuses every one
+        local_ip: plan4.as_ref().map_or([0; 4], |p| p.spec.local.octets()),
+        vtep_mac: plan4.as_ref().map_or([0; 6], |p| p.spec.mac.0),
         port: conf.port,
         flags: if bypass { FLAG_BYPASS_NETFILTER } else { 0 }
             | if c.args.strict_inner_source { FLAG_STRICT_INNER_SOURCE } else { 0 }
             | if legacy_encap { FLAG_ENCAP_NO_L2_ETH } else { 0 },
-        vtep_ifindex: vtep_index,
+        vtep_ifindex: vtep_index.unwrap_or(0),
         underlay_ifindex: c.underlay.index,
         // all zero: IPv6 off, IPv6 VXLAN is not judged
         public_ip6: plan6.as_ref().map_or([0; 16], |p| p.public_ip().octets()),
@@ -134,25 +139,36 @@ pub(super) async fn bring_up(
     };
 
     let forward_rules = c.args.iptables_forward_rules;
-    // always: the broadcast and multicast VXLAN guard is in the rule set whatever the flags
-    let firewall = netfilter::Firewall::new()?;
-    firewall
-        .apply(&netfilter::plan(conf.network, own.subnet, conf.port, c.args.ip_masq, forward_rules))
-        .context("cannot install the firewall rules")?;
+    let firewall = match &plan4 {
+        Some(p) => {
+            // always: the broadcast and multicast VXLAN guard is in the rule set whatever the flags
+            let firewall = netfilter::Firewall::new()?;
+            firewall
+                .apply(&netfilter::plan(conf.network, p.subnet, conf.port, c.args.ip_masq, forward_rules))
+                .context("cannot install the firewall rules")?;
+            Some(firewall)
+        }
+        None => None,
+    };
 
-    let subnets6 = v6.as_ref().map(|s| (s.record.network, s.record.subnet));
-    subnet_env::write(&c.args.subnet_file, conf.network, own.subnet, subnets6, mtu, c.args.ip_masq)
-        .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
+    let v4 = plan4.map(|p| Record4 {
+        vtep_device: p.spec.name,
+        vtep_mac: p.spec.mac,
+        public_ip: p.spec.local,
+        subnet: p.subnet,
+        network: conf.network,
+    });
+    // IPv6-only: the pods' MTU is the IPv6 VTEP's
+    let mtu = match (&v4, &v6) {
+        (None, Some(s)) => s.record.mtu,
+        _ => mtu,
+    };
     let record = AgentRecord {
         node: c.node.clone(),
         iface: c.iface.clone(),
-        vtep_device: spec.name.clone(),
-        vtep_mac: mac,
+        v4,
         vni: conf.vni,
         port: conf.port,
-        public_ip,
-        subnet: own.subnet,
-        network: conf.network,
         mtu,
         bypass_netfilter: bypass,
         ip_masq: c.args.ip_masq,
@@ -166,9 +182,12 @@ pub(super) async fn bring_up(
         pid: std::process::id(),
         v6: v6.as_ref().map(|s| s.record.clone()),
     };
+    write_subnet_env(&record)?;
     state.save_agent(&record)?;
-    info!(device = %spec.name, %mac, %public_ip, subnet = %own.subnet, mtu, bypass_netfilter = bypass,
-        ip_masq = c.args.ip_masq, "VTEP ready");
+    if let Some(r) = &record.v4 {
+        info!(device = %r.vtep_device, mac = %r.vtep_mac, public_ip = %r.public_ip, subnet = %r.subnet, mtu,
+            bypass_netfilter = bypass, ip_masq = c.args.ip_masq, "VTEP ready");
+    }
     Ok(Node {
         handle: handle.clone(),
         vtep_index,
@@ -190,26 +209,88 @@ pub(super) async fn bring_up(
     })
 }
 
+/// subnet.env as `r` says: both families' lines, or one family's.
+pub(super) fn write_subnet_env(r: &AgentRecord) -> Result<()> {
+    let v4 = r.v4.as_ref().map(|v4| (v4.network, v4.subnet));
+    let v6 = r.v6.as_ref().map(|v6| (v6.network, v6.subnet));
+    subnet_env::write(&r.subnet_file, v4, v6, r.mtu, r.ip_masq)
+        .with_context(|| format!("cannot write {}", r.subnet_file.display()))
+}
+
+/// What `flannel.<VNI>` will be (`None` in an IPv6-only network). Chooses
+/// and saves its MAC.
+struct Plan4 {
+    spec: device::VtepSpec,
+    subnet: Ipv4Net,
+}
+
+fn prepare4(c: &Checked, conf: &NetConf, own: &OwnNode, state: &StateDir, underlay_mtu: u32) -> Result<Option<Plan4>> {
+    if !conf.ipv4 {
+        return Ok(None);
+    }
+    let subnet = own.subnet.context("this node has no IPv4 pod CIDR (spec.podCIDRs, or the etcd lease)")?;
+    let (mac, _) = vtep_mac::choose(own.published_mac, state)?;
+    let public_ip: Ipv4Addr =
+        super::config::public_ip(c.args.public_ip, own.node_public_ip, &c.underlay).context("no public IP")?;
+    let spec = device::VtepSpec {
+        name: device::vtep_name(conf.vni),
+        vni: conf.vni,
+        port: conf.port,
+        local: public_ip,
+        underlay_index: c.underlay.index,
+        mac,
+        mtu: super::config::vtep_mtu(conf, underlay_mtu),
+    };
+    Ok(Some(Plan4 { spec, subnet }))
+}
+
+/// In an IPv6-only network: a `flannel.<VNI>` left by an earlier run (ours
+/// or flanneld's) would take IPv4 VXLAN and route the IPv4 pod network
+/// that nothing programs, so it goes, and our iptables chains with it.
+async fn remove_leftovers4(handle: &Handle, vni: u32) -> Result<()> {
+    let name = device::vtep_name(vni);
+    if device::delete_link(handle, &name).await? {
+        warn!(device = %name, "IPv4 is off in the network config (IPv6-only): deleted the IPv4 VTEP an earlier run left");
+    }
+    if let Ok(fw) = netfilter::Firewall::new() {
+        if fw.remove_all().context("cannot remove the IPv4 firewall rules")? {
+            info!("IPv4 is off (IPv6-only): removed edgevx's iptables chains");
+        }
+    }
+    Ok(())
+}
+
 impl Node {
     /// Attaches (or swaps in) the programs, then drops what flanneld left on
     /// the VTEP: per-peer arp and fdb entries, now unused.
     pub(super) async fn attach(&mut self) -> Result<()> {
         let Some(mut ebpf) = self.pending.take() else { return Ok(()) };
         let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
-        loader::attach_as(mode, &mut ebpf, pins, loader::ENCAP, &r.vtep_device, TcAttachType::Egress)?;
+        if let Some(v4) = &r.v4 {
+            loader::attach_as(mode, &mut ebpf, pins, loader::ENCAP, &v4.vtep_device, TcAttachType::Egress)?;
+        }
+        // IPv6-only too: it judges the IPv6 VXLAN flannel-v6.<VNI> takes in
         loader::attach_as(mode, &mut ebpf, pins, loader::DECAP, &r.iface, TcAttachType::Ingress)?;
         self.loaded = Some(ebpf); // the pinned links (or filters) keep the programs; the pinned maps keep their state
         for old in self.pins.other_versions() {
             loader::retire(&old)?;
         }
-        device::set_noarp(&self.handle, self.vtep_index).await?;
-        match device::flush_static_neighbours(&self.handle, self.vtep_index).await? {
-            0 => {}
-            n => info!(entries = n, "removed arp/fdb entries left on the VTEP (adopted from flanneld)"),
+        if let Some(index) = self.vtep_index {
+            device::set_noarp(&self.handle, index).await?;
+            match device::flush_static_neighbours(&self.handle, index).await? {
+                0 => {}
+                n => info!(entries = n, "removed arp/fdb entries left on the VTEP (adopted from flanneld)"),
+            }
         }
         let r = &self.record;
-        info!(device = %r.vtep_device, iface = %r.iface, mac = %r.vtep_mac, public_ip = %r.public_ip, subnet = %r.subnet,
-            bypass_netfilter = r.bypass_netfilter, attach = r.attach.name(), "dataplane up");
+        match &r.v4 {
+            Some(v4) => {
+                info!(device = %v4.vtep_device, iface = %r.iface, mac = %v4.vtep_mac, public_ip = %v4.public_ip,
+                subnet = %v4.subnet, bypass_netfilter = r.bypass_netfilter, attach = r.attach.name(), "dataplane up")
+            }
+            None => info!(device = r.v6.as_ref().map(|v6| v6.device.as_str()), iface = %r.iface,
+                attach = r.attach.name(), "dataplane up (IPv6-only)"),
+        }
         Ok(())
     }
 
@@ -223,27 +304,68 @@ impl Node {
         state: &StateDir,
         warned: &mut Warned,
     ) -> bool {
-        let network = self.record.network;
+        let t = std::time::Instant::now();
+        let fresh = self.observed.is_none();
+        if let Some(v6) = self.v6.as_mut().filter(|_| fresh) {
+            v6.observed = None; // a resync or a route event reads both back
+        }
+        let chosen = match (self.vtep_index, self.record.v4.as_ref().map(|v4| v4.network)) {
+            (Some(vtep_index), Some(network)) => {
+                self.reconcile4(view, direct_routing, vtep_index, network, warned).await
+            }
+            _ => {
+                // IPv6-only: the peers are their IPv6 halves
+                let (accepted, rejected) = reconcile::select(None, self.own.subnet6, &Default::default(), &view.peers);
+                warned.conflicts(&rejected);
+                self.observed = Some(Default::default());
+                Some((accepted, true))
+            }
+        };
+        let Some((accepted, mut ok)) = chosen else { return false };
+        tracing::debug!(peers = accepted.len(), total_ms = t.elapsed().as_millis() as u64, "reconcile pass");
+        if accepted != self.accepted {
+            // names for `edgevx status` and the hand-over to flanneld; not a
+            // record of what is programmed (the maps are)
+            if let Err(e) = state.save_peers(accepted.iter()) {
+                ok = false;
+                error!("cannot save the peer list: {e:#}");
+            }
+            self.accepted = accepted;
+        }
+        if let Some(v6) = &mut self.v6 {
+            ok &= v6.reconcile(&self.handle, &mut self.maps, &self.accepted, direct_routing, self.underlay_index).await;
+        }
+        ok
+    }
+
+    /// The IPv4 pass: chooses the peers and programs their IPv4 halves;
+    /// returns the chosen peers and whether every write went through, or
+    /// `None` when the dataplane could not be read.
+    async fn reconcile4(
+        &mut self,
+        view: &ClusterView,
+        direct_routing: bool,
+        vtep_index: u32,
+        network: Ipv4Net,
+        warned: &mut Warned,
+    ) -> Option<(Vec<crate::peer::Peer>, bool)> {
         let t = std::time::Instant::now();
         let mut dp = peers::Programmed {
             maps: &mut self.maps,
             handle: &self.handle,
-            vtep_index: self.vtep_index,
+            vtep_index,
             underlay_index: self.underlay_index,
             network,
         };
         let cached = self.observed.take();
         let fresh = cached.is_none();
-        if let Some(v6) = self.v6.as_mut().filter(|_| fresh) {
-            v6.observed = None; // a resync or a route event reads both back
-        }
         let observed = match cached {
             Some(o) => o,
             None => match dp.observe().await {
                 Ok(o) => o,
                 Err(e) => {
                     warn!("cannot read back the dataplane: {e:#}");
-                    return false;
+                    return None;
                 }
             },
         };
@@ -254,7 +376,7 @@ impl Node {
                 Ok(l) => l,
                 Err(e) => {
                     warn!("cannot read which peers are on-link (DirectRouting): {e:#}");
-                    return false;
+                    return None;
                 }
             },
         };
@@ -277,55 +399,51 @@ impl Node {
         self.observed = (outcome.ok() && !held_back).then_some(want);
         self.on_link = direct_routing.then_some(on_link);
         tracing::debug!(
-            peers = accepted.len(),
             changes = changes.len(),
             observe_and_plan_ms = planned.as_millis() as u64,
-            total_ms = t.elapsed().as_millis() as u64,
-            "reconcile pass"
+            "IPv4 reconcile pass"
         );
-        let mut ok = outcome.ok();
-        if accepted != self.accepted {
-            // names for `edgevx status` and the hand-over to flanneld; not a
-            // record of what is programmed (the maps are)
-            if let Err(e) = state.save_peers(accepted.iter()) {
-                ok = false;
-                error!("cannot save the peer list: {e:#}");
-            }
-            self.accepted = accepted;
-        }
-        if let Some(v6) = &mut self.v6 {
-            ok &= v6.reconcile(&self.handle, &mut self.maps, &self.accepted, direct_routing, self.underlay_index).await;
-        }
-        ok
+        Some((accepted, outcome.ok()))
     }
 
     /// What this node publishes about itself (annotations, etcd lease).
     pub(super) fn local_vtep(&self) -> LocalVtep {
         let r = &self.record;
         LocalVtep {
-            mac: r.vtep_mac,
-            public_ip: r.public_ip,
             vni: r.vni,
-            subnet: self.own.subnet,
+            v4: r.v4.as_ref().map(|v4| LocalVtepV4 { mac: v4.vtep_mac, public_ip: v4.public_ip, subnet: v4.subnet }),
             v6: self.v6.as_ref().map(|s| s.local()),
         }
     }
 
-    /// Whether the VTEP device and both attached programs are still there.
+    /// Whether the VTEP devices and the attached programs are still there.
     pub(super) async fn intact(&self) -> bool {
         if self.pending.is_some() {
             return true; // not attached yet
         }
-        let device_ok = matches!(device::link_by_name(&self.handle, &self.record.vtep_device).await,
-            Ok(Some(l)) if l.header.index == self.vtep_index);
+        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
+        let v4_ok = match (&r.v4, self.vtep_index) {
+            (Some(v4), Some(index)) => {
+                matches!(device::link_by_name(&self.handle, &v4.vtep_device).await,
+                    Ok(Some(l)) if l.header.index == index)
+                    && loader::attached_as(
+                        mode,
+                        &self.handle,
+                        pins,
+                        loader::ENCAP,
+                        &v4.vtep_device,
+                        TcAttachType::Egress,
+                    )
+                    .await
+            }
+            _ => true,
+        };
         let v6_ok = match &self.v6 {
             Some(v6) => v6.intact(&self.handle).await,
             None => true,
         };
-        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
-        device_ok
+        v4_ok
             && v6_ok
-            && loader::attached_as(mode, &self.handle, pins, loader::ENCAP, &r.vtep_device, TcAttachType::Egress).await
             && loader::attached_as(mode, &self.handle, pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await
     }
 
@@ -371,13 +489,14 @@ impl Node {
     /// programs may deliver to. In the default mode that is a pod behind a
     /// bridge our program is attached to (so the decapsulated GSO packets
     /// reach its port whole), or a pod on a routed veth of its own.
+    /// IPv6-only: nothing, the kernel delivers IPv6.
     pub(super) async fn learn_pods(&mut self) {
-        if self.pending.is_some() {
-            return; // not attached yet
-        }
+        let Some(subnet) = self.own.subnet.filter(|_| self.pending.is_none() && self.vtep_index.is_some()) else {
+            return; // not attached yet, or no IPv4
+        };
         let bridge = self.ensure_bridge_program().await;
         let bypass = self.record.bypass_netfilter;
-        match local_pods::discover(&self.handle, self.own.subnet).await {
+        match local_pods::discover(&self.handle, subnet).await {
             Ok(learned) => {
                 let pods: std::collections::BTreeMap<[u8; 4], LocalPod> = learned
                     .into_iter()
@@ -395,9 +514,11 @@ impl Node {
     /// Re-asserts our firewall chains (someone may have flushed them).
     pub(super) fn enforce_rules(&self) {
         let r = &self.record;
-        let rules = netfilter::plan(r.network, self.own.subnet, r.port, r.ip_masq, self.forward_rules);
-        if let Err(e) = self.firewall.apply(&rules) {
-            warn!("cannot restore the firewall rules: {e:#}");
+        if let (Some(fw), Some(v4)) = (&self.firewall, &r.v4) {
+            let rules = netfilter::plan(v4.network, v4.subnet, r.port, r.ip_masq, self.forward_rules);
+            if let Err(e) = fw.apply(&rules) {
+                warn!("cannot restore the firewall rules: {e:#}");
+            }
         }
         if let Some(v6) = &self.v6 {
             v6.enforce_rules(r.port, r.ip_masq, self.forward_rules);
@@ -405,8 +526,15 @@ impl Node {
     }
 }
 
-pub(super) async fn readdress(n: &mut Node, c: &Checked, own: &OwnNode, state: &StateDir) -> Result<()> {
-    device::ensure_address(&n.handle, n.vtep_index, own.subnet, n.record.network).await?;
+pub(super) async fn readdress(n: &mut Node, own: &OwnNode, state: &StateDir) -> Result<()> {
+    if let (Some(index), Some(v4), Some(subnet)) = (n.vtep_index, n.record.v4.as_mut(), own.subnet) {
+        device::ensure_address(&n.handle, index, subnet, v4.network).await?;
+        if let Some(fw) = &n.firewall {
+            let rules = netfilter::plan(v4.network, subnet, n.record.port, n.record.ip_masq, n.forward_rules);
+            fw.apply(&rules).context("cannot update the firewall rules")?;
+        }
+        v4.subnet = subnet;
+    }
     if let (Some(v6), Some(subnet6)) = (&mut n.v6, own.subnet6) {
         if v6.record.subnet != subnet6 {
             crate::dataplane::vtep6::ensure_address6(&n.handle, v6.index, subnet6).await?;
@@ -414,11 +542,7 @@ pub(super) async fn readdress(n: &mut Node, c: &Checked, own: &OwnNode, state: &
             n.record.v6 = Some(v6.record.clone());
         }
     }
-    let subnets6 = n.record.v6.as_ref().map(|v6| (v6.network, v6.subnet));
-    subnet_env::write(&c.args.subnet_file, n.record.network, own.subnet, subnets6, n.record.mtu, n.record.ip_masq)?;
-    let rules = netfilter::plan(n.record.network, own.subnet, n.record.port, n.record.ip_masq, n.forward_rules);
-    n.firewall.apply(&rules).context("cannot update the firewall rules")?;
+    write_subnet_env(&n.record)?;
     n.own = own.clone();
-    n.record.subnet = own.subnet;
     state.save_agent(&n.record)
 }

@@ -108,6 +108,9 @@ struct RefusedConfig(String);
 fn read_config(text: &str, key: &str) -> Result<(NetConf, Ranges), RefusedConfig> {
     // Backend.MTU is applied: the run loop sizes the VTEP from this config
     let conf = NetConf::parse(text, key).map_err(|e| RefusedConfig(e.to_string()))?;
+    if !conf.ipv4 {
+        return Err(RefusedConfig(format!("{key}: EnableIPv4: {}", crate::netconf::IPV6_ONLY_ETCD)));
+    }
     crate::netfilter::check_backend(conf.nftables).map_err(|e| RefusedConfig(format!("{key}: {e:#}")))?;
     let v4 = leases::subnet_range(text, &conf).map_err(|e| RefusedConfig(format!("{key}: {e}")))?;
     let v6 = match &conf.ipv6 {
@@ -335,7 +338,7 @@ impl Session {
             conf: self.conf.clone(),
             view: ClusterView {
                 own: Some(OwnNode {
-                    subnet: self.own,
+                    subnet: Some(self.own),
                     published_mac: ours.as_ref().and_then(|l| l.vtep_mac),
                     node_public_ip: None,
                     subnet6: self.own6,
@@ -477,6 +480,8 @@ mod tests {
         assert_eq!(e, format!("{KEY}: IPv6Network is too small. Minimum useful network prefix is /124"));
         let e = refused(r#"{"Network":"10.244.0.0/16","SubnetLen":12}"#);
         assert!(e.contains("SubnetLen") && e.contains(KEY), "{e}");
+        let e = refused(r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00::/56"}"#);
+        assert!(e.contains("EnableIPv4") && e.contains(crate::netconf::IPV6_ONLY_ETCD) && e.contains(KEY), "{e}");
     }
 
     #[test]

@@ -8,16 +8,18 @@ use serde_json::Value;
 use crate::{
     annotations::{ANY_INNER_SOURCE, AnnotationNames},
     mac::VtepMac,
-    peer::{ClusterView, OwnNode, Peer, PeerV6, Rejection},
+    peer::{ClusterView, OwnNode, Peer, PeerV4, PeerV6, Rejection},
 };
 
 /// How to read a node list for one agent.
 pub struct Rules<'a> {
     pub names: &'a AnnotationNames,
     pub own_name: &'a str,
-    pub network: Ipv4Net,
-    /// `IPv6Network` when the network is dual-stack; `None` ignores every
-    /// IPv6 annotation and pod CIDR.
+    /// `Network`; `None` in an IPv6-only network (`EnableIPv4: false`),
+    /// which ignores every IPv4 annotation and pod CIDR.
+    pub network: Option<Ipv4Net>,
+    /// `IPv6Network` when IPv6 is on; `None` ignores every IPv6 annotation
+    /// and pod CIDR.
     pub network6: Option<Ipv6Net>,
 }
 
@@ -91,7 +93,7 @@ fn pod_cidr6(node: &Value) -> Result<Ipv6Net, String> {
     let text = texts
         .iter()
         .find(|t| t.contains(':'))
-        .ok_or_else(|| format!("missing IPv6 address on spec.podCIDRs (dual-stack), has {texts:?}"))?;
+        .ok_or_else(|| format!("missing IPv6 address on spec.podCIDRs (IPv6 is on), has {texts:?}"))?;
     let net: Ipv6Net = text.parse().map_err(|_| format!("bad IPv6 pod CIDR {text:?}"))?;
     if net.trunc() != net {
         return Err(format!("IPv6 pod CIDR {text} has host bits set"));
@@ -147,6 +149,37 @@ impl Rules<'_> {
                 return Ok(Verdict::Ignored(format!("backend type {other:?} is not \"vxlan\"")));
             }
         }
+        // IPv6-only: flannel's nodeToLease reads no IPv4 annotation or pod CIDR
+        let v4 = match self.network {
+            Some(network) => Some(self.peer4(&ann, node, network, own_ips)?),
+            None => None,
+        };
+        let any_inner_source = ann.get(ANY_INNER_SOURCE) == Some("true");
+        let Some(network6) = self.network6 else {
+            return Ok(Verdict::Peer(Peer { node: name.to_string(), v4, any_inner_source, v6: None }, None));
+        };
+        let half6 = self.peer6(&ann, node)?;
+        let (v6, partial) = match v4 {
+            // dual-stack: flannel skips a node without its IPv6 half whole (nodeToLease,
+            // handleSubnetEvents), so kernel flannel nodes never program its IPv4 half either;
+            // a half that parses but no IPv6 VTEP can be is left out alone
+            Some(_) => match super::peer_record::checked_half6(half6, network6, &own_ips.v6) {
+                Ok(v6) => (Some(v6), None),
+                Err(why) => (None, Some(format!("public-ipv6 annotation or IPv6 pod CIDR: {why}"))),
+            },
+            // IPv6-only: that half is the whole peer
+            None => {
+                super::peer_record::check6(half6.public_ip, half6.subnet, network6, &own_ips.v6)
+                    .map_err(|e| format!("public-ipv6 annotation or IPv6 pod CIDR: {e}"))?;
+                (Some(half6), None)
+            }
+        };
+        Ok(Verdict::Peer(Peer { node: name.to_string(), v4, any_inner_source, v6 }, partial))
+    }
+
+    /// A peer's IPv4 half; every part is required and must parse.
+    fn peer4(&self, ann: &Annotations, node: &Value, network: Ipv4Net, own_ips: &OwnIps) -> Result<PeerV4, String> {
+        let n = self.names;
         let data = ann.get(&n.backend_data).ok_or_else(|| format!("no {} annotation", n.backend_data))?;
         let vtep_mac = vtep_mac("backend-data", data)?;
         // public-ip-overwrite is what the node's own agent publishes as public-ip
@@ -156,21 +189,9 @@ impl Rules<'_> {
             (_, None) => return Err(format!("no {} annotation", n.public_ip)),
         };
         let subnet = pod_cidr(node)?;
-        super::peer_record::check(public_ip, subnet, self.network, &own_ips.v4)
+        super::peer_record::check(public_ip, subnet, network, &own_ips.v4)
             .map_err(|e| format!("public-ip annotation or pod CIDR: {e}"))?;
-        // dual-stack: flannel skips a node without its IPv6 half whole (nodeToLease,
-        // handleSubnetEvents), so kernel flannel nodes never program its IPv4 half either;
-        // a half that parses but no IPv6 VTEP can be is left out alone
-        let (v6, partial) = match self.network6 {
-            Some(network6) => match super::peer_record::checked_half6(self.peer6(&ann, node)?, network6, &own_ips.v6) {
-                Ok(v6) => (Some(v6), None),
-                Err(why) => (None, Some(format!("public-ipv6 annotation or IPv6 pod CIDR: {why}"))),
-            },
-            None => (None, None),
-        };
-        let any_inner_source = ann.get(ANY_INNER_SOURCE) == Some("true");
-        let peer = Peer { node: name.to_string(), subnet, public_ip, vtep_mac, any_inner_source, v6 };
-        Ok(Verdict::Peer(peer, partial))
+        Ok(PeerV4 { subnet, public_ip, vtep_mac })
     }
 
     /// A peer's IPv6 half; every part is required and must parse.
@@ -179,33 +200,36 @@ impl Rules<'_> {
         let public_ip = match (ann.get(&n.public_ipv6_overwrite), ann.get(&n.public_ipv6)) {
             (Some(o), _) if !o.is_empty() => parse_ip6("public-ipv6-overwrite", o)?,
             (_, Some(p)) => parse_ip6("public-ipv6", p)?,
-            (_, None) => return Err(format!("no {} annotation (dual-stack)", n.public_ipv6)),
+            (_, None) => return Err(format!("no {} annotation (IPv6 is on)", n.public_ipv6)),
         };
         let data =
-            ann.get(&n.backend_v6_data).ok_or_else(|| format!("no {} annotation (dual-stack)", n.backend_v6_data))?;
+            ann.get(&n.backend_v6_data).ok_or_else(|| format!("no {} annotation (IPv6 is on)", n.backend_v6_data))?;
         let vtep_mac = vtep_mac("backend-v6-data", data)?;
         Ok(PeerV6 { subnet: pod_cidr6(node)?, public_ip, vtep_mac })
     }
 
     fn own(&self, node: &Value) -> Result<OwnNode, String> {
         let ann = annotations(node)?;
-        let subnet = pod_cidr(node)?;
-        if !self.network.contains(&subnet) {
-            return Err(format!("pod CIDR {subnet} is outside the network {}", self.network));
-        }
-        let published_mac = ann.get(&self.names.backend_data).and_then(|d| vtep_mac("backend-data", d).ok());
-        let node_public_ip = match ann.get(&self.names.node_public_ip) {
-            Some(ip) => Some(parse_ip("node-public-ip", ip)?),
-            None => None,
-        };
         let mut own = OwnNode {
-            subnet,
-            published_mac,
-            node_public_ip,
+            subnet: None,
+            published_mac: None,
+            node_public_ip: None,
             subnet6: None,
             published_mac6: None,
             node_public_ipv6: None,
         };
+        if let Some(network) = self.network {
+            let subnet = pod_cidr(node)?;
+            if !network.contains(&subnet) {
+                return Err(format!("pod CIDR {subnet} is outside the network {network}"));
+            }
+            own.subnet = Some(subnet);
+            own.published_mac = ann.get(&self.names.backend_data).and_then(|d| vtep_mac("backend-data", d).ok());
+            own.node_public_ip = match ann.get(&self.names.node_public_ip) {
+                Some(ip) => Some(parse_ip("node-public-ip", ip)?),
+                None => None,
+            };
+        }
         if let Some(network6) = self.network6 {
             let subnet6 = pod_cidr6(node)?;
             if !network6.contains(&subnet6) {
@@ -311,13 +335,14 @@ mod tests {
 
     fn view(nodes: &[Value]) -> ClusterView {
         let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
-        Rules { names: &names, own_name: "me", network: "10.244.0.0/16".parse().unwrap(), network6: None }.view(nodes)
+        Rules { names: &names, own_name: "me", network: Some("10.244.0.0/16".parse().unwrap()), network6: None }
+            .view(nodes)
     }
 
     fn view6(nodes: &[Value]) -> ClusterView {
         let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
         let network6 = Some("fd00:10:244::/56".parse().unwrap());
-        Rules { names: &names, own_name: "me", network: "10.244.0.0/16".parse().unwrap(), network6 }.view(nodes)
+        Rules { names: &names, own_name: "me", network: Some("10.244.0.0/16".parse().unwrap()), network6 }.view(nodes)
     }
 
     const GOOD6: &str = r#"{"VNI":1,"VtepMAC":"ae:00:00:00:00:06"}"#;
@@ -341,10 +366,10 @@ mod tests {
         let v =
             view(&[node("me", "10.244.1.0/24", "198.18.0.1", GOOD), node("b", "10.244.2.0/24", "198.18.0.2", GOOD)]);
         let own = v.own.unwrap();
-        assert_eq!(own.subnet.to_string(), "10.244.1.0/24");
+        assert_eq!(own.subnet.unwrap().to_string(), "10.244.1.0/24");
         assert_eq!(own.published_mac.unwrap().to_string(), "9e:c9:07:f9:b3:8b");
         assert_eq!(v.peers.len(), 1);
-        assert_eq!(v.peers[0].public_ip, Ipv4Addr::new(198, 18, 0, 2));
+        assert_eq!(v.peers[0].v4.unwrap().public_ip, Ipv4Addr::new(198, 18, 0, 2));
         assert!(v.rejected.is_empty());
     }
 
@@ -375,7 +400,7 @@ mod tests {
     fn overwrite_wins_over_public_ip() {
         let mut n = node("b", "10.244.2.0/24", "198.18.0.2", GOOD);
         n["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ip-overwrite"] = json!("198.18.5.5");
-        assert_eq!(view(&[n]).peers[0].public_ip, Ipv4Addr::new(198, 18, 5, 5));
+        assert_eq!(view(&[n]).peers[0].v4.unwrap().public_ip, Ipv4Addr::new(198, 18, 5, 5));
     }
 
     #[test]
@@ -554,5 +579,62 @@ mod tests {
         let mut me = node6("me", 1);
         me["spec"] = json!({"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]});
         assert!(view6(&[me]).own_problem.unwrap().contains("missing IPv6 address"));
+    }
+
+    /// An IPv6-only flannel node, as flannel's AcquireLease leaves it: no
+    /// IPv4 annotation, one IPv6 pod CIDR.
+    fn node_v6_only(name: &str, n: u8) -> Value {
+        json!({
+            "metadata": {"name": name, "annotations": {
+                "flannel.alpha.coreos.com/kube-subnet-manager": "true",
+                "flannel.alpha.coreos.com/backend-type": "vxlan",
+                "flannel.alpha.coreos.com/backend-v6-data": GOOD6,
+                "flannel.alpha.coreos.com/public-ipv6": format!("fd00:198:18::{n}"),
+            }},
+            "spec": {"podCIDR": format!("fd00:10:244:{n}::/64"), "podCIDRs": [format!("fd00:10:244:{n}::/64")]}
+        })
+    }
+
+    fn view_v6_only(nodes: &[Value]) -> ClusterView {
+        let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
+        let network6 = Some("fd00:10:244::/56".parse().unwrap());
+        Rules { names: &names, own_name: "me", network: None, network6 }.view(nodes)
+    }
+
+    #[test]
+    fn ipv6_only_reads_no_ipv4_and_needs_the_ipv6_half() {
+        let mut bad_ip = node_v6_only("badip", 4);
+        bad_ip["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ipv6"] = json!("198.18.0.4");
+        let mut link_local = node_v6_only("linklocal", 5);
+        link_local["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ipv6"] = json!("fe80::5");
+        let v = view_v6_only(&[
+            node_v6_only("me", 1),
+            node_v6_only("b", 2),
+            // a dual-stack node is read by its IPv6 half
+            node6("c", 3),
+            bad_ip,
+            link_local,
+            node("v4only", "10.244.6.0/24", "198.18.0.6", GOOD),
+        ]);
+        let own = v.own.as_ref().unwrap();
+        assert_eq!((own.subnet, own.published_mac), (None, None));
+        assert_eq!(own.subnet6.unwrap().to_string(), "fd00:10:244:1::/64");
+        assert_eq!(own.published_mac6.unwrap().to_string(), "ae:00:00:00:00:06");
+        let peers: Vec<(&str, bool, String)> =
+            v.peers.iter().map(|p| (p.node.as_str(), p.v4.is_some(), p.v6.unwrap().subnet.to_string())).collect();
+        assert_eq!(peers, [("b", false, "fd00:10:244:2::/64".into()), ("c", false, "fd00:10:244:3::/64".into())]);
+        let reason = |n: &str| v.rejected.iter().find(|r| r.node == n).map(|r| r.reason.clone()).unwrap_or_default();
+        assert!(reason("badip").contains("public-ipv6"), "{:?}", v.rejected);
+        // without an IPv4 half, an unusable IPv6 half rejects the peer whole
+        assert!(
+            reason("linklocal").contains("link-local") && !reason("linklocal").contains("IPv4"),
+            "{:?}",
+            v.rejected
+        );
+        assert!(reason("v4only").contains("public-ipv6"), "{:?}", v.rejected);
+        assert!(v.partial.is_empty(), "{:?}", v.partial);
+        // our own node without an IPv6 pod CIDR
+        let v = view_v6_only(&[node("me", "10.244.1.0/24", "198.18.0.1", GOOD)]);
+        assert!(v.own.is_none() && v.own_problem.unwrap().contains("IPv6"));
     }
 }

@@ -106,7 +106,9 @@ pub fn backend_data(vni: u32, mac: crate::mac::VtepMac) -> String {
 
 /// The annotations flanneld publishes for a vxlan node; in dual-stack also
 /// `backend-v6-data` and `public-ipv6`, in the same patch, since kernel
-/// flannel nodes skip a node whose IPv6 half is missing.
+/// flannel nodes skip a node whose IPv6 half is missing. IPv6-only
+/// publishes only those two, as flannel's `AcquireLease` does (its IPv4
+/// backend data is `null` there).
 pub fn wanted_annotations(
     names: &AnnotationNames,
     local: &LocalVtep,
@@ -114,13 +116,15 @@ pub fn wanted_annotations(
 ) -> BTreeMap<String, String> {
     // public-ip(v6)-overwrite is what flanneld publishes instead of its own address
     let overwrite = |key: &String| current.get(key).filter(|o| !o.is_empty()).cloned();
-    let public_ip = overwrite(&names.public_ip_overwrite).unwrap_or_else(|| local.public_ip.to_string());
     let mut want = BTreeMap::from([
         (names.subnet_manager.clone(), "true".to_string()),
         (names.backend_type.clone(), "vxlan".to_string()),
-        (names.backend_data.clone(), backend_data(local.vni, local.mac)),
-        (names.public_ip.clone(), public_ip),
     ]);
+    if let Some(v4) = &local.v4 {
+        let public_ip = overwrite(&names.public_ip_overwrite).unwrap_or_else(|| v4.public_ip.to_string());
+        want.insert(names.backend_data.clone(), backend_data(local.vni, v4.mac));
+        want.insert(names.public_ip.clone(), public_ip);
+    }
     if let Some(v6) = &local.v6 {
         let public_ipv6 = overwrite(&names.public_ipv6_overwrite).unwrap_or_else(|| v6.public_ip.to_string());
         want.insert(names.backend_v6_data.clone(), backend_data(local.vni, v6.mac));
@@ -239,16 +243,46 @@ mod tests {
     use super::*;
     use crate::annotations::DEFAULT_PREFIX;
 
+    fn v4() -> crate::source::LocalVtepV4 {
+        crate::source::LocalVtepV4 {
+            mac: "02:aa:00:00:00:01".parse().unwrap(),
+            public_ip: "198.18.0.1".parse().unwrap(),
+            subnet: "10.244.1.0/24".parse().unwrap(),
+        }
+    }
+
+    fn v6() -> crate::source::LocalVtepV6 {
+        crate::source::LocalVtepV6 {
+            mac: "02:BB:00:00:00:0A".parse().unwrap(),
+            public_ip: "FD00:198:18:0:0::1".parse().unwrap(),
+            subnet: "fd00:10:244:1::/64".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn ipv6_only_publishes_no_ipv4_annotation() {
+        let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
+        let local = LocalVtep { vni: 1, v4: None, v6: Some(v6()) };
+        // a stale IPv4 pair from an earlier run is left as it is, as flannel leaves it
+        let current = BTreeMap::from([(names.public_ip.clone(), "198.18.0.1".to_string())]);
+        let want = wanted_annotations(&names, &local, &current);
+        let keys: Vec<&str> = want.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "flannel.alpha.coreos.com/backend-type",
+                "flannel.alpha.coreos.com/backend-v6-data",
+                "flannel.alpha.coreos.com/kube-subnet-manager",
+                "flannel.alpha.coreos.com/public-ipv6",
+            ]
+        );
+        assert_eq!(want["flannel.alpha.coreos.com/backend-v6-data"], r#"{"VNI":1,"VtepMAC":"02:bb:00:00:00:0a"}"#);
+    }
+
     #[test]
     fn publishes_flannel_annotations_and_honours_overwrite() {
         let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
-        let local = LocalVtep {
-            mac: "02:aa:00:00:00:01".parse().unwrap(),
-            public_ip: "198.18.0.1".parse().unwrap(),
-            vni: 1,
-            subnet: "10.244.1.0/24".parse().unwrap(),
-            v6: None,
-        };
+        let local = LocalVtep { vni: 1, v4: Some(v4()), v6: None };
         let want = wanted_annotations(&names, &local, &BTreeMap::new());
         assert_eq!(want["flannel.alpha.coreos.com/backend-data"], r#"{"VNI":1,"VtepMAC":"02:aa:00:00:00:01"}"#);
         assert_eq!(want["flannel.alpha.coreos.com/public-ip"], "198.18.0.1");
@@ -262,17 +296,7 @@ mod tests {
     #[test]
     fn dual_stack_publishes_flannels_v6_annotations() {
         let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
-        let local = LocalVtep {
-            mac: "02:aa:00:00:00:01".parse().unwrap(),
-            public_ip: "198.18.0.1".parse().unwrap(),
-            vni: 4096,
-            subnet: "10.244.1.0/24".parse().unwrap(),
-            v6: Some(crate::source::LocalVtepV6 {
-                mac: "02:BB:00:00:00:0A".parse().unwrap(),
-                public_ip: "FD00:198:18:0:0::1".parse().unwrap(),
-                subnet: "fd00:10:244:1::/64".parse().unwrap(),
-            }),
-        };
+        let local = LocalVtep { vni: 4096, v4: Some(v4()), v6: Some(v6()) };
         let want = wanted_annotations(&names, &local, &BTreeMap::new());
         assert_eq!(want.len(), 6);
         assert_eq!(want["flannel.alpha.coreos.com/backend-v6-data"], r#"{"VNI":4096,"VtepMAC":"02:bb:00:00:00:0a"}"#);
@@ -290,13 +314,7 @@ mod tests {
     #[test]
     fn without_v6_the_v6_annotations_are_left_alone() {
         let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
-        let local = LocalVtep {
-            mac: "02:aa:00:00:00:01".parse().unwrap(),
-            public_ip: "198.18.0.1".parse().unwrap(),
-            vni: 1,
-            subnet: "10.244.1.0/24".parse().unwrap(),
-            v6: None,
-        };
+        let local = LocalVtep { vni: 1, v4: Some(v4()), v6: None };
         let current = BTreeMap::from([(names.public_ipv6.clone(), "fd00::1".to_string())]);
         let want = wanted_annotations(&names, &local, &current);
         assert!(!want.contains_key(&names.public_ipv6) && !want.contains_key(&names.backend_v6_data));

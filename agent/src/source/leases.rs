@@ -14,7 +14,7 @@ use super::peer_record;
 use crate::{
     mac::VtepMac,
     netconf::{Ipv6Conf, NetConf},
-    peer::{ClusterView, Peer, PeerV6, Rejection},
+    peer::{ClusterView, Peer, PeerV4, PeerV6, Rejection},
 };
 
 /// flannel's `MakeSubnetKey`: `10.244.1.0/24` -> `10.244.1.0-24`, and in
@@ -220,8 +220,8 @@ impl Reader {
             _ => (None, None),
         };
         let any_inner_source = lease_allows_any_inner_source(value);
-        let peer =
-            Peer { node: key.to_string(), subnet: l.subnet, public_ip: l.public_ip, vtep_mac, any_inner_source, v6 };
+        let v4 = Some(PeerV4 { subnet: l.subnet, public_ip: l.public_ip, vtep_mac });
+        let peer = Peer { node: key.to_string(), v4, any_inner_source, v6 };
         Ok((peer, partial))
     }
 }

@@ -28,13 +28,21 @@ pub struct Desired {
 /// What this node publishes about itself once its VTEP is up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalVtep {
+    pub vni: u32,
+    /// `flannel.<VNI>` (published as `backend-data` and `public-ip`);
+    /// `None` in an IPv6-only network.
+    pub v4: Option<LocalVtepV4>,
+    /// `flannel-v6.<VNI>` when IPv6 is on (published as `backend-v6-data`
+    /// and `public-ipv6`).
+    pub v6: Option<LocalVtepV6>,
+}
+
+/// Our IPv4 VTEP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalVtepV4 {
     pub mac: VtepMac,
     pub public_ip: Ipv4Addr,
-    pub vni: u32,
     pub subnet: Ipv4Net,
-    /// Dual-stack: `flannel-v6.<VNI>` (published as `backend-v6-data` and
-    /// `public-ipv6`).
-    pub v6: Option<LocalVtepV6>,
 }
 
 /// Our IPv6 VTEP.
@@ -58,7 +66,7 @@ impl NodeReader {
         let rules = flannel_rules::Rules {
             names: &self.names,
             own_name: &self.own_name,
-            network: self.conf.network,
+            network: self.conf.ipv4.then_some(self.conf.network),
             network6: self.conf.ipv6.as_ref().map(|v6| v6.network),
         };
         Desired { conf: self.conf.clone(), view: rules.view(nodes) }

@@ -107,7 +107,7 @@ pub async fn underlay(handle: &Handle, name: &str) -> Result<Underlay> {
 }
 
 /// How good a global IPv6 address is as a VTEP source; `None`: unusable.
-fn ipv6_rank(flags: AddressFlags) -> Option<u8> {
+pub(crate) fn ipv6_rank(flags: AddressFlags) -> Option<u8> {
     if flags.intersects(AddressFlags::Tentative | AddressFlags::Deprecated | AddressFlags::Dadfailed) {
         return None;
     }
@@ -468,13 +468,25 @@ pub async fn direct_route_del<N: Prefix>(handle: &Handle, underlay: u32, subnet:
 /// The interface of the main table's IPv4 default route (`ip route show default`).
 pub async fn default_route_iface(handle: &Handle) -> Result<Option<String>> {
     let filter = RouteMessageBuilder::<Ipv4Addr>::new().build();
+    default_route_iface_of(handle, filter, AddressFamily::Inet).await
+}
+
+/// The interface of the main table's IPv6 default route, if there is one
+/// (flannel `GetDefaultV6GatewayInterface`).
+pub async fn default_route_iface6(handle: &Handle) -> Result<Option<String>> {
+    let filter = RouteMessageBuilder::<Ipv6Addr>::new().build();
+    default_route_iface_of(handle, filter, AddressFamily::Inet6).await
+}
+
+async fn default_route_iface_of(
+    handle: &Handle,
+    filter: rtnetlink::packet_route::route::RouteMessage,
+    family: AddressFamily,
+) -> Result<Option<String>> {
     let mut routes = handle.route().get(filter).execute();
     let mut oif = None;
     while let Some(r) = routes.try_next().await.context("cannot list routes")? {
-        if r.header.address_family == AddressFamily::Inet
-            && r.header.table == 254
-            && r.header.destination_prefix_length == 0
-        {
+        if r.header.address_family == family && r.header.table == 254 && r.header.destination_prefix_length == 0 {
             oif = r.attributes.iter().find_map(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None });
             if oif.is_some() {
                 break;

@@ -180,19 +180,30 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
     };
     crate::netfilter::check_backend(conf.nftables).map_err(|e| usage(format!("--net-conf: {e:#}")))?;
     let state = crate::state::StateDir(args.paths.state_dir.clone());
-    let stored = super::iface::stored_public_ip(&source, &node, &names, &state).await;
+    let (stored, stored6) = super::iface::stored_public_ip(&source, &node, &names, &state).await;
     let want = super::iface::Wanted {
         ifaces: &args.iface,
         regexes: &args.iface_regex,
         can_reach: args.iface_can_reach,
         public_ip: stored.or(args.public_ip),
     };
-    let chosen = super::iface::choose(handle, &want).await.map_err(|e| usage(e.to_string()))?;
-    let iface = chosen.name;
-    let underlay = device::underlay(handle, &iface).await?;
-    // the address selection settled on stands in for --public-ip; node-public-ip still beats it
+    // the address selection settled on stands in for --public-ip(v6); node-public-ip(v6) still beats it
+    let (iface, address) = if conf.ipv4 {
+        let chosen = super::iface::choose(handle, &want).await.map_err(|e| usage(e.to_string()))?;
+        (chosen.name, std::net::IpAddr::V4(chosen.address))
+    } else {
+        // IPv6-only: flannel's IPv6 stack rules
+        let chosen = super::iface6::choose6(handle, &want, stored6.or(args.public_ipv6))
+            .await
+            .map_err(|e| usage(e.to_string()))?;
+        (chosen.name, std::net::IpAddr::V6(chosen.address))
+    };
     let mut args = args;
-    args.public_ip = args.public_ip.or(Some(chosen.address));
+    match address {
+        std::net::IpAddr::V4(a) => args.public_ip = args.public_ip.or(Some(a)),
+        std::net::IpAddr::V6(a) => args.public_ipv6 = args.public_ipv6.or(Some(a)),
+    }
+    let underlay = device::underlay(handle, &iface).await?;
     if args.host_routing && args.bypass_netfilter {
         return Err(usage("--host-routing and --bypass-netfilter contradict each other".into()));
     }

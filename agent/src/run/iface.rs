@@ -48,6 +48,9 @@ pub struct Link {
     pub index: u32,
     /// Usable IPv4 addresses, the best first (flannel `GetInterfaceIP4Addrs`).
     pub ipv4: Vec<Ipv4Addr>,
+    /// Usable global IPv6 addresses, the best first (flannel
+    /// `GetInterfaceIP6Addrs`; the order of [`device::underlay`]'s pick).
+    pub ipv6: Vec<std::net::Ipv6Addr>,
 }
 
 /// The chosen underlay and its address (flannel's `IfaceAddr`: the default
@@ -70,6 +73,18 @@ pub enum IfaceError {
     Unreachable(Ipv4Addr),
     #[error("no --iface, --iface-regex or --iface-can-reach and no IPv4 default route to take the interface from")]
     NoDefaultRoute,
+    #[error(
+        "no interface matches {tried} (interfaces: {available}); in an IPv6-only network (EnableIPv4 false) an interface qualifies only with a global IPv6 address"
+    )]
+    NoMatch6 { tried: String, available: String },
+    #[error(
+        "--iface-can-reach {0}: the network is IPv6-only (EnableIPv4 false), so there is no IPv4 route to follow; choose the underlay with --iface or --iface-regex"
+    )]
+    CanReachIpv6Only(Ipv4Addr),
+    #[error(
+        "no --iface or --iface-regex and no IPv6 default route to take the interface from (the network is IPv6-only)"
+    )]
+    NoDefaultRoute6,
     #[error("cannot read the interfaces: {0:#}")]
     Netlink(anyhow::Error),
 }
@@ -161,23 +176,30 @@ pub async fn links(handle: &Handle) -> anyhow::Result<Vec<Link>> {
         let name =
             l.attributes.iter().find_map(|a| if let LinkAttribute::IfName(n) = a { Some(n.clone()) } else { None });
         if let Some(name) = name {
-            out.push(Link { name, index: l.header.index, ipv4: Vec::new() });
+            out.push(Link { name, index: l.header.index, ipv4: Vec::new(), ipv6: Vec::new() });
         }
     }
     // (link-local, not permanent, address) sorts into flannel's order
     let mut addrs: Vec<(bool, bool, u32, Ipv4Addr)> = Vec::new();
+    let mut addrs6: Vec<(u8, u32, std::net::Ipv6Addr)> = Vec::new();
     let mut msgs = handle.address().get().execute();
     while let Some(m) = msgs.try_next().await.context("cannot list addresses")? {
         let mut flags = AddressFlags::from_bits_retain(u32::from(m.header.flags.bits()));
         let mut local = None;
         let mut address = None;
+        let mut address6 = None;
         for a in &m.attributes {
             match a {
                 AddressAttribute::Local(IpAddr::V4(ip)) => local = Some(*ip),
                 AddressAttribute::Address(IpAddr::V4(ip)) => address = Some(*ip),
+                AddressAttribute::Address(IpAddr::V6(ip)) => address6 = Some(*ip),
                 AddressAttribute::Flags(f) => flags = *f,
                 _ => {}
             }
+        }
+        let global = m.header.scope == rtnetlink::packet_route::address::AddressScope::Universe;
+        if let Some((rank, ip)) = address6.filter(|_| global).and_then(|ip| Some((device::ipv6_rank(flags)?, ip))) {
+            addrs6.push((rank, m.header.index, ip));
         }
         let Some(ip) = local.or(address) else { continue };
         if usable(ip) && !flags.contains(AddressFlags::Deprecated) {
@@ -188,6 +210,12 @@ pub async fn links(handle: &Handle) -> anyhow::Result<Vec<Link>> {
     for (_, _, index, ip) in addrs {
         if let Some(l) = out.iter_mut().find(|l| l.index == index) {
             l.ipv4.push(ip);
+        }
+    }
+    addrs6.sort_by_key(|(rank, _, _)| *rank); // stable: the first of a rank stays first
+    for (_, index, ip) in addrs6 {
+        if let Some(l) = out.iter_mut().find(|l| l.index == index) {
+            l.ipv6.push(ip);
         }
     }
     out.sort_by_key(|l| l.index);
@@ -231,31 +259,39 @@ pub async fn choose(handle: &Handle, want: &Wanted<'_>) -> Result<Chosen, IfaceE
         .ok_or_else(|| IfaceError::NoMatch { tried: format!("the default route's {name}"), available: name.clone() })
 }
 
-/// This Node's `node-public-ip` annotation as flanneld reads it before it
-/// picks the interface (flannel `GetStoredPublicIP`: the kube subnet
-/// manager reads the Node, the etcd one has none). The nodes file is read
-/// like the API; an API that does not answer in time gives the cached view's.
+/// This Node's `node-public-ip` and `node-public-ipv6` annotations as
+/// flanneld reads them before it picks the interface (flannel
+/// `GetStoredPublicIP`: the kube subnet manager reads the Node, the etcd one
+/// has none). The nodes file is read like the API; an API that does not
+/// answer in time gives the cached view's.
 pub async fn stored_public_ip(
     source: &super::check::Source,
     node: &str,
     names: &crate::annotations::AnnotationNames,
     state: &crate::state::StateDir,
-) -> Option<Ipv4Addr> {
+) -> (Option<Ipv4Addr>, Option<std::net::Ipv6Addr>) {
     use super::check::Source;
-    let annotated = |n: &serde_json::Value| -> Option<Ipv4Addr> {
-        n["metadata"]["annotations"][names.node_public_ip.as_str()].as_str()?.parse().ok()
+    let annotated = |n: &serde_json::Value| {
+        let a = &n["metadata"]["annotations"];
+        (
+            a[names.node_public_ip.as_str()].as_str().and_then(|s| s.parse().ok()),
+            a[names.node_public_ipv6.as_str()].as_str().and_then(|s| s.parse().ok()),
+        )
     };
     match source {
-        Source::Etcd(_) => None,
+        Source::Etcd(_) => (None, None),
         Source::File(path) => {
-            let nodes = crate::source::nodes_file::read(path).ok()?;
-            nodes.iter().find(|n| n["metadata"]["name"] == node).and_then(annotated)
+            let Ok(nodes) = crate::source::nodes_file::read(path) else { return (None, None) };
+            nodes.iter().find(|n| n["metadata"]["name"] == node).map(annotated).unwrap_or_default()
         }
         Source::Kube(client) => {
             let api: ::kube::Api<k8s_openapi::api::core::v1::Node> = ::kube::Api::all(client.clone());
             match tokio::time::timeout(std::time::Duration::from_secs(2), api.get(node)).await {
-                Ok(Ok(n)) => serde_json::to_value(&n).ok().as_ref().and_then(annotated),
-                _ => state.load_view().ok().flatten().and_then(|d| d.view.own).and_then(|o| o.node_public_ip),
+                Ok(Ok(n)) => serde_json::to_value(&n).ok().as_ref().map(annotated).unwrap_or_default(),
+                _ => match state.load_view().ok().flatten().and_then(|d| d.view.own) {
+                    Some(o) => (o.node_public_ip, o.node_public_ipv6),
+                    None => (None, None),
+                },
             }
         }
     }
@@ -271,10 +307,10 @@ mod tests {
 
     fn node() -> Vec<Link> {
         vec![
-            Link { name: "lo".into(), index: 1, ipv4: vec![] },
-            Link { name: "eth0".into(), index: 2, ipv4: vec![a("198.18.0.1")] },
-            Link { name: "eth1".into(), index: 3, ipv4: vec![a("198.19.0.1"), a("198.19.0.11")] },
-            Link { name: "bond0".into(), index: 4, ipv4: vec![] },
+            Link { name: "lo".into(), index: 1, ipv4: vec![], ipv6: vec![] },
+            Link { name: "eth0".into(), index: 2, ipv4: vec![a("198.18.0.1")], ipv6: vec![] },
+            Link { name: "eth1".into(), index: 3, ipv4: vec![a("198.19.0.1"), a("198.19.0.11")], ipv6: vec![] },
+            Link { name: "bond0".into(), index: 4, ipv4: vec![], ipv6: vec![] },
         ]
     }
 

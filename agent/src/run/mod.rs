@@ -29,6 +29,7 @@ use crate::{
 mod check;
 pub mod config;
 mod iface;
+mod iface6;
 mod kernel;
 pub mod lock;
 mod mtu;

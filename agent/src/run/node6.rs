@@ -82,13 +82,13 @@ pub(super) fn prepare6(
     underlay: &Underlay,
 ) -> Result<Option<Plan6>> {
     let Some(v6) = &conf.ipv6 else { return Ok(None) };
-    let subnet = own.subnet6.context(
-        "the network is dual-stack (EnableIPv6), but this node has no IPv6 pod CIDR (spec.podCIDRs, or the etcd lease)",
-    )?;
+    let subnet = own
+        .subnet6
+        .context("IPv6 is on (EnableIPv6), but this node has no IPv6 pod CIDR (spec.podCIDRs, or the etcd lease)")?;
     let (mac, _) = vtep_mac::choose_v6(own.published_mac6, state)?;
     let public_ip = config::public_ipv6(c.args.public_ipv6, own.node_public_ipv6, underlay).with_context(|| {
         format!(
-            "the network is dual-stack (EnableIPv6), but {} has no usable global IPv6 address: add one, or give \
+            "IPv6 is on (EnableIPv6), but {} has no usable global IPv6 address: add one, or give \
              --public-ipv6 (or the node-public-ipv6 annotation)",
             c.iface
         )

@@ -149,16 +149,16 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
 
 #[test]
 fn an_etcd_config_with_ipv6_only_exits_2_before_changing_anything() -> Result<()> {
-    // the dataplane carries the IPv4 overlay, so IPv6-only (EnableIPv4:false)
-    // is refused. The config is known only once etcd answers; with no cached
-    // view the agent has changed nothing by then.
+    // flannel's etcd subnet manager always takes an IPv4 lease, so IPv6-only
+    // (EnableIPv4:false) is refused in etcd mode. The config is known only
+    // once etcd answers; with no cached view the agent has changed nothing by then.
     let mut c = Cluster::new(1)?;
     c.host_mut(1).mount_bpffs()?;
     let etcd = Etcd::start(&c)?;
     let h = c.host(1);
     let (config, culprit) = (
         r#"{"Network":"10.244.0.0/16","EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{"Type":"vxlan"}}"#,
-        "IPv6-only is not supported yet",
+        "works with the Kubernetes subnet manager only",
     );
     {
         etcd.put(&format!("{PREFIX}/config"), config)?;

@@ -22,6 +22,7 @@ mod ipam;
 mod ipam_deploy;
 mod ipam_image;
 mod ipam_reboot;
+mod ipv6_only;
 mod kernel;
 mod kube;
 mod metrics;

@@ -88,7 +88,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
             let devices =
                 rec.v4.iter().map(|v4| v4.vtep_device.as_str()).chain(rec.v6.iter().map(|v6| v6.device.as_str()));
             info!(devices = ?devices.collect::<Vec<_>>(), subnet_file = %rec.subnet_file.display(),
-                "kept, with their MACs, addresses, routes and subnet.env, for flanneld to adopt");
+                "kept, with its MAC, address, routes and subnet.env, for flanneld to adopt");
         }
         (Some(_), None) if args.keep_vtep => {}
         (Some(rec), None) => {

@@ -123,17 +123,22 @@ pub fn run(args: StatusArgs) -> Result<()> {
         if v["agent_running"] == true { "running" } else { "stopped" },
         if v["dataplane_attached"] == true { "attached" } else { "NOT attached" }
     );
-    println!(
-        "vtep {} mac {} vni {} port {} public-ip {} subnet {} mtu {} delivery {}",
-        s("vtep_device"),
-        s("vtep_mac"),
-        s("vni"),
-        s("port"),
-        s("public_ip"),
-        s("subnet"),
-        s("mtu"),
-        s("delivery")
-    );
+    if v["vtep_device"].is_null() {
+        // IPv6-only: the IPv6 VTEP below is the only one
+        println!("vni {} port {} mtu {} (IPv6-only)", s("vni"), s("port"), s("mtu"));
+    } else {
+        println!(
+            "vtep {} mac {} vni {} port {} public-ip {} subnet {} mtu {} delivery {}",
+            s("vtep_device"),
+            s("vtep_mac"),
+            s("vni"),
+            s("port"),
+            s("public_ip"),
+            s("subnet"),
+            s("mtu"),
+            s("delivery")
+        );
+    }
     if let Some(v6) = v["vtep6"].as_object() {
         let f = |k: &str| v6.get(k).map(|x| x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string()));
         println!(

@@ -16,11 +16,9 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
     write(&nodes, &node_list(vec![flannel_node(1, None)]))?;
     let bad_conf = c.dir.join("net-conf.json");
     std::fs::write(&bad_conf, r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":0}}"#)?;
-    let ipv6_conf = c.dir.join("net-conf-ipv6.json");
-    std::fs::write(
-        &ipv6_conf,
-        r#"{"Network":"10.244.0.0/16","EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{"Type":"vxlan"}}"#,
-    )?;
+    // both families off: flannel's "none defined stack"
+    let ipv6_conf = c.dir.join("net-conf-no-stack.json");
+    std::fs::write(&ipv6_conf, r#"{"Network":"10.244.0.0/16","EnableIPv4":false,"Backend":{"Type":"vxlan"}}"#)?;
     let (state, bpffs) = (h.state_dir(), h.bpffs_dir());
     let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
     let (nodes, bad_conf, ipv6_conf) = (s(&nodes), s(&bad_conf), s(&ipv6_conf));
@@ -31,7 +29,7 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
         ("--iface", "nosuch0", "nosuch0"),
         ("--nodes-file", "/nonexistent/nodes.json", "/nonexistent/nodes.json"),
         ("--net-conf", &bad_conf, "Backend.VNI"),
-        ("--net-conf", &ipv6_conf, "IPv6-only is not supported yet"),
+        ("--net-conf", &ipv6_conf, "none defined stack"),
         ("--net-conf", "/nonexistent/net-conf.json", "/nonexistent/net-conf.json"),
         ("--kube-annotation-prefix", "a/b/c", "a/b/c"),
         ("--public-ip", "300.1.1.1", "300.1.1.1"),

@@ -10,6 +10,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(conf) = NetConf::parse(text, "fuzz.json") else { return };
     assert!(conf.vni > 0 && conf.vni < 1 << 24, "VNI {}", conf.vni);
     assert!(conf.port > 0);
+    // flannel's GetIPFamily: at least one stack, and IPv6-only only with an IPv6Network
+    assert!(conf.ipv4 || conf.ipv6.is_some(), "neither family: {text}");
     let Ok(range) = leases::subnet_range(text, &conf) else { return };
     assert!((1..=30).contains(&range.len) && range.len >= conf.network.prefix_len(), "{range:?}");
     assert!(conf.network.contains(&range.min) && conf.network.contains(&range.max) && range.min <= range.max);

@@ -248,16 +248,7 @@ fn prepare4(c: &Checked, conf: &NetConf, own: &OwnNode, state: &StateDir, underl
 /// or flanneld's) would take IPv4 VXLAN and route the IPv4 pod network
 /// that nothing programs, so it goes, and our iptables chains with it.
 async fn remove_leftovers4(handle: &Handle, vni: u32) -> Result<()> {
-    let name = device::vtep_name(vni);
-    if device::delete_link(handle, &name).await? {
-        warn!(device = %name, "IPv4 is off in the network config (IPv6-only): deleted the IPv4 VTEP an earlier run left");
-    }
-    if let Ok(fw) = netfilter::Firewall::new() {
-        if fw.remove_all().context("cannot remove the IPv4 firewall rules")? {
-            info!("IPv4 is off (IPv6-only): removed edgevx's iptables chains");
-        }
-    }
-    Ok(())
+    super::node6::remove_family(handle, &device::vtep_name(vni), netfilter::Firewall::new(), "IPv4", "iptables").await
 }
 
 impl Node {

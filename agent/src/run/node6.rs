@@ -126,13 +126,24 @@ pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan6, handle: 
 /// (ours or flanneld's) would take IPv6 VXLAN that nothing judges, so it
 /// goes, and our ip6tables chains with it.
 pub(super) async fn remove_leftovers(handle: &Handle, vni: u32) -> Result<()> {
-    let name = vtep6::vtep6_name(vni);
-    if device::delete_link(handle, &name).await? {
-        warn!(device = %name, "IPv6 is off in the network config: deleted the IPv6 VTEP an earlier run left");
+    remove_family(handle, &vtep6::vtep6_name(vni), netfilter::Firewall::new6(), "IPv6", "ip6tables").await
+}
+
+/// What an earlier run left for a `family` the network config now has off:
+/// its VTEP `device`, and our chains in `firewall` (written with `tool`).
+pub(super) async fn remove_family(
+    handle: &Handle,
+    device: &str,
+    firewall: Result<netfilter::Firewall>,
+    family: &str,
+    tool: &str,
+) -> Result<()> {
+    if device::delete_link(handle, device).await? {
+        warn!(device, "{family} is off in the network config: deleted the {family} VTEP an earlier run left");
     }
-    if let Ok(fw) = netfilter::Firewall::new6() {
-        if fw.remove_all().context("cannot remove the IPv6 firewall rules")? {
-            info!("IPv6 is off: removed edgevx's ip6tables chains");
+    if let Ok(fw) = firewall {
+        if fw.remove_all().with_context(|| format!("cannot remove the {family} firewall rules"))? {
+            info!("{family} is off: removed edgevx's {tool} chains");
         }
     }
     Ok(())

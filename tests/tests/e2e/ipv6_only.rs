@@ -43,6 +43,20 @@ fn node_v6_only(i: u8, mac6: Option<&str>) -> Value {
     })
 }
 
+/// The API stand-in in node 1 with node 1's IPv6-only Node, node 1's
+/// bpffs, and the `--kube` flags with an IPv6-only net-conf.
+fn kube_v6_only(c: &mut Cluster) -> Result<(KubeApi, [String; 5])> {
+    let api = KubeApi::start_in(&c.host(1).ns.name)?;
+    api.put_node(node_v6_only(1, None));
+    let kc = c.dir.join("kubeconfig");
+    api.kubeconfig(&kc)?;
+    c.host_mut(1).mount_bpffs()?;
+    let conf = c.dir.join("net-conf.json");
+    std::fs::write(&conf, net_conf_v6_only())?;
+    let (kc, conf) = (kc.to_string_lossy().into_owned(), conf.to_string_lossy().into_owned());
+    Ok((api, ["--kube".into(), "--kubeconfig".into(), kc, "--net-conf".into(), conf]))
+}
+
 #[test]
 fn ipv6_only_interoperates_with_a_kernel_ipv6_only_flannel_node() -> Result<()> {
     let mut c = Cluster::new(2)?;
@@ -55,15 +69,8 @@ fn ipv6_only_interoperates_with_a_kernel_ipv6_only_flannel_node() -> Result<()> 
     h1.ns.ip(&["-6", "route", "add", "default", "dev", "eth0"])?;
     // what an earlier IPv4 run left: it must not route the pods' IPv4 network
     h1.kernel_vtep("02:00:00:00:04:01")?;
-    let api = KubeApi::start_in(&h1.ns.name)?;
-    api.put_node(node_v6_only(1, None));
-    let kc = c.dir.join("kubeconfig");
-    api.kubeconfig(&kc)?;
-    c.host_mut(1).mount_bpffs()?;
-    let conf = c.dir.join("net-conf.json");
-    std::fs::write(&conf, net_conf_v6_only())?;
-    let (kc, conf) = (kc.to_string_lossy().into_owned(), conf.to_string_lossy().into_owned());
-    let args = ["--kube", "--kubeconfig", kc.as_str(), "--net-conf", conf.as_str()];
+    let (api, kube) = kube_v6_only(&mut c)?;
+    let args: Vec<&str> = kube.iter().map(String::as_str).collect();
     let (h1, h2) = (c.host(1), c.host(2));
     let mut agent = Agent::spawn_choosing_iface(h1, &args)?;
     agent.wait_log("dataplane up", Duration::from_secs(20))?;
@@ -149,22 +156,16 @@ fn ipv6_only_interoperates_with_a_kernel_ipv6_only_flannel_node() -> Result<()> 
 fn ipv6_only_names_what_it_cannot_do() -> Result<()> {
     let mut c = Cluster::new(1)?;
     add_ipv6(c.host(1))?;
-    let api = KubeApi::start_in(&c.host(1).ns.name)?;
-    api.put_node(node_v6_only(1, None));
-    let kc = c.dir.join("kubeconfig");
-    api.kubeconfig(&kc)?;
-    c.host_mut(1).mount_bpffs()?;
-    let conf = c.dir.join("net-conf.json");
-    std::fs::write(&conf, net_conf_v6_only())?;
-    let (kc, conf) = (kc.to_string_lossy().into_owned(), conf.to_string_lossy().into_owned());
+    let (_api, kube) = kube_v6_only(&mut c)?;
+    let with = |extra: [&'static str; 2]| -> Vec<&str> { kube.iter().map(String::as_str).chain(extra).collect() };
     // --iface-can-reach takes an IPv4 address: no IPv4 route to follow here
-    let args = ["--kube", "--kubeconfig", &kc, "--net-conf", &conf, "--iface-can-reach", "198.18.0.2"];
+    let args = with(["--iface-can-reach", "198.18.0.2"]);
     let mut agent = Agent::spawn_choosing_iface(c.host(1), &args)?;
     assert_eq!(agent.wait_exit(Duration::from_secs(10))?, Some(2));
     let log = agent.log_text();
     ensure!(log.contains("--iface-can-reach 198.18.0.2") && log.contains("IPv6-only"), "{log}");
     // an interface without a global IPv6 address does not qualify
-    let args = ["--kube", "--kubeconfig", &kc, "--net-conf", &conf, "--iface", "cni0"];
+    let args = with(["--iface", "cni0"]);
     c.host(1).ns.ip(&["-6", "addr", "flush", "dev", "cni0", "scope", "global"])?;
     let mut agent = Agent::spawn_choosing_iface(c.host(1), &args)?;
     assert_eq!(agent.wait_exit(Duration::from_secs(10))?, Some(2));

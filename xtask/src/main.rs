@@ -7,10 +7,12 @@ mod demo;
 mod exec;
 mod fuzz;
 mod image;
+mod kernels;
 mod packages;
 mod seccomp;
 mod test;
 mod toolchain;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -37,6 +39,10 @@ enum Job {
     Test {
         /// Only run tests whose name contains this.
         filter: Option<String>,
+        /// Run the e2e tests inside a VM booting this Debian kernel (5.10, 6.1, 6.12) instead;
+        /// without a filter, the edge set (interop, real node, restart, injection, IPv6, MTU, ...).
+        #[arg(long, value_name = "NAME")]
+        kernel: Option<String>,
     },
     /// Build the OCI image archive target/image/edgevx-<version>-<arch>.oci.tar (FROM scratch, buildah).
     Image {
@@ -77,6 +83,7 @@ fn main() -> ExitCode {
         Job::Setup => packages::ensure()
             .and_then(|_| packages::ensure_image())
             .and_then(|_| packages::ensure_fuzz())
+            .and_then(|_| packages::ensure_vm())
             .and_then(|_| toolchain::ensure())
             .and_then(|_| toolchain::ensure_cargo_fuzz())
             .map(|_| ()),
@@ -89,7 +96,7 @@ fn main() -> ExitCode {
             .and_then(|_| toolchain::ensure())
             .and_then(|t| build::agent(&t))
             .and_then(|_| build::ipam().map(|_| ())),
-        Job::Test { filter } => test::run(filter.as_deref()),
+        Job::Test { filter, kernel } => test::run(filter.as_deref(), kernel.as_deref()),
         Job::Image { arch } => arch.map_or_else(image::Arch::host, Ok).and_then(image::build).map(|_| ()),
         Job::Fuzz { seconds } => fuzz::run(seconds),
         Job::Seccomp => seccomp::write(),

@@ -82,6 +82,15 @@ const IMAGE: &[(Probe, &str)] = &[
 /// libFuzzer's C++ sources.
 const FUZZ: &[(Probe, &str)] = &[(Probe::Command("c++"), "g++")];
 
+/// What the kernel matrix (`cargo xtask test --kernel`) needs: QEMU, and
+/// for virtme-ng's initramfs a static busybox, and depmod for the kernel's modules
+/// (dpkg-deb, which unpacks them, is part of every Debian system).
+const VM: &[(Probe, &str)] = &[
+    (Probe::Command("qemu-system-x86_64"), "qemu-system-x86"),
+    (Probe::Command("busybox"), "busybox-static"),
+    (Probe::Command("depmod"), "kmod"),
+];
+
 /// Everything the tests, demo and bench need.
 pub fn ensure() -> Result<()> {
     install(&[BUILD, RUN].concat())
@@ -97,6 +106,11 @@ pub fn ensure_fuzz() -> Result<()> {
     install(&[BUILD, FUZZ].concat())
 }
 
+/// What `cargo xtask test --kernel` needs.
+pub fn ensure_vm() -> Result<()> {
+    install(VM)
+}
+
 /// What `cargo xtask build` needs.
 pub fn ensure_build() -> Result<()> {
     install(BUILD)
@@ -104,7 +118,7 @@ pub fn ensure_build() -> Result<()> {
 
 /// The Debian packages behind every need, for `.ci/run` and fresh-machine checks.
 pub fn all() -> Vec<&'static str> {
-    let mut pkgs: Vec<&str> = BUILD.iter().chain(RUN).chain(IMAGE).chain(FUZZ).map(|(_, p)| *p).collect();
+    let mut pkgs: Vec<&str> = BUILD.iter().chain(RUN).chain(IMAGE).chain(FUZZ).chain(VM).map(|(_, p)| *p).collect();
     pkgs.sort_unstable();
     pkgs.dedup();
     pkgs

@@ -1,14 +1,17 @@
 //! `cargo xtask test`: unit tests, then the privileged tests one at a time.
 use std::process::Command;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
-use crate::{build, exec, image, packages, seccomp, toolchain};
+use crate::{build, exec, image, packages, seccomp, toolchain, vm};
 
 /// Where the e2e tests find the image archive (tests/tests/e2e/image.rs).
 pub const IMAGE_ARCHIVE_ENV: &str = "EDGEVX_IMAGE_ARCHIVE";
 
-pub fn run(filter: Option<&str>) -> Result<()> {
+pub fn run(filter: Option<&str>, kernel: Option<&str>) -> Result<()> {
+    if let Some(kernel) = kernel {
+        return in_vm(filter, kernel);
+    }
     packages::ensure()?;
     packages::ensure_image()?;
     let tools = toolchain::ensure()?;
@@ -60,6 +63,54 @@ pub fn run(filter: Option<&str>) -> Result<()> {
         e2e.arg(f);
     }
     exec::run(&mut e2e)
+}
+
+/// The e2e tests inside a VM booting `kernel` (see `vm.rs`); with no
+/// filter, the edge set [`vm::EDGE_TESTS`]. Unit tests and the image tests
+/// stay with the native run: neither depends on the kernel.
+fn in_vm(filter: Option<&str>, kernel: &str) -> Result<()> {
+    packages::ensure()?;
+    packages::ensure_vm()?;
+    let tools = toolchain::ensure()?;
+    build::ebpf(&tools)?;
+    build::agent(&tools)?;
+    let ipam = build::ipam()?;
+    if !is_root() {
+        bail!("the kernel matrix boots VMs and runs the namespace tests in them: it needs root");
+    }
+    let root = exec::workspace_root();
+    let test_binary = e2e_binary(&tools)?;
+    let filters = match filter {
+        Some(f) => vec![f.to_string()],
+        None => vm::EDGE_TESTS.iter().map(|f| f.to_string()).collect(),
+    };
+    vm::test(&vm::Run {
+        kernel,
+        filters,
+        env: vec![
+            ("EDGEVX_BIN".into(), root.join("target/release/edgevx")),
+            ("EDGEVX_IPAM_BIN".into(), ipam),
+            ("EDGEVX_EBPF_OBJECT".into(), root.join("target/bpfel-unknown-none/release/edgevx")),
+        ],
+        test_binary,
+        path_env: tools.path_env(),
+    })
+}
+
+/// Builds the e2e test binary and returns its path (cargo names it with a hash).
+fn e2e_binary(tools: &toolchain::Tools) -> Result<std::path::PathBuf> {
+    let out = exec::output(
+        Command::new("cargo")
+            .args(["test", "--release", "--locked", "-p", "edgevx-tests", "--test", "e2e", "--no-run"])
+            .args(["--message-format", "json"])
+            .current_dir(exec::workspace_root())
+            .env("PATH", tools.path_env()),
+    )?;
+    out.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "e2e")
+        .find_map(|m| m["executable"].as_str().map(std::path::PathBuf::from))
+        .context("cargo built no e2e test binary")
 }
 
 fn is_root() -> bool {

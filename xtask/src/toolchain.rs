@@ -78,7 +78,7 @@ fn toolchain_llvm() -> Result<(PathBuf, String)> {
     )
 }
 
-fn cache_root() -> Result<PathBuf> {
+pub fn cache_root() -> Result<PathBuf> {
     if let Some(dir) = env::var_os("EDGEVX_TOOLS_DIR") {
         return Ok(PathBuf::from(dir));
     }

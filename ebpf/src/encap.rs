@@ -33,7 +33,7 @@ use crate::{
 const ENCAP_FLAGS: u64 = ENCAP_FLAGS_NO_L2_ETH | BPF_F_ADJ_ROOM_ENCAP_L2_ETH as u64;
 
 /// The same without marking the inner frame as Ethernet, for kernels before
-/// 5.13, which refuse that flag (`FLAG_ENCAP_NO_L2_ETH`).
+/// 5.13, which refuse that flag (see [`grow`]).
 const ENCAP_FLAGS_NO_L2_ETH: u64 =
     (BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP) as u64
         | ((ETH_HLEN as u64) << BPF_F_ADJ_ROOM_ENCAP_L2_SHIFT);
@@ -41,7 +41,11 @@ const ENCAP_FLAGS_NO_L2_ETH: u64 =
 /// `BPF_F_ADJ_ROOM_ENCAP_L2(len)` puts the inner L2 length in the top byte.
 const BPF_F_ADJ_ROOM_ENCAP_L2_SHIFT: u64 = 56;
 
-pub fn run(ctx: &TcContext) -> i32 {
+/// Encapsulates one frame. `check_mtu`: judge it against the underlay MTU
+/// with `bpf_check_mtu` (a constant per entry point, so the compat variant
+/// holds no call to the helper at all).
+#[inline(always)]
+pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
     let Some(cfg) = EDGEVX_CONFIG.get(0) else {
         return TC_ACT_SHOT;
     };
@@ -69,8 +73,10 @@ pub fn run(ctx: &TcContext) -> i32 {
         return TC_ACT_SHOT;
     };
     let peer = *peer;
-    if let Some(mtu) = too_big::exceeds(ctx, cfg, &inner) {
-        return too_big::handle(ctx, cfg, &inner, &peer.vtep_mac, mtu);
+    if check_mtu {
+        if let Some(mtu) = too_big::exceeds(ctx, cfg, &inner) {
+            return too_big::handle(ctx, cfg, &inner, &peer.vtep_mac, mtu);
+        }
     }
     let peer_stats = stats::peer(&peer.public_ip);
 
@@ -89,9 +95,7 @@ pub fn run(ctx: &TcContext) -> i32 {
         ecn: header[1],
         ip_id: next_ip_id(ctx),
     };
-    let flags = if cfg.flags & FLAG_ENCAP_NO_L2_ETH != 0 { ENCAP_FLAGS_NO_L2_ETH } else { ENCAP_FLAGS };
-    let grown = inner_ip_len + ENCAP_OVERHEAD as u32 <= u16::MAX as u32
-        && ctx.adjust_room(ENCAP_OVERHEAD as i32, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, flags).is_ok();
+    let grown = inner_ip_len + ENCAP_OVERHEAD as u32 <= u16::MAX as u32 && grow(ctx, cfg.flags);
     // the outer Ethernet header stays as routing left it; redirect_neigh rewrites it
     let ip_len = inner_ip_len as u16;
     let stored = grown
@@ -113,6 +117,20 @@ pub fn run(ctx: &TcContext) -> i32 {
     // SAFETY: no neighbour parameters: the kernel routes the outer
     // destination through the underlay and resolves its next hop.
     unsafe { bpf_redirect_neigh(cfg.underlay_ifindex, core::ptr::null_mut(), 0, 0) as i32 }
+}
+
+/// Adds the 50 bytes. The kernel is asked with `BPF_F_ADJ_ROOM_ENCAP_L2_ETH`
+/// first; a kernel that does not know the flag (before 5.13) refuses the
+/// call with -EINVAL before it touches the skb, and is asked again without
+/// it. Flags are run-time arguments the verifier never sees, so this is the
+/// probe: whatever a distribution backported is used, and the headers on
+/// the wire are the same either way (only `inner_protocol` differs).
+/// `FLAG_ENCAP_NO_L2_ETH` (`--legacy-encap`) skips the first try.
+#[inline(always)]
+fn grow(ctx: &TcContext, cfg_flags: u32) -> bool {
+    let mode = bpf_adj_room_mode::BPF_ADJ_ROOM_MAC;
+    (cfg_flags & FLAG_ENCAP_NO_L2_ETH == 0 && ctx.adjust_room(ENCAP_OVERHEAD as i32, mode, ENCAP_FLAGS).is_ok())
+        || ctx.adjust_room(ENCAP_OVERHEAD as i32, mode, ENCAP_FLAGS_NO_L2_ETH).is_ok()
 }
 
 /// A fresh outer IP ID, and the ones after it reserved for the segments of

@@ -22,7 +22,14 @@ use aya_ebpf::{
 /// Egress of `flannel.<VNI>`: routed pod traffic in, VXLAN out of the underlay.
 #[classifier]
 pub fn edgevx_encap(ctx: TcContext) -> i32 {
-    encap::run(&ctx)
+    encap::run(&ctx, true)
+}
+
+/// The same without judging the underlay MTU, for kernels without
+/// `bpf_check_mtu` (Linux 5.12): their verifier refuses the call.
+#[classifier]
+pub fn edgevx_encap_compat(ctx: TcContext) -> i32 {
+    encap::run(&ctx, false)
 }
 
 /// Egress of the pod bridge: routed frames for a learned pod go to its port.

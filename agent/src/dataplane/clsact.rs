@@ -10,12 +10,9 @@
 use std::io;
 
 use anyhow::{Context, Result};
-use aya::{
-    Ebpf,
-    programs::{
-        SchedClassifier, TcAttachType,
-        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
-    },
+use aya::programs::{
+    SchedClassifier, TcAttachType,
+    tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
 };
 use futures::TryStreamExt;
 use rtnetlink::Handle;
@@ -26,19 +23,12 @@ pub const PRIORITY: u16 = 1;
 /// One filter of ours per interface and direction, so one handle serves all.
 pub const HANDLE: TcHandle = TcHandle::new(0, 0xed);
 
-fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
-    ebpf.program_mut(name)
-        .with_context(|| format!("program {name} is missing from the eBPF object"))?
-        .try_into()
-        .with_context(|| format!("program {name} is not a classifier"))
-}
-
-/// Attaches program `name` to `iface`, replacing in place the filter an
-/// earlier agent left at our priority and handle.
-pub fn attach(ebpf: &mut Ebpf, name: &str, iface: &str, kind: TcAttachType) -> Result<()> {
+/// Attaches `prog` (program `name`, in whichever variant was loaded) to
+/// `iface`, replacing in place the filter an earlier agent left at our
+/// priority and handle.
+pub fn attach(prog: &mut SchedClassifier, name: &str, iface: &str, kind: TcAttachType) -> Result<()> {
     // EEXIST is the normal case after the first start; a real failure shows in the attach below
     let _ = tc::qdisc_add_clsact(iface);
-    let prog = classifier(ebpf, name)?;
     let existing = SchedClassifierLink::attached(iface, kind, PRIORITY, HANDLE, None)
         .with_context(|| format!("no interface {iface}"))?;
     let id = match prog.attach_to_link(existing) {

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use edgevx_common::SCHEMA_VERSION;
 
-use crate::dataplane::{bpffs::PinDir, clsact, guard};
+use crate::dataplane::{bpffs::PinDir, clsact, features::Features, guard};
 
 /// How the programs sit on their interfaces.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,12 +33,9 @@ pub enum AttachMode {
 }
 
 impl AttachMode {
-    /// The mode this kernel supports best: TCX from 6.6 on.
-    pub fn for_this_kernel() -> Self {
-        match aya::util::KernelVersion::current() {
-            Ok(v) if v >= aya::util::KernelVersion::new(6, 6, 0) => AttachMode::Tcx,
-            _ => AttachMode::Clsact,
-        }
+    /// The mode this kernel supports best: TCX where it has it (probed).
+    pub fn for_kernel(features: &Features) -> Self {
+        if features.tcx { AttachMode::Tcx } else { AttachMode::Clsact }
     }
 
     pub fn name(self) -> &'static str {
@@ -50,6 +47,9 @@ impl AttachMode {
 }
 
 pub const ENCAP: &str = "edgevx_encap";
+/// The encap without `bpf_check_mtu`, for kernels before 5.12; attached and
+/// pinned under [`ENCAP`]'s name, so status and cleanup find either.
+pub const ENCAP_COMPAT: &str = "edgevx_encap_compat";
 pub const DECAP: &str = "edgevx_decap";
 /// On the pod bridge's egress (see ebpf/src/bridge.rs); attached once the bridge exists.
 pub const BRIDGE: &str = "edgevx_bridge";
@@ -61,18 +61,40 @@ pub const PROGRAMS: [&str; 4] = [ENCAP, DECAP, BRIDGE, POD_GUARD];
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/edgevx"));
 
-/// Loads the programs; creates the maps or reuses their pins.
-pub fn load(pins: &PinDir) -> Result<Ebpf> {
+/// Loads the programs, each in the variant `features` allow; creates the
+/// maps or reuses their pins.
+pub fn load(pins: &PinDir, features: &Features) -> Result<Ebpf> {
     pins.create()?;
     let mut ebpf = EbpfLoader::new()
         .default_map_pin_directory(pins.maps())
         .load(OBJECT)
         .context("cannot load the eBPF object (maps or BTF rejected by the kernel)")?;
     for name in PROGRAMS {
-        classifier(&mut ebpf, name)?.load().with_context(|| format!("the verifier rejected {name}"))?;
+        let variant = variant(features, name);
+        if variant != name {
+            info!(
+                program = name,
+                variant, "this kernel lacks bpf_check_mtu (Linux 5.12): loading the encap without it"
+            );
+        }
+        classifier(&mut ebpf, variant)?.load().with_context(|| format!("the verifier rejected {variant}"))?;
     }
     guard::load(&mut ebpf)?;
     Ok(ebpf)
+}
+
+/// The variant of program `name` to load on a kernel with `features`.
+pub fn variant(features: &Features, name: &'static str) -> &'static str {
+    match name {
+        ENCAP if !features.check_mtu => ENCAP_COMPAT,
+        _ => name,
+    }
+}
+
+/// Program `name` as it was loaded: its variant, if that is what `load` loaded.
+fn loaded<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
+    let compat = (name == ENCAP && classifier(ebpf, ENCAP)?.fd().is_err()).then_some(ENCAP_COMPAT);
+    classifier(ebpf, compat.unwrap_or(name))
 }
 
 fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
@@ -135,7 +157,7 @@ pub fn attached_here(path: &Path, iface: &str, kind: TcAttachType) -> bool {
 /// one on this interface; the link stays pinned at `<pins>/links/<name>`.
 pub fn attach(ebpf: &mut Ebpf, pins: &PinDir, name: &str, iface: &str, kind: TcAttachType) -> Result<()> {
     let link_pin = pins.link(name);
-    let prog = classifier(ebpf, name)?;
+    let prog = loaded(ebpf, name)?;
     let adopted = match PinnedLink::from_pin(&link_pin) {
         Ok(pinned) => {
             let fd = FdLink::from(pinned);
@@ -219,7 +241,7 @@ fn attach_tc(
             if detach_pinned(pins, name)? {
                 info!(program = name, "detached the TCX link of an earlier run");
             }
-            clsact::attach(ebpf, name, iface, kind)
+            clsact::attach(loaded(ebpf, name)?, name, iface, kind)
         }
     }
 }

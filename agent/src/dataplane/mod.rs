@@ -3,6 +3,7 @@
 pub mod bpffs;
 pub mod clsact;
 pub mod device;
+pub mod features;
 pub mod guard;
 pub mod loader;
 pub mod local_pods;

@@ -14,7 +14,7 @@ use tracing::{error, info, warn};
 
 use super::{check::Checked, warned::Warned};
 use crate::{
-    dataplane::{bpffs, device, loader, local_pods, maps::Maps, peers},
+    dataplane::{bpffs, device, features::Features, loader, local_pods, maps::Maps, peers},
     netconf::NetConf,
     netfilter,
     peer::{ClusterView, OwnNode},
@@ -80,7 +80,9 @@ pub(super) async fn bring_up(
     }
     bpffs::ensure_dir_on_bpffs(&c.args.paths.bpffs)?;
     let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
-    let ebpf = loader::load(&pins)?;
+    let features = Features::probe();
+    info!(check_mtu = features.check_mtu, tcx = features.tcx, "kernel features probed");
+    let ebpf = loader::load(&pins, &features)?;
 
     let vtep_index = match &plan4 {
         Some(p) => {
@@ -96,10 +98,10 @@ pub(super) async fn bring_up(
 
     let mut maps = Maps::open(&pins)?;
     let bypass = c.args.bypass_netfilter;
-    let legacy_encap =
-        c.args.legacy_encap || super::kernel::encap_without_l2_eth(aya::util::KernelVersion::current().ok());
+    // a kernel without the flag (before 5.13) is asked again without it, per packet
+    let legacy_encap = c.args.legacy_encap;
     if legacy_encap && plan4.is_some() {
-        info!("encapsulating without BPF_F_ADJ_ROOM_ENCAP_L2_ETH (kernel before 5.13, or --legacy-encap)");
+        info!("encapsulating without BPF_F_ADJ_ROOM_ENCAP_L2_ETH (--legacy-encap)");
     }
     if bypass {
         if let Some(found) = netfilter::kube_proxy_present() {
@@ -175,7 +177,7 @@ pub(super) async fn bring_up(
         attach: match c.args.tc_attach.as_str() {
             "tcx" => loader::AttachMode::Tcx,
             "clsact" => loader::AttachMode::Clsact,
-            _ => loader::AttachMode::for_this_kernel(),
+            _ => loader::AttachMode::for_kernel(&features),
         },
         pod_bridge: c.args.pod_bridge.clone(),
         subnet_file: c.args.subnet_file.clone(),

@@ -99,6 +99,9 @@ fn before_the_agent_follows_df_frames_get_frag_needed_from_the_encap_program() -
     let _thaw = lower_with_agent_frozen(&c, &a1)?;
     let p1 = &c.host(1).pod;
     let out = ping_once(p1, 1300, "do")?;
+    if !crate::features::check_mtu() {
+        return without_check_mtu(&c, &a1, &out);
+    }
     assert!(text(&out).contains(&format!("mtu = {FITS}")), "no frag-needed reached the pod: {}", text(&out));
     assert_eq!(counter(&a1, "drop_frag_needed")?, 1);
     assert_eq!(counter(&a1, "drop_too_big")?, 0);
@@ -118,10 +121,28 @@ fn before_the_agent_follows_df_clear_frames_too_big_are_counted_drops() -> Resul
     let _thaw = lower_with_agent_frozen(&c, &a1)?;
     let p1 = &c.host(1).pod;
     // the encap program cannot fragment the outer packet: dropped, counted
-    assert!(!ping_once(p1, 1300, "dont")?.status.success());
+    let out = ping_once(p1, 1300, "dont")?;
+    assert!(!out.status.success());
+    if !crate::features::check_mtu() {
+        return without_check_mtu(&c, &a1, &out);
+    }
     assert_eq!(counter(&a1, "drop_too_big")?, 1);
     assert_eq!(counter(&a1, "drop_frag_needed")?, 0);
     assert_eq!(ping(p1, pod_ip(2), 3, "0.05")?, (3, 3), "small frames still pass");
+    Ok(())
+}
+
+/// A kernel without `bpf_check_mtu` (before 5.12) runs the compat encap,
+/// which does not judge the underlay MTU: in the moment between an MTU drop
+/// and the agent's reaction, a frame too big for the underlay is dropped by
+/// the kernel after the redirect, unanswered and uncounted by edgevx (the
+/// README's kernel table says so). Small frames still pass.
+fn without_check_mtu(c: &Cluster, a1: &Agent, out: &Output) -> Result<()> {
+    assert!(crate::features::before(5, 12), "bpf_check_mtu is missing on a kernel that has it upstream");
+    assert!(!out.status.success(), "a frame too big for the underlay got through: {}", text(out));
+    assert!(!text(out).contains("mtu = "), "something answered frag-needed: {}", text(out));
+    assert_eq!((counter(a1, "drop_frag_needed")?, counter(a1, "drop_too_big")?), (0, 0));
+    assert_eq!(ping(&c.host(1).pod, pod_ip(2), 3, "0.05")?, (3, 3), "small frames still pass");
     Ok(())
 }
 

@@ -203,7 +203,7 @@ fn check_decap(l: &Loaded, f: &[u8]) -> Result<()> {
 
 fn check_encap(l: &Loaded, f: &[u8]) -> Result<()> {
     let before = snapshot(l, &ENCAP_VERDICTS)?;
-    let Some((rc, out)) = run(l, "edgevx_encap", f)? else {
+    let Some((rc, out)) = run(l, l.encap, f)? else {
         return Ok(());
     };
     let after = snapshot(l, &ENCAP_VERDICTS)?;

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use aya::{
     Ebpf, EbpfLoader, TestRun, TestRunOptions,
     maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, PerCpuValues, lpm_trie::Key},
-    programs::{SchedClassifier, SkLookup},
+    programs::SchedClassifier,
 };
 use edgevx_common::{
     counters::Counter,
@@ -17,6 +17,8 @@ use edgevx_common::{
     },
 };
 use edgevx_tests::{topo::Bpffs, unique};
+
+use crate::features;
 
 pub(crate) const OUR_MAC: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 1];
 pub(crate) const PEER_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 2];
@@ -33,6 +35,8 @@ pub(crate) const NEXT: u32 = u32::MAX; // TC_ACT_UNSPEC / TCX_NEXT: "not mine, c
 
 pub(crate) struct Loaded {
     pub(crate) ebpf: Ebpf,
+    /// The encap variant this kernel takes (`features::encap`).
+    pub(crate) encap: &'static str,
     _bpffs: Bpffs,
 }
 
@@ -48,7 +52,8 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
     let bytes = std::fs::read(object())
         .with_context(|| format!("cannot read {} (cargo xtask build-ebpf)", object().display()))?;
     let mut ebpf = EbpfLoader::new().default_map_pin_directory(&dir).load(&bytes)?;
-    for p in ["edgevx_encap", "edgevx_decap", "edgevx_bridge"] {
+    let encap = features::encap();
+    for p in [encap, "edgevx_decap", "edgevx_bridge"] {
         let prog: &mut SchedClassifier = ebpf.program_mut(p).context("program")?.try_into()?;
         prog.load()?;
     }
@@ -87,7 +92,7 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
     stats.insert(PEER_IP, PerCpuValues::try_from(vec![PeerStats::default(); ncpu])?, 0)?;
     let mut pods: HashMap<_, [u8; 4], LocalPod> = HashMap::try_from(ebpf.map_mut(names::LOCAL_PODS).context("pods")?)?;
     pods.insert([10, 244, 1, 2], LocalPod { host_ifindex: 7, pod_mac: POD_MAC, host_mac: HOST_MAC }, 0)?;
-    Ok(Loaded { ebpf, _bpffs: bpffs })
+    Ok(Loaded { ebpf, encap, _bpffs: bpffs })
 }
 
 impl Loaded {
@@ -173,7 +178,7 @@ fn encap_builds_flannel_compatible_outer_headers() -> Result<()> {
     let l = load(FLAG_BYPASS_NETFILTER)?;
     let inner = inner_icmp([10, 244, 2, 2]);
     let input = eth(OUR_MAC, OUR_MAC, 0x0800, &inner);
-    let (rc, out) = l.run("edgevx_encap", &input)?;
+    let (rc, out) = l.run(l.encap, &input)?;
     assert_eq!(rc, TC_ACT_REDIRECT);
 
     #[rustfmt::skip]
@@ -199,11 +204,11 @@ fn encap_builds_flannel_compatible_outer_headers() -> Result<()> {
     assert_eq!(masked, want, "outer headers differ");
 
     // the same flow keeps its port; another flow gets its own
-    assert_eq!(l.run("edgevx_encap", &input)?.1[34..36], out[34..36]);
+    assert_eq!(l.run(l.encap, &input)?.1[34..36], out[34..36]);
     let mut ports = std::collections::BTreeSet::new();
     let mut ids = std::collections::BTreeSet::from([[out[18], out[19]]]);
     for last in 2..40u8 {
-        let o = l.run("edgevx_encap", &eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 2, last])))?.1;
+        let o = l.run(l.encap, &eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 2, last])))?.1;
         ports.insert([o[34], o[35]]);
         ids.insert([o[18], o[19]]);
     }
@@ -215,32 +220,58 @@ fn encap_builds_flannel_compatible_outer_headers() -> Result<()> {
     Ok(())
 }
 
+/// Without `BPF_F_ADJ_ROOM_ENCAP_L2_ETH` (forced here; on kernels before
+/// 5.13 the kernel refuses it and the program asks again without it) and
+/// without `bpf_check_mtu` (the compat encap, before 5.12), the same bytes
+/// go on the wire. Every variant this kernel takes is compared.
 #[test]
-fn encap_for_kernels_before_5_13_puts_the_same_bytes_on_the_wire() -> Result<()> {
-    let input = eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 2, 2]));
-    let (rc, with_l2_flag) = load(0)?.run("edgevx_encap", &input)?;
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    let l = load(FLAG_ENCAP_NO_L2_ETH)?;
-    let (rc2, mut without) = l.run("edgevx_encap", &input)?;
-    // the IP IDs differ (each load starts at a random one); the rest is equal
-    let mut with_l2_flag = with_l2_flag;
-    for f in [&mut with_l2_flag, &mut without] {
-        f[18..20].copy_from_slice(&[0, 0]);
-        f[24..26].copy_from_slice(&[0, 0]);
+fn every_encap_variant_puts_the_same_bytes_on_the_wire() -> Result<()> {
+    let inputs = [
+        eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 2, 2])),
+        eth(
+            OUR_MAC,
+            OUR_MAC,
+            0x0800,
+            &ipv4([10, 244, 1, 2], [10, 244, 3, 9], 17, &[0x30, 0x39, 0, 53, 0, 12, 0, 0, 1, 2, 3, 4], 0x2e),
+        ),
+    ];
+    let reference = load(0)?;
+    // the compat encap loads everywhere; the full one where the kernel has bpf_check_mtu
+    let mut variants = vec![(features::ENCAP_COMPAT, 0), (features::ENCAP_COMPAT, FLAG_ENCAP_NO_L2_ETH)];
+    if features::check_mtu() {
+        variants.extend([(features::ENCAP, 0), (features::ENCAP, FLAG_ENCAP_NO_L2_ETH)]);
+    } else {
+        assert!(features::before(5, 12), "bpf_check_mtu is missing on a kernel that has it upstream");
     }
-    assert_eq!((rc2, without), (rc, with_l2_flag));
-    assert_eq!(l.counter(Counter::DropAdjustRoom)?, 0);
+    for (variant, flags) in variants {
+        let mut l = load(flags)?;
+        if variant != l.encap {
+            let p: &mut SchedClassifier = l.ebpf.program_mut(variant).context("program")?.try_into()?;
+            p.load().with_context(|| format!("the verifier refused {variant}"))?;
+        }
+        for input in &inputs {
+            let (rc, mut got) = l.run(variant, input)?;
+            let (want_rc, mut want) = reference.run(reference.encap, input)?;
+            // the IP IDs differ (each load starts at a random one); the rest is equal
+            for f in [&mut got, &mut want] {
+                f[18..20].copy_from_slice(&[0, 0]);
+                f[24..26].copy_from_slice(&[0, 0]);
+            }
+            assert_eq!((rc, got), (want_rc, want), "{variant} with flags {flags:#x}");
+        }
+        assert_eq!(l.counter(Counter::DropAdjustRoom)?, 0, "{variant}");
+    }
     Ok(())
 }
 
 #[test]
 fn encap_drops_and_counts_what_it_cannot_route() -> Result<()> {
     let l = load(FLAG_BYPASS_NETFILTER)?;
-    let (rc, _) = l.run("edgevx_encap", &eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 9, 9])))?;
+    let (rc, _) = l.run(l.encap, &eth(OUR_MAC, OUR_MAC, 0x0800, &inner_icmp([10, 244, 9, 9])))?;
     assert_eq!(rc, TC_ACT_SHOT);
     assert_eq!(l.counter(Counter::DropNoRoute)?, 1);
     let arp = eth([0xff; 6], OUR_MAC, 0x0806, &[0u8; 28]);
-    assert_eq!(l.run("edgevx_encap", &arp)?.0, TC_ACT_SHOT);
+    assert_eq!(l.run(l.encap, &arp)?.0, TC_ACT_SHOT);
     assert_eq!(l.counter(Counter::DropNotIpv4)?, 1);
     Ok(())
 }
@@ -497,15 +528,13 @@ fn any_local_destination_is_judged_and_tiny_first_fragments_are_dropped() -> Res
     Ok(())
 }
 
-/// Both socket-lookup guards pass this kernel's verifier: the full one and
-/// the one the agent falls back to before Linux 5.17 (the fallback itself
-/// cannot happen here: this verifier accepts the full guard).
+/// The socket-lookup guards this kernel's verifier should take do pass
+/// it: the compat one everywhere, the full one from Linux 5.17 on (on an
+/// older kernel the agent falls back to the compat one, as here).
 #[test]
-fn both_socket_lookup_guards_pass_the_verifier() -> Result<()> {
+fn the_socket_lookup_guards_pass_the_verifier_where_they_should() -> Result<()> {
     let mut l = load(0)?;
-    for p in ["edgevx_guard", "edgevx_guard_compat"] {
-        let prog: &mut SkLookup = l.ebpf.program_mut(p).with_context(|| format!("no program {p}"))?.try_into()?;
-        prog.load().with_context(|| format!("the verifier refused {p}"))?;
-    }
+    let loaded = features::load_guards(&mut l.ebpf)?;
+    assert_eq!(loaded.contains(&features::GUARD), !features::before(5, 17), "{loaded:?}");
     Ok(())
 }

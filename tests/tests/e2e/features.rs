@@ -1,0 +1,52 @@
+//! What the running kernel offers, probed as the agent probes it
+//! (`agent/src/dataplane/features.rs`), for the tests whose expectation
+//! depends on the kernel: the same test then holds on every kernel of the
+//! matrix, and says which behaviour it checked.
+use anyhow::{Context, Result, ensure};
+use aya::{
+    Ebpf,
+    programs::{ProgramType, SkLookup},
+    sys::{BpfHelper, is_helper_supported},
+    util::KernelVersion,
+};
+
+pub(crate) const ENCAP: &str = "edgevx_encap";
+pub(crate) const ENCAP_COMPAT: &str = "edgevx_encap_compat";
+pub(crate) const GUARD: &str = "edgevx_guard";
+pub(crate) const GUARD_COMPAT: &str = "edgevx_guard_compat";
+
+/// `bpf_check_mtu` (Linux 5.12): the encap judges the underlay MTU.
+pub(crate) fn check_mtu() -> bool {
+    is_helper_supported(ProgramType::SchedClassifier, BpfHelper::BPF_FUNC_check_mtu).unwrap_or(false)
+}
+
+/// The encap variant the agent loads here.
+pub(crate) fn encap() -> &'static str {
+    if check_mtu() { ENCAP } else { ENCAP_COMPAT }
+}
+
+/// Whether the running release is older than `major.minor` (upstream's
+/// numbering: a refusal is only accepted where upstream lacks the feature,
+/// so a regression on a new kernel is not mistaken for an old one).
+pub(crate) fn before(major: u8, minor: u8) -> bool {
+    KernelVersion::current().is_ok_and(|v| v < KernelVersion::new(major, minor, 0))
+}
+
+/// Loads the socket-lookup guards this verifier accepts and returns their
+/// names: the compat guard everywhere, the full one from Linux 5.17 on
+/// (`bpf_sk_lookup.ingress_ifindex`), as the agent's fallback expects.
+pub(crate) fn load_guards(ebpf: &mut Ebpf) -> Result<Vec<&'static str>> {
+    let mut loaded = Vec::new();
+    for name in [GUARD, GUARD_COMPAT] {
+        let prog: &mut SkLookup = ebpf.program_mut(name).with_context(|| format!("no program {name}"))?.try_into()?;
+        match prog.load() {
+            Ok(()) => loaded.push(name),
+            Err(e) => ensure!(
+                name == GUARD && before(5, 17),
+                "the verifier refused {name} on a kernel that should take it: {e}"
+            ),
+        }
+    }
+    ensure!(loaded.contains(&GUARD_COMPAT), "the compat guard did not load");
+    Ok(loaded)
+}

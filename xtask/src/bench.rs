@@ -162,10 +162,38 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-pub fn run(seconds: u32, rounds: u32) -> Result<()> {
-    packages::ensure()?;
-    let tools = toolchain::ensure()?;
-    build::agent(&tools)?;
+/// The same bench inside a guest booting a matrix kernel (`vm.rs`): this
+/// xtask binary runs in it, on the host's build. Under TCG the absolute
+/// figures mean nothing; the ratios are what the run is for.
+fn in_vm(seconds: u32, rounds: u32, kernel: &str, tools: &toolchain::Tools) -> Result<()> {
+    packages::ensure_vm()?;
+    let me = std::env::current_exe().context("cannot find the xtask binary")?;
+    crate::vm::run(&crate::vm::Run {
+        kernel,
+        command: vec![
+            me.display().to_string(),
+            "bench".into(),
+            "--seconds".into(),
+            seconds.to_string(),
+            "--rounds".into(),
+            rounds.to_string(),
+        ],
+        env: vec![(crate::vm::PREPARED_ENV.into(), "1".into())],
+        path_env: tools.path_env(),
+        job: "bench",
+    })
+}
+
+pub fn run(seconds: u32, rounds: u32, kernel: Option<&str>) -> Result<()> {
+    // inside a matrix guest the host has built and installed everything
+    if std::env::var_os(crate::vm::PREPARED_ENV).is_none() {
+        packages::ensure()?;
+        let tools = toolchain::ensure()?;
+        build::agent(&tools)?;
+        if let Some(kernel) = kernel {
+            return in_vm(seconds, rounds, kernel, &tools);
+        }
+    }
     let root = exec::workspace_root();
     // SAFETY: single-threaded here; the harness reads it.
     unsafe { std::env::set_var("EDGEVX_BIN", root.join("target/release/edgevx")) };

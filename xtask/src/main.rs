@@ -74,6 +74,9 @@ enum Job {
         /// Instead: 1,000 ADD/DEL cycles of edgevx-ipam against the real host-local.
         #[arg(long)]
         ipam: bool,
+        /// Run the bench inside a VM booting this Debian kernel (5.10, 6.1, 6.12); only its ratios count.
+        #[arg(long, value_name = "NAME", conflicts_with_all = ["scale", "ipam"])]
+        kernel: Option<String>,
     },
 }
 
@@ -103,7 +106,7 @@ fn main() -> ExitCode {
         Job::Demo => demo::run(),
         Job::Bench { scale: Some(n), .. } => bench_scale::run(n),
         Job::Bench { ipam: true, .. } => bench_ipam::run(),
-        Job::Bench { seconds, rounds, .. } => bench::run(seconds, rounds),
+        Job::Bench { seconds, rounds, kernel, .. } => bench::run(seconds, rounds, kernel.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

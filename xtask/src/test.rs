@@ -80,20 +80,21 @@ fn in_vm(filter: Option<&str>, kernel: &str) -> Result<()> {
     }
     let root = exec::workspace_root();
     let test_binary = e2e_binary(&tools)?;
-    let filters = match filter {
-        Some(f) => vec![f.to_string()],
-        None => vm::EDGE_TESTS.iter().map(|f| f.to_string()).collect(),
-    };
-    vm::test(&vm::Run {
+    let mut command = vec![test_binary.display().to_string(), "--test-threads=1".to_string()];
+    match filter {
+        Some(f) => command.push(f.to_string()),
+        None => command.extend(vm::EDGE_TESTS.iter().map(|f| f.to_string())),
+    }
+    vm::run(&vm::Run {
         kernel,
-        filters,
+        command,
         env: vec![
             ("EDGEVX_BIN".into(), root.join("target/release/edgevx")),
             ("EDGEVX_IPAM_BIN".into(), ipam),
             ("EDGEVX_EBPF_OBJECT".into(), root.join("target/bpfel-unknown-none/release/edgevx")),
         ],
-        test_binary,
         path_env: tools.path_env(),
+        job: "tests",
     })
 }
 

@@ -27,6 +27,10 @@ use crate::{exec, kernels, toolchain};
 
 const VIRTME_NG_VERSION: &str = "1.42";
 
+/// Set in a guest's environment: the host has installed and built what the
+/// job needs, so an xtask job run inside skips those steps.
+pub const PREPARED_ENV: &str = "EDGEVX_XTASK_IN_VM";
+
 /// The tests that matter most on an edge node's kernel, run by `--kernel`
 /// when no filter is given, and by CI on every kernel of the matrix
 /// (libtest filters: a test runs when its name contains one of them).
@@ -57,20 +61,22 @@ pub const EDGE_TESTS: &[&str] = &[
     "reconcile::",
 ];
 
-/// What the guest needs from the host besides the test binaries.
+/// One command to run in a guest booting a matrix kernel.
 pub struct Run<'a> {
     pub kernel: &'a str,
-    /// libtest filters (any matches); empty: every test.
-    pub filters: Vec<String>,
-    /// Environment for the test binary (the native run's).
+    /// What the guest runs (a binary built on the host, and its arguments).
+    pub command: Vec<String>,
+    /// Environment for the command (the native run's).
     pub env: Vec<(String, PathBuf)>,
-    pub test_binary: PathBuf,
     pub path_env: std::ffi::OsString,
+    /// What the job is, for the messages and the log's name (`tests`, `bench`).
+    pub job: &'a str,
 }
 
-/// Boots the kernel, runs the tests in it, brings the results back to
-/// `target/vm/<kernel>/` and fails when the tests failed.
-pub fn test(run: &Run) -> Result<()> {
+/// Boots the kernel, runs the command in it, brings its output, status and
+/// the kernel log back to `target/vm/<kernel>/`, and fails when the command
+/// failed.
+pub fn run(run: &Run) -> Result<()> {
     let spec = kernels::spec(run.kernel)?;
     let kernel = kernels::fetch(spec)?;
     let vng = ensure_virtme_ng()?;
@@ -114,23 +120,27 @@ pub fn test(run: &Run) -> Result<()> {
         }
         bail!("the {} guest never started its script ({status}); see {}", kernel.release, console.display());
     }
+    let log = out.join(format!("{}.log", run.job));
     let code = fs::read_to_string(out.join("status"))
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())
-        .with_context(|| format!("the guest wrote no test status; see {}", out.join("tests.log").display()))?;
-    let summary = fs::read_to_string(out.join("tests.log")).unwrap_or_default();
-    for line in summary.lines().filter(|l| l.starts_with("test result:") || l.starts_with("failures:")) {
+        .with_context(|| format!("the guest wrote no exit status; see {}", log.display()))?;
+    let summary = fs::read_to_string(&log).unwrap_or_default();
+    let shown = |l: &&str| l.starts_with("test result:") || l.contains("FAILED") || l.starts_with("bench:");
+    for line in summary.lines().filter(shown) {
         eprintln!("xtask: [{}] {line}", spec.name);
     }
     eprintln!(
-        "xtask: kernel {} under {}: tests exited {code} after {:.0} s (tests.log, dmesg.log in {})",
+        "xtask: kernel {} under {}: {} exited {code} after {:.0} s ({}.log, dmesg.log in {})",
         kernel.release,
         accel.name(),
+        run.job,
         started.elapsed().as_secs_f64(),
+        run.job,
         out.display()
     );
     if code != 0 {
-        bail!("the e2e tests failed on kernel {} ({})", kernel.release, spec.distro);
+        bail!("{} failed on kernel {} ({})", run.job, kernel.release, spec.distro);
     }
     Ok(())
 }
@@ -162,26 +172,22 @@ fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// The script the guest runs: the test binary with the native run's
+/// The script the guest runs: the command with the native run's
 /// environment, its output, status and the kernel log into `out`.
 fn guest_script(run: &Run, out: &Path) -> String {
     let o = quote(&out.display().to_string());
     let mut s = String::from("#!/bin/bash\nset -u\n");
     s += &format!("touch {o}/started\n");
     s += &format!("export PATH={}\n", quote(&run.path_env.to_string_lossy()));
-    s += "export RUST_BACKTRACE=1 EDGEVX_TEST_KERNEL_VM=1\n";
+    s += "export RUST_BACKTRACE=1\n";
     for (k, v) in &run.env {
         s += &format!("export {k}={}\n", quote(&v.display().to_string()));
     }
     // what the tests may need to load is in the package's modules (virtme-ng
     // linked them); the guest's hostname and uname are the kernel's
     s += &format!("uname -a > {o}/uname\n");
-    let filters: Vec<String> = run.filters.iter().map(|f| quote(f)).collect();
-    s += &format!(
-        "{} --test-threads=1 {} > {o}/tests.log 2>&1\necho $? > {o}/status\n",
-        quote(&run.test_binary.display().to_string()),
-        filters.join(" ")
-    );
+    let command: Vec<String> = run.command.iter().map(|a| quote(a)).collect();
+    s += &format!("{} > {o}/{}.log 2>&1\necho $? > {o}/status\n", command.join(" "), run.job);
     s += &format!("dmesg > {o}/dmesg.log 2>&1\n");
     s
 }
@@ -209,14 +215,17 @@ mod tests {
     fn script_quotes_and_collects() {
         let run = Run {
             kernel: "5.10",
-            filters: vec!["interop::".into(), "it's".into()],
+            command: vec!["/w/target/release/deps/e2e-1".into(), "interop::".into(), "it's".into()],
             env: vec![("EDGEVX_BIN".into(), PathBuf::from("/w/target/release/edgevx"))],
-            test_binary: PathBuf::from("/w/target/release/deps/e2e-1"),
             path_env: "/usr/bin:/bin".into(),
+            job: "tests",
         };
         let s = guest_script(&run, Path::new("/w/target/vm/5.10"));
         assert!(s.contains("export EDGEVX_BIN='/w/target/release/edgevx'"), "{s}");
-        assert!(s.contains("'/w/target/release/deps/e2e-1' --test-threads=1 'interop::' 'it'\\''s'"), "{s}");
+        assert!(
+            s.contains("'/w/target/release/deps/e2e-1' 'interop::' 'it'\\''s' > '/w/target/vm/5.10'/tests.log"),
+            "{s}"
+        );
         assert!(s.contains("echo $? > '/w/target/vm/5.10'/status"), "{s}");
     }
 }

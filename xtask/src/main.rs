@@ -43,6 +43,9 @@ enum Job {
         /// without a filter, the edge set (interop, real node, restart, injection, IPv6, MTU, ...).
         #[arg(long, value_name = "NAME")]
         kernel: Option<String>,
+        /// With --kernel and no filter: CI's share of the edge set (every prog test and one test per part).
+        #[arg(long, requires = "kernel")]
+        ci: bool,
     },
     /// Build the OCI image archive target/image/edgevx-<version>-<arch>.oci.tar (FROM scratch, buildah).
     Image {
@@ -99,7 +102,7 @@ fn main() -> ExitCode {
             .and_then(|_| toolchain::ensure())
             .and_then(|t| build::agent(&t))
             .and_then(|_| build::ipam().map(|_| ())),
-        Job::Test { filter, kernel } => test::run(filter.as_deref(), kernel.as_deref()),
+        Job::Test { filter, kernel, ci } => test::run(filter.as_deref(), kernel.as_deref(), ci),
         Job::Image { arch } => arch.map_or_else(image::Arch::host, Ok).and_then(image::build).map(|_| ()),
         Job::Fuzz { seconds } => fuzz::run(seconds),
         Job::Seccomp => seccomp::write(),

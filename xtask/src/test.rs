@@ -8,9 +8,9 @@ use crate::{build, exec, image, packages, seccomp, toolchain, vm};
 /// Where the e2e tests find the image archive (tests/tests/e2e/image.rs).
 pub const IMAGE_ARCHIVE_ENV: &str = "EDGEVX_IMAGE_ARCHIVE";
 
-pub fn run(filter: Option<&str>, kernel: Option<&str>) -> Result<()> {
+pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
     if let Some(kernel) = kernel {
-        return in_vm(filter, kernel);
+        return in_vm(filter, kernel, ci);
     }
     packages::ensure()?;
     packages::ensure_image()?;
@@ -66,9 +66,10 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>) -> Result<()> {
 }
 
 /// The e2e tests inside a VM booting `kernel` (see `vm.rs`); with no
-/// filter, the edge set [`vm::EDGE_TESTS`]. Unit tests and the image tests
+/// filter, the edge set [`vm::EDGE_TESTS`], with `ci` CI's share of it:
+/// every prog test and [`vm::CI_TESTS`]. Unit tests and the image tests
 /// stay with the native run: neither depends on the kernel.
-fn in_vm(filter: Option<&str>, kernel: &str) -> Result<()> {
+fn in_vm(filter: Option<&str>, kernel: &str, ci: bool) -> Result<()> {
     packages::ensure()?;
     packages::ensure_vm()?;
     let tools = toolchain::ensure()?;
@@ -80,11 +81,14 @@ fn in_vm(filter: Option<&str>, kernel: &str) -> Result<()> {
     }
     let root = exec::workspace_root();
     let test_binary = e2e_binary(&tools)?;
-    let mut command = vec![test_binary.display().to_string(), "--test-threads=1".to_string()];
-    match filter {
-        Some(f) => command.push(f.to_string()),
-        None => command.extend(vm::EDGE_TESTS.iter().map(|f| f.to_string())),
-    }
+    let binary = test_binary.display().to_string();
+    let mut command = vec!["sh".to_string(), "-c".to_string()];
+    let prog_tests = format!("{binary} --test-threads=1 prog_test_run");
+    command.push(match (filter, ci) {
+        (Some(f), _) => format!("{binary} --test-threads=1 {}", quote(f)),
+        (None, true) => format!("{prog_tests} && {binary} --test-threads=1 --exact {}", vm::CI_TESTS.join(" ")),
+        (None, false) => format!("{binary} --test-threads=1 {}", vm::EDGE_TESTS.join(" ")),
+    });
     vm::run(&vm::Run {
         kernel,
         command,
@@ -112,6 +116,10 @@ fn e2e_binary(tools: &toolchain::Tools) -> Result<std::path::PathBuf> {
         .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "e2e")
         .find_map(|m| m["executable"].as_str().map(std::path::PathBuf::from))
         .context("cargo built no e2e test binary")
+}
+
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 fn is_root() -> bool {

@@ -61,6 +61,27 @@ pub const EDGE_TESTS: &[&str] = &[
     "reconcile::",
 ];
 
+/// What CI runs on each kernel of the matrix besides every prog test
+/// (exact test names): one test for each row of the README's kernel table
+/// and each part of the edge set, sized so that two kernels under TCG fit
+/// CI's 90 minutes beside the full native suite. The whole edge set
+/// ([`EDGE_TESTS`]) takes hours under TCG on two cores; `cargo xtask test
+/// --kernel NAME` runs it.
+pub const CI_TESTS: &[&str] = &[
+    "kernel::the_dataplane_comes_up_and_forwards_without_kernel_btf",
+    "interop::default_mode_interoperates_with_kernel_flannel_both_ways",
+    "real_node::clusterip_iptables::edgevx_ip_masq",
+    "real_node::clusterip_nftables::edgevx_ip_masq",
+    "restart::no_ping_is_lost_across_kill_9_and_restart",
+    "injection::a_pod_cannot_send_vxlan_to_any_node",
+    "dual_stack::dual_stack_interoperates_with_a_kernel_flannel_node_both_ways",
+    "ipv6_only::ipv6_only_interoperates_with_a_kernel_ipv6_only_flannel_node",
+    "direct_routing::direct_routing_routes_on_link_peers_plainly_and_encapsulates_the_rest",
+    "mtu::before_the_agent_follows_df_frames_get_frag_needed_from_the_encap_program",
+    "rollback::rolling_back_to_flanneld_keeps_the_node_forwarding",
+    "cli::bad_input_exits_2_naming_the_culprit_and_changes_nothing",
+];
+
 /// One command to run in a guest booting a matrix kernel.
 pub struct Run<'a> {
     pub kernel: &'a str,

@@ -1,12 +1,16 @@
-//! ADD: one address per range set, the pod's own when it has one.
+//! ADD: one address per range set for the attachment (container ID and
+//! interface, as host-local), the pod's own on that interface when it has
+//! one.
 //!
 //! For each range set, in order:
 //! 1. the attachment already holds an address there (a retried ADD): that;
-//! 2. the pod (namespace/name) has a record there: that address, when it
-//!    is free or still held by the pod's previous sandbox, whose DEL never
-//!    came (the node rebooted);
+//!    another interface of the same container never counts;
+//! 2. the pod (namespace/name) has a record there for this interface: that
+//!    address, when it is free or still held by the same interface of the
+//!    pod's previous sandbox, whose DEL never came (the node rebooted);
 //! 3. otherwise host-local's round-robin from `last_reserved_ip.<n>`,
-//!    passing over addresses retained for other pods;
+//!    passing over addresses retained for other pods or interfaces, and
+//!    those whose record cannot be read ([`crate::identity`]);
 //! 4. only when nothing else is free, the address retained longest ago,
 //!    with a line on stderr.
 //!
@@ -53,15 +57,22 @@ fn assign(
     att: &Attachment,
 ) -> Result<IpAddr, CniError> {
     // 1. a retried ADD
-    let held = ledger.reservations.iter().find(|(ip, h)| set.contains(**ip) && h.is(&att.container_id, &att.ifname));
+    let held = ledger
+        .reservations
+        .iter()
+        .find(|(ip, h)| set.contains(**ip) && h.is_attachment(&att.container_id, &att.ifname));
     if let Some((&ip, _)) = held {
         record(ledger, ip, pod, att)?;
         return Ok(ip);
     }
 
-    // 2. the pod's own address
-    let mine: Vec<IpAddr> =
-        ledger.records.iter().filter(|(ip, r)| r.pod == *pod && set.contains(**ip)).map(|(ip, _)| *ip).collect();
+    // 2. the pod's own address on this interface
+    let mine: Vec<IpAddr> = ledger
+        .records
+        .iter()
+        .filter(|(ip, r)| r.pod == *pod && r.ifname() == att.ifname && set.contains(**ip))
+        .map(|(ip, _)| *ip)
+        .collect();
     for ip in mine {
         let Some(rec) = ledger.records.get(&ip).cloned() else { continue };
         match ledger.reservations.get(&ip) {
@@ -75,8 +86,8 @@ fn assign(
             }
             holder if held_by_record(holder, &rec) => {
                 log(format_args!(
-                    "{ip} goes back to pod {pod}: its previous sandbox {} was never deleted",
-                    rec.container_id
+                    "{ip} goes back to pod {pod} ({}): its previous sandbox {} was never deleted",
+                    att.ifname, rec.container_id
                 ));
                 let previous = ledger.reservations.get(&ip).and_then(|h| h.container_id()).map(str::to_string);
                 let taking_over = PodRecord { previous_container_id: previous, ..live(pod, att) };
@@ -86,17 +97,20 @@ fn assign(
                 return Ok(ip);
             }
             Some(_) => {
-                log(format_args!("{ip}, kept for pod {pod}, is held by another container: the pod gets a new address"));
+                log(format_args!(
+                    "{ip}, kept for pod {pod} ({}), is held by another attachment: the pod gets a new address",
+                    att.ifname
+                ));
                 ledger.forget(ip);
             }
         }
     }
 
     // 3. round-robin, passing over retained addresses
-    let last = ledger.store.last_reserved(index)?;
+    let last = ledger.store.last_reserved(index);
     let mut oldest: Option<(u64, IpAddr)> = None;
     for ip in set.walk(last) {
-        if ledger.reservations.contains_key(&ip) {
+        if ledger.reservations.contains_key(&ip) || ledger.blocked.contains(&ip) {
             continue;
         }
         if let Some(r) = ledger.records.get(&ip) {
@@ -167,6 +181,6 @@ fn record(ledger: &mut Ledger<'_>, ip: IpAddr, pod: &PodRef, att: &Attachment) -
 fn note_reserved(ledger: &mut Ledger<'_>, ip: IpAddr, att: &Attachment) {
     ledger.reservations.insert(
         ip,
-        crate::store::Holder::Attachment { container_id: att.container_id.clone(), ifname: Some(att.ifname.clone()) },
+        crate::holder::Holder::Attachment { container_id: att.container_id.clone(), ifname: Some(att.ifname.clone()) },
     );
 }

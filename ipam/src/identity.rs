@@ -14,16 +14,36 @@
 //! else is free. OpenYurt's patched host-local kept the same fact as empty
 //! files `<ip>_<namespace>_<pod>` beside the reservations; [`migrate_openyurt`]
 //! turns them into records.
+//!
+//! A pod keeps one address per interface and range set: a record names the
+//! attachment (container ID and interface) that holds its address, and a
+//! new sandbox of the pod gets back, on each interface, the address the
+//! pod had on that interface. A record with an empty interface (earlier
+//! versions wrote one when they migrated an unreserved OpenYurt marker) or
+//! none is the pod's [`LEGACY_IFNAME`].
+//!
+//! A record that cannot be read ([`crate::entry`]: cut short, not JSON, a
+//! FIFO, a directory) is skipped with a warning and left as it is. Its
+//! address, told by its name, stays out of use ([`Records::unreadable`]):
+//! it may be the retained address of a pod that comes back, or live, and
+//! handing it to another pod could put two pods on one address, while
+//! keeping it costs one address until an operator removes the file. A
+//! name that is not an address ties no address up and is only reported.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs, io,
     net::IpAddr,
+    path::Path,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{Holder, Store, StoreError};
+use crate::{
+    entry,
+    holder::{Holder, LEGACY_IFNAME, ifname_or_legacy},
+    store::{Store, StoreError},
+};
 
 /// Relative to the store's directory.
 pub const PODS_DIR: &str = ".edgevx/pods";
@@ -49,6 +69,8 @@ pub struct PodRecord {
     /// The attachment that last held the address.
     #[serde(rename = "containerID")]
     pub container_id: String,
+    /// Read through [`PodRecord::ifname`]: may be empty in old records.
+    #[serde(default)]
     pub ifname: String,
     /// While a new sandbox takes the address over from the pod's previous
     /// one: that one's ID, so a crash between the two writes of the
@@ -64,6 +86,11 @@ pub fn now_ns() -> u64 {
 }
 
 impl PodRecord {
+    /// The interface the address is the pod's on.
+    pub fn ifname(&self) -> &str {
+        ifname_or_legacy(&self.ifname)
+    }
+
     /// Released longer than `retain` ago.
     pub fn expired(&self, retain: Duration, now: u64) -> bool {
         let retain = u64::try_from(retain.as_nanos()).unwrap_or(u64::MAX);
@@ -71,10 +98,19 @@ impl PodRecord {
     }
 }
 
-/// The records, by address.
-pub fn load(store: &Store) -> Result<BTreeMap<IpAddr, PodRecord>, StoreError> {
+/// The pod records, as far as they can be read.
+#[derive(Debug, Default)]
+pub struct Records {
+    pub by_ip: BTreeMap<IpAddr, PodRecord>,
+    /// Addresses whose record could not be read: out of use, and never
+    /// rewritten or removed here (see the module's doc).
+    pub unreadable: BTreeSet<IpAddr>,
+}
+
+/// Every record. Only a failure to list the directory itself is an error.
+pub fn load(store: &Store) -> Result<Records, StoreError> {
     let dir = store.dir().join(PODS_DIR);
-    let mut out = BTreeMap::new();
+    let mut out = Records::default();
     let entries = match fs::read_dir(&dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
         r => r.map_err(|source| StoreError::Io { path: dir.clone(), source })?,
@@ -82,36 +118,51 @@ pub fn load(store: &Store) -> Result<BTreeMap<IpAddr, PodRecord>, StoreError> {
     for entry in entries {
         let path = entry.map_err(|source| StoreError::Io { path: dir.clone(), source })?.path();
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let Ok(ip) = name.parse::<IpAddr>() else {
-            return Err(StoreError::Corrupt { path, why: "not named by an IP address".into() });
-        };
-        if let Some(record) = read(&path)? {
-            out.insert(ip, record);
+        match name.parse::<IpAddr>() {
+            Ok(ip) if ip.to_string() == name => out.read_into(ip, &path),
+            // a name this plugin would not write, but an address all the same
+            Ok(ip) => {
+                entry::warn(&path, format_args!("not named as {ip} is"), out_of_use(ip));
+                out.unreadable.insert(ip);
+            }
+            Err(_) => entry::warn(&path, "not named by an IP address", "no address is tied to it"),
         }
     }
     Ok(out)
 }
 
 /// Only the records of `ips` (DEL needs no others).
-pub fn load_some(store: &Store, ips: &[IpAddr]) -> Result<BTreeMap<IpAddr, PodRecord>, StoreError> {
+pub fn load_some(store: &Store, ips: &[IpAddr]) -> Records {
     let dir = store.dir().join(PODS_DIR);
-    let mut out = BTreeMap::new();
+    let mut out = Records::default();
     for ip in ips {
-        if let Some(record) = read(&dir.join(ip.to_string()))? {
-            out.insert(*ip, record);
-        }
+        out.read_into(*ip, &dir.join(ip.to_string()));
     }
-    Ok(out)
+    out
 }
 
-fn read(path: &std::path::Path) -> Result<Option<PodRecord>, StoreError> {
-    let bytes = match fs::read(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        r => r.map_err(|source| StoreError::Io { path: path.to_path_buf(), source })?,
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| StoreError::Corrupt { path: path.to_path_buf(), why: format!("not a pod record: {e}") })
+impl Records {
+    fn read_into(&mut self, ip: IpAddr, path: &Path) {
+        match read(path) {
+            Ok(Some(record)) => {
+                self.by_ip.insert(ip, record);
+            }
+            Ok(None) => {}
+            Err(why) => {
+                entry::warn(path, why, out_of_use(ip));
+                self.unreadable.insert(ip);
+            }
+        }
+    }
+}
+
+fn out_of_use(ip: IpAddr) -> String {
+    format!("{ip} is given to no pod until the file is removed")
+}
+
+fn read(path: &Path) -> Result<Option<PodRecord>, String> {
+    let Some(bytes) = entry::read(path).map_err(|e| e.to_string())? else { return Ok(None) };
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| format!("not a pod record: {e}"))
 }
 
 /// Stages writing `ip`'s record; `step` names the moment after it for the crash hook.
@@ -141,28 +192,45 @@ pub fn parse_openyurt_marker(name: &str) -> Option<(IpAddr, PodRef)> {
 /// Turns OpenYurt markers into records, then removes them. A marker whose
 /// address is still reserved becomes a live record of that holder (so the
 /// pod's next sandbox takes the address over when the old DEL never
-/// comes); otherwise it is retained from now. Returns what it migrated.
+/// comes); otherwise it is retained from now. The patched host-local wrote
+/// markers only for the pod's network interface, [`LEGACY_IFNAME`]. A
+/// marker that is not a file, or whose address has an unreadable record,
+/// is left as it is (removing it, or writing over the record, would lose
+/// what it says). Returns what it migrated.
 pub fn migrate_openyurt(
     store: &Store,
-    records: &mut BTreeMap<IpAddr, PodRecord>,
+    records: &mut Records,
     reservations: &BTreeMap<IpAddr, Holder>,
 ) -> Result<Vec<(IpAddr, PodRef)>, StoreError> {
     let mut migrated = Vec::new();
     for name in store.other_names()? {
         let Some((ip, pod)) = parse_openyurt_marker(&name) else { continue };
-        if let std::collections::btree_map::Entry::Vacant(slot) = records.entry(ip) {
+        let path = store.dir().join(&name);
+        if !fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file()) {
+            entry::warn(&path, "an OpenYurt marker that is not a regular file", "not migrated");
+            continue;
+        }
+        if records.unreadable.contains(&ip) {
+            entry::warn(
+                &path,
+                format_args!("the record of {ip} cannot be read"),
+                "the OpenYurt marker is not migrated",
+            );
+            continue;
+        }
+        if let std::collections::btree_map::Entry::Vacant(slot) = records.by_ip.entry(ip) {
             let record = match reservations.get(&ip) {
-                Some(Holder::Attachment { container_id, ifname }) => PodRecord {
+                Some(holder @ Holder::Attachment { container_id, .. }) => PodRecord {
                     pod: pod.clone(),
                     container_id: container_id.clone(),
-                    ifname: ifname.clone().unwrap_or_else(|| "eth0".into()),
+                    ifname: holder.ifname().unwrap_or(LEGACY_IFNAME).to_string(),
                     previous_container_id: None,
                     released_at_ns: None,
                 },
                 _ => PodRecord {
                     pod: pod.clone(),
                     container_id: String::new(),
-                    ifname: String::new(),
+                    ifname: LEGACY_IFNAME.to_string(),
                     previous_container_id: None,
                     released_at_ns: Some(now_ns()),
                 },
@@ -206,6 +274,49 @@ mod tests {
         assert!(r.expired(Duration::ZERO, 1_000));
         let live = PodRecord { released_at_ns: None, ..r };
         assert!(!live.expired(Duration::ZERO, u64::MAX));
+    }
+
+    #[test]
+    fn a_record_without_an_interface_is_eth0s() {
+        let old = r#"{"pod":{"namespace":"ns","name":"p"},"containerID":"c","releasedAtNs":null}"#;
+        let r: PodRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(r.ifname(), "eth0");
+        let migrated = r#"{"pod":{"namespace":"ns","name":"p"},"containerID":"","ifname":"","releasedAtNs":5}"#;
+        assert_eq!(serde_json::from_str::<PodRecord>(migrated).unwrap().ifname(), "eth0");
+        let net1 = r#"{"pod":{"namespace":"ns","name":"p"},"containerID":"c","ifname":"net1","releasedAtNs":null}"#;
+        assert_eq!(serde_json::from_str::<PodRecord>(net1).unwrap().ifname(), "net1");
+    }
+
+    #[test]
+    fn unreadable_records_are_skipped_and_their_addresses_kept() {
+        let dir = std::env::temp_dir().join(format!("edgevx-ipam-records-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let store = Store::open_locked(&dir).unwrap();
+        let pods = dir.join(PODS_DIR);
+        let good = PodRecord {
+            pod: PodRef { namespace: "ns".into(), name: "p".into() },
+            container_id: "c".into(),
+            ifname: "eth0".into(),
+            previous_container_id: None,
+            released_at_ns: None,
+        };
+        fs::write(pods.join("10.0.0.2"), serde_json::to_vec(&good).unwrap()).unwrap();
+        fs::write(pods.join("10.0.0.3"), r#"{"pod":{"namespace":"ns","na"#).unwrap();
+        fs::create_dir(pods.join("10.0.0.4")).unwrap();
+        fs::write(pods.join("notes.txt"), "hello").unwrap();
+        fs::write(pods.join("fd00:0::5"), "{}").unwrap();
+        let r = load(&store).unwrap();
+        assert_eq!(r.by_ip.len(), 1);
+        assert_eq!(r.by_ip[&"10.0.0.2".parse().unwrap()], good);
+        let unreadable: Vec<String> = r.unreadable.iter().map(ToString::to_string).collect();
+        assert_eq!(unreadable, ["10.0.0.3", "10.0.0.4", "fd00::5"]);
+        let some = load_some(&store, &["10.0.0.2".parse().unwrap(), "10.0.0.3".parse().unwrap()]);
+        assert_eq!(some.by_ip.len(), 1);
+        assert!(some.unreadable.contains(&"10.0.0.3".parse().unwrap()));
+        for name in ["10.0.0.3", "10.0.0.4", "notes.txt", "fd00:0::5"] {
+            assert!(pods.join(name).exists(), "{name} was removed");
+        }
+        let _ = fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -3,13 +3,17 @@
 //! CHECK passes when the attachment holds an address in every range set
 //! (host-local only asks for one anywhere). STATUS fails with code 50 when a
 //! range set has no address left that ADD could give: every address is
-//! reserved (retained ones still count as available, since ADD reclaims them).
-use std::{collections::BTreeMap, net::IpAddr};
+//! reserved or has an unreadable record (retained ones still count as
+//! available, since ADD reclaims them).
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use crate::{
     env::Attachment,
+    holder::Holder,
     range::RangeSet,
-    store::Holder,
     wire::{CniError, Code},
 };
 
@@ -27,13 +31,17 @@ pub fn check(reservations: &BTreeMap<IpAddr, Holder>, sets: &[RangeSet], att: &A
     Ok(())
 }
 
-pub fn status(reservations: &BTreeMap<IpAddr, Holder>, sets: &[RangeSet]) -> Result<(), CniError> {
+pub fn status(
+    reservations: &BTreeMap<IpAddr, Holder>,
+    unreadable: &BTreeSet<IpAddr>,
+    sets: &[RangeSet],
+) -> Result<(), CniError> {
     for (index, set) in sets.iter().enumerate() {
-        if set.walk(None).all(|ip| reservations.contains_key(&ip)) {
+        if set.walk(None).all(|ip| reservations.contains_key(&ip) || unreadable.contains(&ip)) {
             return Err(CniError::new(
                 Code::NotAvailable,
                 "no IP addresses available",
-                format!("every address of range set {index} ({set}) is reserved"),
+                format!("every address of range set {index} ({set}) is reserved or has an unreadable record"),
             ));
         }
     }

@@ -8,27 +8,39 @@
 //!    released it, or a crash came between our two writes) is retained
 //!    from now;
 //! 3. a retained record older than `retain` is dropped.
-use std::{collections::BTreeMap, net::IpAddr, time::Duration};
+//!
+//! An address whose record cannot be read ([`identity::Records::unreadable`])
+//! is in `blocked`: no record is ever written or removed there.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::Duration,
+};
 
 use crate::{
+    holder::Holder,
     identity::{self, PodRecord, now_ns},
-    store::{Holder, Store, StoreError},
+    store::{Store, StoreError},
 };
 
 pub struct Ledger<'a> {
     pub store: &'a Store,
     pub reservations: BTreeMap<IpAddr, Holder>,
     pub records: BTreeMap<IpAddr, PodRecord>,
+    /// Addresses with an unreadable record: given to no pod, left as they are.
+    pub blocked: BTreeSet<IpAddr>,
     pub now: u64,
 }
 
 /// Whether `holder` is the attachment `record` names, or the one it is
-/// taking over from (by container ID: a bare-ID file from host-local
-/// before v0.8.0 or OpenYurt has no ifname).
+/// taking over from: the same interface (a bare-ID file from host-local
+/// before v0.8.0 or OpenYurt is eth0's) of the same container.
 pub fn held_by_record(holder: Option<&Holder>, record: &PodRecord) -> bool {
-    let Some(id) = holder.and_then(Holder::container_id) else { return false };
-    (!record.container_id.is_empty() && id == record.container_id)
-        || record.previous_container_id.as_deref() == Some(id)
+    let Some(holder) = holder else { return false };
+    let (Some(id), Some(ifname)) = (holder.container_id(), holder.ifname()) else { return false };
+    ifname == record.ifname()
+        && ((!record.container_id.is_empty() && id == record.container_id)
+            || record.previous_container_id.as_deref() == Some(id))
 }
 
 pub fn log(line: std::fmt::Arguments<'_>) {
@@ -43,7 +55,7 @@ impl<'a> Ledger<'a> {
             log(format_args!("migrated OpenYurt record {ip} of pod {pod}"));
         }
         let now = now_ns();
-        let mut ledger = Ledger { store, reservations, records, now };
+        let mut ledger = Ledger { store, reservations, records: records.by_ip, blocked: records.unreadable, now };
         let ips: Vec<IpAddr> = ledger.records.keys().copied().collect();
         for ip in ips {
             let Some(record) = ledger.records.get(&ip) else { continue };
@@ -60,24 +72,31 @@ impl<'a> Ledger<'a> {
         Ok(ledger)
     }
 
-    /// Stages `ip`'s record (placed at [`Store::commit`]).
     /// The ledger DEL needs: the reservations, and the records of only the
     /// addresses the attachment holds (settling is left to ADD and GC).
     pub fn for_release(store: &'a Store, container_id: &str, ifname: &str) -> Result<Self, StoreError> {
         let reservations = store.reservations()?;
         let held: Vec<IpAddr> =
             reservations.iter().filter(|(_, h)| h.is(container_id, ifname)).map(|(ip, _)| *ip).collect();
-        let records = identity::load_some(store, &held)?;
-        Ok(Ledger { store, reservations, records, now: now_ns() })
+        let records = identity::load_some(store, &held);
+        Ok(Ledger { store, reservations, records: records.by_ip, blocked: records.unreadable, now: now_ns() })
     }
 
+    /// Stages `ip`'s record (placed at [`Store::commit`]), unless the one
+    /// there is unreadable: that is left as it is.
     pub fn save(&mut self, ip: IpAddr, record: PodRecord, step: &'static str) -> Result<(), StoreError> {
+        if self.blocked.contains(&ip) {
+            return Ok(());
+        }
         identity::save(self.store, ip, &record, step)?;
         self.records.insert(ip, record);
         Ok(())
     }
 
     pub fn forget(&mut self, ip: IpAddr) {
+        if self.blocked.contains(&ip) {
+            return;
+        }
         identity::remove(self.store, ip);
         self.records.remove(&ip);
     }

@@ -10,11 +10,15 @@
 //! DaemonSet's init container).
 mod add;
 mod dns;
+mod entry;
 mod env;
+mod holder;
 mod identity;
 mod inspect;
 mod install;
 mod ledger;
+#[cfg(test)]
+mod ledger_tests;
 mod release;
 mod store;
 
@@ -132,7 +136,8 @@ fn run(get: &impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<ser
         }
         Command::Status => {
             let store = Store::open_read_only(&conf.store_dir());
-            inspect::status(&store.reservations()?, &conf.range_sets)?;
+            let records = identity::load(&store)?;
+            inspect::status(&store.reservations()?, &records.unreadable, &conf.range_sets)?;
             Ok(None)
         }
         // answered before the config is parsed

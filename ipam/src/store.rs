@@ -2,7 +2,7 @@
 //! backend/disk/backend.go, lock.go), in `<dataDir>/<network>/`:
 //! - one file per reserved address, named by the address, holding
 //!   `<containerID>\r\n<ifname>` (or only the container ID, as host-local
-//!   before v0.8.0 and the OpenYurt patch wrote it);
+//!   before v0.8.0 and the OpenYurt patch wrote it): [`crate::holder`];
 //! - `last_reserved_ip.<range set index>`, where the round-robin resumes;
 //! - `lock`, taken with `flock(LOCK_EX)` around every change.
 //!
@@ -11,6 +11,10 @@
 //! only deletes files whose trimmed content equals a container ID or
 //! `<containerID>\r\n<ifname>`, and only returns files named like an
 //! address: JSON records never match either.
+//!
+//! Every file is read through [`crate::entry`]: one that cannot be read
+//! is skipped with a warning and never removed; a reservation's address
+//! stays taken, a `last_reserved_ip.*` is only a hint and restarts the walk.
 //!
 //! Unlike host-local every write here is durable. A command stages its
 //! writes (each a temporary file made with `O_EXCL|O_NOFOLLOW`) and
@@ -32,7 +36,11 @@ use std::{
 
 use thiserror::Error;
 
-use crate::wire::{CniError, Code};
+use crate::{
+    entry,
+    holder::{Holder, holder_content},
+    wire::{CniError, Code},
+};
 
 pub const LOCK_FILE: &str = "lock";
 pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
@@ -70,50 +78,6 @@ impl From<StoreError> for CniError {
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io { path: path.to_path_buf(), source }
-}
-
-/// Who holds a reserved address, from its file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Holder {
-    /// `<containerID>\r\n<ifname>`, or a bare container ID (`ifname` None).
-    Attachment { container_id: String, ifname: Option<String> },
-    /// Empty: host-local's unsynced write torn by a power cut. Nobody's,
-    /// but taken, as host-local also treats it.
-    Torn,
-}
-
-impl Holder {
-    pub fn parse(content: &str) -> Holder {
-        let t = content.trim();
-        if t.is_empty() || t.chars().all(|c| c == '\0') {
-            return Holder::Torn;
-        }
-        match t.split_once("\r\n") {
-            Some((id, ifname)) => Holder::Attachment { container_id: id.to_string(), ifname: Some(ifname.to_string()) },
-            None => Holder::Attachment { container_id: t.to_string(), ifname: None },
-        }
-    }
-
-    /// host-local's `ReleaseByID` match: the exact pair, or a legacy bare ID.
-    pub fn is(&self, container_id: &str, ifname: &str) -> bool {
-        match self {
-            Holder::Attachment { container_id: id, ifname: Some(i) } => id == container_id && i == ifname,
-            Holder::Attachment { container_id: id, ifname: None } => id == container_id,
-            Holder::Torn => false,
-        }
-    }
-
-    pub fn container_id(&self) -> Option<&str> {
-        match self {
-            Holder::Attachment { container_id, .. } => Some(container_id),
-            Holder::Torn => None,
-        }
-    }
-}
-
-/// The content host-local writes for an attachment.
-pub fn holder_content(container_id: &str, ifname: &str) -> String {
-    format!("{}\r\n{ifname}", container_id.trim())
 }
 
 /// The store of one network, locked for as long as it lives.
@@ -167,7 +131,8 @@ impl Store {
         &self.dir
     }
 
-    /// Every file named like an address, and who holds it.
+    /// Every file named like an address, and who holds it. One that
+    /// cannot be read is [`Holder::Unreadable`] (taken), with a warning.
     pub fn reservations(&self) -> Result<BTreeMap<IpAddr, Holder>, StoreError> {
         let mut out = BTreeMap::new();
         let entries = match fs::read_dir(&self.dir) {
@@ -178,13 +143,16 @@ impl Store {
             let entry = entry.map_err(io_at(&self.dir))?;
             let Some(ip) = entry.file_name().to_str().and_then(|n| n.parse::<IpAddr>().ok()) else { continue };
             let path = entry.path();
-            match fs::read(&path) {
-                Ok(bytes) => {
+            match entry::read(&path) {
+                Ok(Some(bytes)) => {
                     out.insert(ip, Holder::parse(&String::from_utf8_lossy(&bytes)));
                 }
                 // released between readdir and read
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StoreError::Io { path, source: e }),
+                Ok(None) => {}
+                Err(why) => {
+                    entry::warn(&path, why, format_args!("{ip} stays reserved, for nobody, until it is removed"));
+                    out.insert(ip, Holder::Unreadable);
+                }
             }
         }
         Ok(out)
@@ -230,25 +198,47 @@ impl Store {
         self.stage_removal(&self.dir, &ip.to_string(), step);
     }
 
-    /// `last_reserved_ip.<index>`. Empty or NUL-filled (host-local's
-    /// unsynced write after a power cut) counts as absent; anything else
-    /// that is not an address is corrupt.
-    pub fn last_reserved(&self, index: usize) -> Result<Option<IpAddr>, StoreError> {
+    /// `last_reserved_ip.<index>`, where round-robin resumes. Empty or
+    /// NUL-filled (host-local's unsynced write after a power cut) counts as
+    /// absent. Anything else that is not an address is skipped with a
+    /// warning and the walk starts over, as host-local does: the file is
+    /// only a hint, and one bad hint must not stop every ADD.
+    pub fn last_reserved(&self, index: usize) -> Option<IpAddr> {
         let path = self.dir.join(format!("{LAST_RESERVED_PREFIX}{index}"));
-        let text = match fs::read(&path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            r => r.map_err(io_at(&path))?,
+        let text = match entry::read(&path) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return None,
+            Err(why) => {
+                entry::warn(&path, why, "round-robin starts at the range's start; the file is left as it is");
+                return None;
+            }
         };
         let text = String::from_utf8_lossy(&text);
         let t = text.trim();
         if t.is_empty() || t.chars().all(|c| c == '\0') {
-            return Ok(None);
+            return None;
         }
-        t.parse().map(Some).map_err(|_| StoreError::Corrupt { path, why: format!("{t:?} is not an IP address") })
+        t.parse()
+            .map_err(|_| {
+                entry::warn(
+                    &path,
+                    format_args!("{t:?} is not an IP address"),
+                    "round-robin starts at the range's start; the next reservation rewrites it, as host-local does",
+                )
+            })
+            .ok()
     }
 
+    /// Stages `last_reserved_ip.<index>`, unless that name is something
+    /// other than a file: a rename would silently replace a FIFO, and fail
+    /// on a directory, failing the ADD.
     pub fn set_last_reserved(&self, index: usize, ip: IpAddr, step: &'static str) -> Result<(), StoreError> {
         let name = format!("{LAST_RESERVED_PREFIX}{index}");
+        let path = self.dir.join(&name);
+        if fs::symlink_metadata(&path).is_ok_and(|m| !m.file_type().is_file()) {
+            entry::warn(&path, "not a regular file", "round-robin is not recorded; the entry is left as it is");
+            return Ok(());
+        }
         self.stage(&self.dir, &name, ip.to_string().as_bytes(), Apply::Rename, step)
     }
 
@@ -400,19 +390,6 @@ mod tests {
     }
 
     #[test]
-    fn holder_reads_both_formats() {
-        assert_eq!(
-            Holder::parse("abc\r\neth0"),
-            Holder::Attachment { container_id: "abc".into(), ifname: Some("eth0".into()) }
-        );
-        assert!(Holder::parse("abc\r\neth0").is("abc", "eth0"));
-        assert!(!Holder::parse("abc\r\neth0").is("abc", "eth1"));
-        assert!(Holder::parse("abc\n").is("abc", "eth7"), "legacy files match any ifname");
-        assert_eq!(Holder::parse(""), Holder::Torn);
-        assert_eq!(Holder::parse("\0\0\0"), Holder::Torn);
-    }
-
-    #[test]
     fn reserve_is_exclusive_and_in_host_locals_format() {
         let (dir, s) = tmp_store("excl");
         let ip: IpAddr = "10.0.0.2".parse().unwrap();
@@ -435,17 +412,37 @@ mod tests {
     }
 
     #[test]
-    fn last_reserved_tolerates_torn_writes_only() {
+    fn last_reserved_skips_what_it_cannot_read() {
         let (dir, s) = tmp_store("last");
-        assert_eq!(s.last_reserved(0).unwrap(), None);
+        assert_eq!(s.last_reserved(0), None);
         s.set_last_reserved(0, "10.0.0.9".parse().unwrap(), "t").unwrap();
         s.commit().unwrap();
-        assert_eq!(s.last_reserved(0).unwrap(), Some("10.0.0.9".parse().unwrap()));
+        assert_eq!(s.last_reserved(0), Some("10.0.0.9".parse().unwrap()));
         fs::write(dir.join("last_reserved_ip.1"), "").unwrap();
-        assert_eq!(s.last_reserved(1).unwrap(), None);
+        assert_eq!(s.last_reserved(1), None);
         fs::write(dir.join("last_reserved_ip.2"), "banana").unwrap();
-        let e = s.last_reserved(2).unwrap_err();
-        assert!(e.to_string().contains("last_reserved_ip.2"), "{e}");
+        assert_eq!(s.last_reserved(2), None, "a garbled hint restarts the walk");
+        s.set_last_reserved(2, "10.0.0.3".parse().unwrap(), "t").unwrap();
+        s.commit().unwrap();
+        assert_eq!(s.last_reserved(2), Some("10.0.0.3".parse().unwrap()), "and the next reservation rewrites it");
+        fs::create_dir(dir.join("last_reserved_ip.3")).unwrap();
+        assert_eq!(s.last_reserved(3), None);
+        s.set_last_reserved(3, "10.0.0.4".parse().unwrap(), "t").unwrap();
+        s.commit().unwrap();
+        assert!(dir.join("last_reserved_ip.3").is_dir(), "a directory is left alone and does not fail the commit");
+        let _ = fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn an_unreadable_reservation_is_taken_by_nobody() {
+        let (dir, s) = tmp_store("unreadable");
+        fs::create_dir(dir.join("10.0.0.4")).unwrap();
+        fs::write(dir.join("10.0.0.5"), "c5\r\neth0").unwrap();
+        fs::write(dir.join("stray"), "x").unwrap();
+        let r = s.reservations().unwrap();
+        assert_eq!(r.get(&"10.0.0.4".parse().unwrap()), Some(&Holder::Unreadable));
+        assert!(r[&"10.0.0.5".parse().unwrap()].is("c5", "eth0"));
+        assert_eq!(r.len(), 2, "{r:?}");
         let _ = fs::remove_dir_all(dir);
     }
 }

@@ -179,6 +179,12 @@ impl<'a> Call<'a> {
         self
     }
 
+    /// CNI_IFNAME other than eth0 (a second interface, as Multus adds).
+    pub fn ifname(mut self, ifname: &'a str) -> Self {
+        self.ifname = ifname;
+        self
+    }
+
     pub fn run(&self, plugin: Plugin, config: &Value) -> Result<Reply> {
         self.run_raw(plugin, &serde_json::to_vec(config)?)
     }
@@ -217,15 +223,32 @@ impl<'a> Call<'a> {
 
 /// ADD for pod `namespace/name` as container `id`; its addresses.
 pub fn add(plugin: Plugin, config: &Value, id: &str, namespace: &str, name: &str) -> Result<Vec<IpAddr>> {
-    let r = Call::new("ADD", id).pod(namespace, name).run(plugin, config)?;
-    r.ips().with_context(|| format!("{plugin:?} ADD {id} ({namespace}/{name})"))
+    add_on(plugin, config, id, "eth0", namespace, name)
+}
+
+/// ADD of interface `ifname` of container `id`, for pod `namespace/name`.
+pub fn add_on(
+    plugin: Plugin,
+    config: &Value,
+    id: &str,
+    ifname: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<IpAddr>> {
+    let r = Call::new("ADD", id).ifname(ifname).pod(namespace, name).run(plugin, config)?;
+    r.ips().with_context(|| format!("{plugin:?} ADD {id} {ifname} ({namespace}/{name})"))
 }
 
 /// DEL of container `id` (eth0), which must succeed.
 pub fn del(plugin: Plugin, config: &Value, id: &str) -> Result<()> {
-    let r = Call::new("DEL", id).run(plugin, config)?;
+    del_on(plugin, config, id, "eth0")
+}
+
+/// DEL of interface `ifname` of container `id`, which must succeed.
+pub fn del_on(plugin: Plugin, config: &Value, id: &str, ifname: &str) -> Result<()> {
+    let r = Call::new("DEL", id).ifname(ifname).run(plugin, config)?;
     if !r.ok {
-        bail!("{plugin:?} DEL {id} failed: {} {}", r.stdout, r.stderr);
+        bail!("{plugin:?} DEL {id} {ifname} failed: {} {}", r.stdout, r.stderr);
     }
     Ok(())
 }

@@ -2,12 +2,22 @@
 //! `host-local` as the reference: stores taken over both ways, OpenYurt's
 //! markers migrated, addresses kept per pod, retention, reclaiming, GC,
 //! STATUS, 50 concurrent ADDs, long names, dual-stack, bad input and
-//! crashes between writes. The offline reboot end to end is ipam_reboot.rs.
-use std::{collections::BTreeSet, fs, net::IpAddr, thread};
+//! crashes between writes, two interfaces of one container, store entries
+//! that cannot be read. The offline reboot end to end is ipam_reboot.rs.
+use std::{
+    collections::BTreeSet,
+    ffi::CString,
+    fs,
+    net::IpAddr,
+    os::unix::{ffi::OsStrExt, fs::FileTypeExt},
+    path::Path,
+    thread,
+};
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use edgevx_tests::ipam::{
-    CRASH_ENV, Call, DataDir, Plugin, SHARED_VERSION, add, config, del, edgevx_ipam_bin, v4_ranges,
+    CRASH_ENV, Call, DataDir, Plugin, Reply, SHARED_VERSION, add, add_on, config, del, del_on, edgevx_ipam_bin,
+    v4_ranges,
 };
 use serde_json::{Value, json};
 
@@ -317,22 +327,6 @@ fn ipam_bad_input_gets_a_named_error_and_keeps_the_store() -> Result<()> {
         ensure!(d.snapshot()? == before, "{what}: the store changed");
     }
 
-    // corrupt store files: ours, then host-local's round-robin mark
-    for (file, content) in [(".edgevx/pods/10.244.1.77", "{half a rec"), ("last_reserved_ip.0", "ten dot")] {
-        let path = d.store().join(file);
-        let old = fs::read(&path).ok();
-        fs::write(&path, content)?;
-        let before = d.snapshot()?;
-        let r = Call::new("ADD", "c1").pod("default", "c").run(EVX, &evx)?;
-        ensure!(r.code() == Some(100), "corrupt {file}: {:?}", r.stdout);
-        let details = r.stdout["details"].as_str().unwrap_or_default();
-        ensure!(details.contains(file), "corrupt {file}: details {details:?} do not name it");
-        ensure!(d.snapshot()? == before, "corrupt {file}: the store changed");
-        match old {
-            Some(old) => fs::write(&path, old)?,
-            None => fs::remove_file(&path)?,
-        }
-    }
     // and the reservations are still whole
     ensure!(add(EVX, &evx, "a2", "default", "a")?.len() == 1);
     ensure!(d.reservations()?.values().any(|v| v == "b1\r\neth0"));
@@ -408,5 +402,141 @@ fn ipam_version_check_and_cni_args_parsing() -> Result<()> {
     ensure!(unknown.code() == Some(3), "CHECK of an unknown attachment: {:?}", unknown.stdout);
     // GC and STATUS came with 1.1.0
     ensure!(Call::new("STATUS", "x").run(EVX, &evx)?.code() == Some(1));
+    Ok(())
+}
+
+/// One container with two interfaces on the same network (eth0, and net1
+/// as Multus adds it): two addresses, each file naming its own attachment,
+/// and a DEL of one leaves the other; host-local shows the expected.
+#[test]
+fn ipam_two_interfaces_of_one_container_get_two_addresses() -> Result<()> {
+    let mut kept = None;
+    for plugin in [HL, EVX] {
+        let d = DataDir::new("ipamifs")?;
+        let cfg = config(plugin, SHARED_VERSION, &d, v4_ranges(), json!({}));
+        let (eth0, net1) = two_interfaces(plugin, &d, &cfg).with_context(|| format!("{plugin:?}"))?;
+        if plugin == EVX {
+            kept = Some((d, cfg, eth0, net1));
+        }
+    }
+    // edgevx-ipam only: after a reboot (no DEL of cA eth0) the pod's new
+    // sandbox gets back, on each interface, the address it had there
+    let (d, evx, eth0, net1) = kept.context("no edgevx-ipam run")?;
+    ensure!(add_on(EVX, &evx, "cB", "net1", "default", "multi")? == [net1], "net1 did not get its address back");
+    ensure!(add_on(EVX, &evx, "cB", "eth0", "default", "multi")? == [eth0], "eth0 did not get its address back");
+    let files = d.reservations()?;
+    ensure!(files.get(&eth0).map(String::as_str) == Some("cB\r\neth0"), "{files:?}");
+    ensure!(files.get(&net1).map(String::as_str) == Some("cB\r\nnet1"), "{files:?}");
+
+    // host-local's two attachments in the store, edgevx-ipam's DEL of one
+    let (evx, hl) = configs(&d);
+    let h_eth0 = add_on(HL, &hl, "cH", "eth0", "default", "hl-multi")?[0];
+    let h_net1 = add_on(HL, &hl, "cH", "net1", "default", "hl-multi")?[0];
+    del_on(EVX, &evx, "cH", "net1")?;
+    let files = d.reservations()?;
+    ensure!(!files.contains_key(&h_net1), "edgevx-ipam's DEL left host-local's net1 {h_net1}");
+    ensure!(files.get(&h_eth0).map(String::as_str) == Some("cH\r\neth0"), "and took its eth0: {files:?}");
+    Ok(())
+}
+
+/// ADD eth0 and net1 of `cA`, another pod, DEL net1: (eth0's, net1's address).
+fn two_interfaces(plugin: Plugin, d: &DataDir, cfg: &Value) -> Result<(IpAddr, IpAddr)> {
+    let eth0 = add_on(plugin, cfg, "cA", "eth0", "default", "multi")?;
+    let net1 = add_on(plugin, cfg, "cA", "net1", "default", "multi")?;
+    let (eth0, net1) = (eth0[0], net1[0]);
+    ensure!(eth0 != net1, "eth0 and net1 of cA both got {eth0}");
+    let files = d.reservations()?;
+    ensure!(files.get(&eth0).map(String::as_str) == Some("cA\r\neth0"), "eth0's {eth0}: {files:?}");
+    ensure!(files.get(&net1).map(String::as_str) == Some("cA\r\nnet1"), "net1's {net1}: {files:?}");
+    let other = add(plugin, cfg, "cO", "default", "other")?[0];
+    ensure!(other != eth0 && other != net1, "another pod got {other}, held by cA");
+    del_on(plugin, cfg, "cA", "net1")?;
+    let files = d.reservations()?;
+    ensure!(!files.contains_key(&net1), "DEL of net1 left {net1}: {files:?}");
+    ensure!(files.get(&eth0).map(String::as_str) == Some("cA\r\neth0"), "DEL of net1 took eth0's {eth0}: {files:?}");
+    Ok((eth0, net1))
+}
+
+/// A record cut short and a stray file in `.edgevx/pods`, then a FIFO and
+/// a directory named by addresses, stop no ADD or DEL, also not the DEL of
+/// the pod whose record it is: each run names them on stderr, leaves them
+/// as they are, and gives their addresses to nobody. A garbled
+/// `last_reserved_ip.0` only restarts the round-robin. host-local, the
+/// reference, walks past the first two (a FIFO hangs it: it reads every
+/// file of the tree it walks).
+#[test]
+fn ipam_unreadable_store_entries_are_skipped_with_a_warning() -> Result<()> {
+    let d = DataDir::new("ipamdamage")?;
+    // seven addresses, 10.244.1.2 to 10.244.1.8
+    let ranges = json!([[{"subnet": "10.244.1.0/24", "rangeStart": "10.244.1.2", "rangeEnd": "10.244.1.8"}]]);
+    let evx = config(EVX, "1.1.0", &d, ranges.clone(), json!({}));
+    let hl = config(HL, SHARED_VERSION, &d, ranges, json!({}));
+    let a = add(EVX, &evx, "a1", "default", "a")?[0];
+    let b = add(EVX, &evx, "b1", "default", "b")?[0];
+    let pods = d.store().join(".edgevx/pods");
+    let record = pods.join(a.to_string());
+    let whole = fs::read(&record)?;
+    let cut = whole.get(..whole.len() / 2).context("a's record")?.to_vec();
+    fs::write(&record, &cut)?;
+    let stray = pods.join("notes.txt");
+    fs::write(&stray, "left here by hand")?;
+
+    let h = add(HL, &hl, "h1", "default", "h")?[0];
+    ensure!(h != a && h != b, "host-local gave {h}, which is held");
+    del(HL, &hl, "h1")?;
+
+    // and a garbled round-robin mark: a hint, which the next ADD rewrites
+    let last = d.store().join("last_reserved_ip.0");
+    fs::write(&last, "ten dot")?;
+    let r = Call::new("ADD", "c1").pod("default", "c").run(EVX, &evx)?;
+    let c = r.ips().context("another pod's ADD with a damaged store")?[0];
+    names(&r, &[&record, &stray, &last])?;
+    ensure!(fs::read_to_string(&last)? == c.to_string(), "the mark was not rewritten");
+    ensure!(c != a && c != b, "c got {c}, which is held");
+    let r = Call::new("DEL", "a1").run(EVX, &evx)?;
+    ensure!(r.ok, "DEL of the pod with the damaged record failed: {} {}", r.stdout, r.stderr);
+    names(&r, &[&record])?;
+    ensure!(!d.reservations()?.contains_key(&a), "DEL a1 left its reservation");
+
+    let fifo = pods.join("10.244.1.7");
+    let path = CString::new(fifo.as_os_str().as_bytes())?;
+    // SAFETY: mkfifo(3) with a NUL-terminated path that lives for the call.
+    ensure!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) } == 0, "mkfifo {}", fifo.display());
+    let dir = d.store().join("10.244.1.8");
+    fs::create_dir(&dir)?;
+    // fill the range: a's, the FIFO's and the directory's addresses go to nobody
+    let mut given = vec![b, c];
+    for k in 0..8 {
+        let r = Call::new("ADD", &format!("f{k}")).pod("default", &format!("f-{k}")).run(EVX, &evx)?;
+        names(&r, &[&record, &stray, &fifo, &dir])?;
+        if r.code() == Some(101) {
+            break;
+        }
+        given.push(r.ips().with_context(|| format!("ADD f{k}"))?[0]);
+    }
+    let unique: BTreeSet<_> = given.iter().collect();
+    ensure!(unique.len() == given.len(), "an address was given twice: {given:?}");
+    for taken in [a, ip("10.244.1.7"), ip("10.244.1.8")] {
+        ensure!(!given.contains(&taken), "{taken} was given: {given:?}");
+    }
+    ensure!(given.len() == 4, "want the 4 usable addresses given, then code 101: {given:?}");
+    let status = Call::new("STATUS", "x").run(EVX, &evx)?;
+    ensure!(status.code() == Some(50), "STATUS counts unreadable entries as free: {:?}", status.stdout);
+    del(EVX, &evx, "b1")?;
+
+    ensure!(fs::read(&record)? == cut, "a's record was rewritten");
+    ensure!(stray.is_file(), "the stray file was removed");
+    ensure!(fs::symlink_metadata(&fifo).is_ok_and(|m| m.file_type().is_fifo()), "the FIFO was removed");
+    ensure!(dir.is_dir(), "the directory was removed");
+    Ok(())
+}
+
+/// Every one of `paths` is named in the run's stderr.
+fn names(r: &Reply, paths: &[&Path]) -> Result<()> {
+    for p in paths {
+        if !r.stderr.contains(&p.display().to_string()) {
+            bail!("no warning names {}: {}", p.display(), r.stderr);
+        }
+    }
     Ok(())
 }

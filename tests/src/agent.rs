@@ -93,6 +93,7 @@ impl Agent {
 
     /// Waits until the log contains `needle` (counting from the start).
     pub fn wait_log(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+        let timeout = crate::patience(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             if self.log_text().contains(needle) {
@@ -128,6 +129,7 @@ impl Agent {
 
     /// Waits for the agent to exit on its own; its exit code (`None`: killed by a signal).
     pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<i32>> {
+        let timeout = crate::patience(timeout);
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
@@ -215,6 +217,7 @@ pub fn status(state_dir: &Path, bpffs: &Path) -> Result<Value> {
 
 /// Polls `check` on the agent's status until it holds (or `timeout`).
 pub fn wait_status(agent: &Agent, timeout: Duration, what: &str, check: impl Fn(&Value) -> bool) -> Result<Value> {
+    let timeout = crate::patience(timeout);
     let deadline = Instant::now() + timeout;
     loop {
         let s = agent.status()?;

@@ -94,7 +94,7 @@ impl Etcd {
             .spawn();
         std::mem::forget(ns);
         self.child = Some(child.context("cannot start etcd (is etcd-server installed?)")?);
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + crate::patience(Duration::from_secs(15));
         while Instant::now() < deadline {
             if self.ctl(&["endpoint", "health"]).is_ok() {
                 return Ok(());

@@ -155,7 +155,7 @@ impl KubeApi {
 
     /// Waits until `f` holds for the recorded patches.
     pub fn wait_patches(&self, timeout: Duration, f: impl Fn(&[Recorded]) -> bool) -> Result<Vec<Recorded>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + crate::patience(timeout);
         loop {
             let p = self.patches();
             if f(&p) {

@@ -20,9 +20,19 @@ pub mod scenario;
 pub mod topo;
 pub mod traffic;
 
-use std::{path::PathBuf, process::Command};
+use std::{path::PathBuf, process::Command, time::Duration};
 
 use anyhow::{Context, Result, bail};
+
+/// How much longer than natively the harness waits for things to happen:
+/// `EDGEVX_TEST_PATIENCE` (a factor, default 1). The kernel matrix runs the
+/// tests in an emulated guest (QEMU's TCG), where everything takes several
+/// times longer; a wait is a bound on "never happened", not a timed
+/// assertion, so stretching it changes what a test proves nowhere.
+pub fn patience(wait: Duration) -> Duration {
+    let factor = std::env::var("EDGEVX_TEST_PATIENCE").ok().and_then(|f| f.parse::<u32>().ok()).unwrap_or(1).max(1);
+    wait * factor
+}
 
 /// Runs a command, failing with its stderr if it fails.
 pub fn sh(args: &[&str]) -> Result<String> {

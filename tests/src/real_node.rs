@@ -344,7 +344,7 @@ fn kernel_flannel_node(host: &Host, n: u8) -> Result<()> {
 }
 
 fn wait_for_file(path: &Path, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
+    let deadline = Instant::now() + crate::patience(timeout);
     while !path.exists() {
         if Instant::now() > deadline {
             bail!("{} did not appear within {timeout:?}", path.display());
@@ -443,7 +443,7 @@ impl TcpServer {
             Ok(l)
         };
         Ok(TcpServer(Server::start(ns, bind, |l: TcpListener, stop: &AtomicBool| {
-            let deadline = Instant::now() + PATIENCE;
+            let deadline = Instant::now() + crate::patience(PATIENCE);
             let (mut s, peer) = loop {
                 match l.accept() {
                     Ok(conn) => break conn,
@@ -457,7 +457,7 @@ impl TcpServer {
                 }
             };
             s.set_nonblocking(false)?;
-            s.set_read_timeout(Some(PATIENCE))?;
+            s.set_read_timeout(Some(crate::patience(PATIENCE)))?;
             let (bytes, digest) = digest_of(&mut s)?;
             s.write_all(format!("{bytes} {digest}\n").as_bytes())?;
             Ok(Some(Accepted { peer: v4(peer)?, bytes }))
@@ -512,7 +512,7 @@ pub fn tcp_send(ns: &Netns, to: SocketAddrV4, bytes: u64) -> Result<()> {
     join(in_netns(ns, move || {
         let mut s = TcpStream::connect_timeout(&to.into(), Duration::from_secs(5))
             .with_context(|| format!("connect to {to}"))?;
-        s.set_read_timeout(Some(PATIENCE))?;
+        s.set_read_timeout(Some(crate::patience(PATIENCE)))?;
         let (mut h, mut left, mut buf, mut x) = (Sha256::new(), bytes, vec![0u8; 1 << 16], 0x2545_f491_u32);
         while left > 0 {
             let n = left.min(buf.len() as u64) as usize;
@@ -567,7 +567,7 @@ pub fn udp_exchange(client: &Netns, dial: SocketAddrV4, server: &Netns, port: u1
         Ok(s)
     };
     let srv = Server::start(server, bind, |s: UdpSocket, stop: &AtomicBool| {
-        let (mut seen, mut buf, deadline) = (Vec::new(), [0u8; 512], Instant::now() + PATIENCE);
+        let (mut seen, mut buf, deadline) = (Vec::new(), [0u8; 512], Instant::now() + crate::patience(PATIENCE));
         while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
             match s.recv_from(&mut buf) {
                 Ok((n, from)) => {

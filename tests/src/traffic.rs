@@ -26,6 +26,7 @@ pub fn ping(from: &Netns, to: impl Into<IpAddr>, count: u32, interval: &str) -> 
 /// Waits until `to` answers a ping from `from` (up to `tries` seconds).
 pub fn wait_reachable(from: &Netns, to: impl Into<IpAddr>, tries: u32) -> Result<()> {
     let to: IpAddr = to.into();
+    let tries = crate::patience(std::time::Duration::from_secs(tries.into())).as_secs() as u32;
     for _ in 0..tries {
         if ping(from, to, 1, "0.2")?.1 == 1 {
             return Ok(());

@@ -27,6 +27,11 @@ use crate::{exec, kernels, toolchain};
 
 const VIRTME_NG_VERSION: &str = "1.42";
 
+/// How many times longer the test harness waits in a guest: TCG on two
+/// shared cores runs the agent's iptables writes and program loads several
+/// times slower than natively.
+const GUEST_PATIENCE: u32 = 6;
+
 /// Set in a guest's environment: the host has installed and built what the
 /// job needs, so an xtask job run inside skips those steps.
 pub const PREPARED_ENV: &str = "EDGEVX_XTASK_IN_VM";
@@ -200,7 +205,9 @@ fn guest_script(run: &Run, out: &Path) -> String {
     let mut s = String::from("#!/bin/bash\nset -u\n");
     s += &format!("touch {o}/started\n");
     s += &format!("export PATH={}\n", quote(&run.path_env.to_string_lossy()));
-    s += "export RUST_BACKTRACE=1\n";
+    // the harness waits this many times longer for things to happen: under
+    // TCG everything is several times slower (tests/src/lib.rs, `patience`)
+    s += &format!("export RUST_BACKTRACE=1 EDGEVX_TEST_PATIENCE={GUEST_PATIENCE}\n");
     for (k, v) in &run.env {
         s += &format!("export {k}={}\n", quote(&v.display().to_string()));
     }

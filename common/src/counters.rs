@@ -81,9 +81,16 @@ pub enum Counter {
     /// is VXLAN for us cannot be told. Peers send none; a stranger's goes on
     /// to the socket-lookup guard.
     DropLongExtChain = 27,
+    /// Dropped: UDP to the VXLAN port behind VLAN tags (802.1Q or 802.1ad,
+    /// any VIDs) in the packet bytes, on the underlay or from a local pod,
+    /// or a frame with more tags than are walked (`MAX_TAGS` in
+    /// ebpf/src/tagged.rs). The kernel strips such tags after TC and hands
+    /// the datagram to the VXLAN socket; the judges read fixed offsets and
+    /// never saw it.
+    DropVxlanTagged = 28,
 }
 
-pub const COUNT: u32 = 28;
+pub const COUNT: u32 = 29;
 
 impl Counter {
     pub const ALL: [Counter; COUNT as usize] = [
@@ -115,6 +122,7 @@ impl Counter {
         Counter::DropVxlanOffUnderlay,
         Counter::DropInnerNotIpv6,
         Counter::DropLongExtChain,
+        Counter::DropVxlanTagged,
     ];
 
     /// Name used in `edgevx status` and metrics.
@@ -148,6 +156,7 @@ impl Counter {
             Counter::DropVxlanOffUnderlay => "drop_vxlan_off_underlay",
             Counter::DropInnerNotIpv6 => "drop_inner_not_ipv6",
             Counter::DropLongExtChain => "drop_long_ext_chain",
+            Counter::DropVxlanTagged => "drop_vxlan_tagged",
         }
     }
 }

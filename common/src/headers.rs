@@ -4,7 +4,10 @@
 //! Each view wraps a fixed-size array the program has loaded from the
 //! packet; nothing here reads past it.
 
-use crate::vxlan::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, VXLAN_FLAG_VNI, VXLAN_HLEN, ipv4_checksum};
+use crate::vxlan::{
+    ETH_HLEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, VLAN_HLEN, VXLAN_FLAG_VNI,
+    VXLAN_HLEN, ipv4_checksum,
+};
 
 /// The fixed 20 bytes of an IPv4 header (options, if any, follow them).
 #[derive(Clone, Copy, Debug)]
@@ -192,7 +195,27 @@ impl VxlanHeader<'_> {
     }
 }
 
-/// An Ethernet header without VLAN tags.
+/// Whether `ethertype` is a VLAN tag the kernel strips on receive, as its
+/// `eth_type_vlan` tells them: 802.1Q or 802.1ad, whatever the VID.
+#[inline(always)]
+pub fn is_vlan(ethertype: u16) -> bool {
+    ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD
+}
+
+/// One VLAN tag as it lies in the packet after its TPID: the TCI (PCP,
+/// DEI, VID), then the ethertype of what the tag carries.
+#[derive(Clone, Copy, Debug)]
+pub struct VlanTag<'a>(pub &'a [u8; VLAN_HLEN]);
+
+impl VlanTag<'_> {
+    /// The ethertype behind the tag: another tag's TPID, or a protocol.
+    #[inline(always)]
+    pub fn encapsulated(&self) -> u16 {
+        u16::from_be_bytes([self.0[2], self.0[3]])
+    }
+}
+
+/// An Ethernet header; its ethertype is a VLAN TPID if tags follow it.
 #[derive(Clone, Copy, Debug)]
 pub struct EthHeader<'a>(pub &'a [u8; ETH_HLEN]);
 
@@ -222,6 +245,12 @@ impl EthHeader<'_> {
     #[inline(always)]
     pub fn is_ipv6(&self) -> bool {
         self.ethertype() == ETH_P_IPV6
+    }
+
+    /// A VLAN tag follows in the packet bytes (see [`is_vlan`]).
+    #[inline(always)]
+    pub fn is_vlan(&self) -> bool {
+        is_vlan(self.ethertype())
     }
 }
 
@@ -310,6 +339,24 @@ mod tests {
         assert!(h.is_ipv4() && !h.is_ipv6());
         let v6 = [0u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x86, 0xdd];
         assert!(EthHeader(&v6).is_ipv6() && !EthHeader(&v6).is_ipv4());
+        assert!(!h.is_vlan() && !EthHeader(&v6).is_vlan());
+    }
+
+    #[test]
+    fn the_tags_the_kernel_strips_are_vlan() {
+        for tpid in [0x8100, 0x88a8] {
+            assert!(is_vlan(tpid), "{tpid:#x}");
+            let mut e = [0u8; 14];
+            e[12..].copy_from_slice(&u16::to_be_bytes(tpid));
+            assert!(EthHeader(&e).is_vlan(), "{tpid:#x}");
+        }
+        // 802.1ah, the old QinQ TPIDs, MPLS, PPPoE: not stripped by the kernel's receive
+        for other in [0x88e7, 0x9100, 0x9200, 0x8847, 0x8864, 0x0800, 0x86dd] {
+            assert!(!is_vlan(other), "{other:#x}");
+        }
+        // priority-tagged (VID 0, PCP 5), carrying an 802.1Q tag; VID 4095 carrying IPv4
+        assert_eq!(VlanTag(&[0xa0, 0x00, 0x81, 0x00]).encapsulated(), 0x8100);
+        assert_eq!(VlanTag(&[0x2f, 0xff, 0x08, 0x00]).encapsulated(), 0x0800);
     }
 
     /// An IPv6 header carrying 16 bytes of UDP from fd00:198:18::2 to

@@ -18,6 +18,13 @@ pub const VXLAN_HLEN: usize = 8;
 
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
+/// The VLAN tag protocol IDs the kernel strips on receive (`eth_type_vlan`):
+/// 802.1Q and 802.1ad (QinQ's outer tag).
+pub const ETH_P_8021Q: u16 = 0x8100;
+pub const ETH_P_8021AD: u16 = 0x88a8;
+/// One VLAN tag: its TCI, then the ethertype of what it carries (the tag's
+/// own TPID sits where the ethertype was).
+pub const VLAN_HLEN: usize = 4;
 pub const IPPROTO_UDP: u8 = 17;
 /// The fixed IPv6 header; extension headers, if any, follow it.
 pub const IPV6_HLEN: usize = 40;

@@ -32,6 +32,12 @@
 //!
 //! IPv6 frames are judged by `judge6.rs` and never decapsulated here: the
 //! kernel's `flannel-v6.<VNI>` receives what it lets through.
+//!
+//! All of this reads the headers at fixed offsets behind an untagged
+//! Ethernet header. A frame with VLAN tags left in its bytes (the kernel
+//! moves at most one into metadata before TC, and strips the rest after)
+//! is judged by `tagged.rs`: VXLAN behind them is dropped
+//! (`drop_vxlan_tagged`), anything else passes untouched.
 
 use aya_ebpf::{
     bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, BPF_F_INGRESS, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode},
@@ -49,7 +55,7 @@ use edgevx_common::{
 use crate::{
     judge6,
     maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS, EDGEVX_PEER_ACCEPT, EDGEVX_PEER_SUBNETS},
-    stats,
+    stats, tagged,
 };
 
 /// Not ours: let the next program or the stack have it, unchanged.
@@ -70,6 +76,9 @@ pub fn run(ctx: &TcContext) -> i32 {
         return NEXT;
     };
     let eth = EthHeader(sub::<{ ETH_HLEN + IPV4_HLEN }, 0, ETH_HLEN>(&outer));
+    if eth.is_vlan() && cfg.vni != 0 {
+        return tagged::judge(ctx, cfg.port);
+    }
     if eth.is_ipv6() {
         return judge6::run(ctx, cfg);
     }

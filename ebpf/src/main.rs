@@ -12,7 +12,9 @@ mod judge6;
 mod maps;
 mod pod_guard;
 mod stats;
+mod tagged;
 mod too_big;
+mod vxlan_port;
 
 use aya_ebpf::{
     macros::{classifier, sk_lookup},

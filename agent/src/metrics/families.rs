@@ -6,8 +6,9 @@ use edgevx_common::{counters::Counter, maps::PeerStats};
 
 pub const EGRESS: &str = "egress";
 pub const INGRESS: &str = "ingress";
-/// For the one counter both programs share (`drop_adjust_room`): telling the
-/// directions apart would take a second BPF counter.
+/// For the counters two programs share (`drop_adjust_room`: encap and
+/// decap; `drop_vxlan_tagged`: decap and the pod guard): telling the
+/// directions apart would take a second BPF counter each.
 pub const BOTH: &str = "both";
 
 /// The metric series one global counter is reported as.
@@ -51,6 +52,8 @@ pub const fn series(c: Counter) -> Series {
         Counter::DropInnerNotIpv4 => Drops { reason: "inner_not_ipv4", direction: INGRESS },
         Counter::DropInnerNotIpv6 => Drops { reason: "inner_not_ipv6", direction: INGRESS },
         Counter::DropLongExtChain => Drops { reason: "long_ext_chain", direction: INGRESS },
+        // one counter for decap on the underlay and the pod guard on cni0
+        Counter::DropVxlanTagged => Drops { reason: "vxlan_tagged", direction: BOTH },
         Counter::DropFragNeeded => Drops { reason: "frag_needed", direction: EGRESS },
         Counter::DropTooBig => Drops { reason: "too_big", direction: EGRESS },
         Counter::DropUnknownPeerSocket => Drops { reason: "unknown_peer_socket", direction: INGRESS },

@@ -114,9 +114,13 @@ enum Counted {
 /// Sends one VXLAN frame holding UDP `inner_src` -> pod 1, port 9999.
 /// `mode`: `udp` (a plain socket bound to `src`, so a broadcast or multicast
 /// leaves by `src`'s link), `raw` (from `src`, spoofed if need be),
-/// or `frag8`/`frag16` (a raw first fragment from `src` holding only 8 or 16
-/// bytes of UDP, the rest in a second fragment). An optional last argument
-/// names the link to leave by (`SO_BINDTODEVICE`).
+/// `frag8`/`frag16` (a raw first fragment from `src` holding only 8 or 16
+/// bytes of UDP, the rest in a second fragment), or
+/// `tagged/<TPIDs>/<MAC>` (a raw Ethernet frame to `MAC` out of the link,
+/// from `src`, with a VLAN tag of each TPID, in hex and comma-separated,
+/// outermost first: VID 0, priority 5, as an 802.1p switch tags). An
+/// optional last argument names the link to leave by (`SO_BINDTODEVICE`;
+/// required for `tagged`).
 const SEND: &str = r#"
 import socket, struct, sys
 src, dst, mode, inner_src, inner_dst, mac = sys.argv[1:7]
@@ -139,6 +143,15 @@ if mode == 'udp':
     if link: s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, link)
     s.bind((src, 0))
     s.sendto(vxlan, (dst, 8472))
+elif mode.startswith('tagged/'):
+    _, tpids, dmac = mode.split('/')
+    smac = open('/sys/class/net/%s/address' % link.decode()).read().strip()
+    tags = b''.join(struct.pack('!HH', int(t, 16), 5 << 13) for t in tpids.split(','))
+    l2 = bytes.fromhex(dmac.replace(':', '') + smac.replace(':', '')) + tags + b'\x08\x00'
+    udp = struct.pack('!HHHH', 40000, 8472, 8 + len(vxlan), 0) + vxlan
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    s.bind((link.decode(), 0))
+    s.send(l2 + ip(src, dst, 17, udp))
 else:
     udp = struct.pack('!HHHH', 40000, 8472, 8 + len(vxlan), 0) + vxlan
     s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
@@ -256,8 +269,13 @@ impl Setup {
     /// Sends a frame with a client's inner source, spoofed from `from`,
     /// and checks it reached the pod.
     fn delivered(&self, what: &str, from: &str, link: &str, to: &str) -> Result<()> {
+        self.delivered_as(what, from, link, to, "raw")
+    }
+
+    /// The same, sent in `mode` (see [`SEND`]).
+    fn delivered_as(&self, what: &str, from: &str, link: &str, to: &str, mode: &str) -> Result<()> {
         let seen = self.pod_no_ports()?;
-        self.send(from, link, to, "raw", CLIENT)?;
+        self.send(from, link, to, mode, CLIENT)?;
         assert!(self.wait_for(|s| Ok(s.pod_no_ports()? > seen))?, "{what}: the frame did not reach the pod");
         Ok(())
     }
@@ -330,6 +348,66 @@ fn a_pod_cannot_send_vxlan_to_any_node() -> Result<()> {
         pod.run(&["python3", "-c", SEND, "10.244.1.2", dst, "udp", "10.244.1.2", &pod2, M2])?;
         assert!(s.wait_for(|s| Ok(s.counter("drop_pod_vxlan")? > before))?, "{what}: not counted");
         assert_eq!(s.counter("drop_pod_vxlan")?, before + 1, "{what}");
+    }
+    Ok(())
+}
+
+/// A link's MAC address in node 1.
+fn node1_mac(s: &Setup, link: &str) -> Result<String> {
+    let mac = s.c.host(1).ns.run(&["cat", &format!("/sys/class/net/{link}/address")])?;
+    Ok(mac.trim().to_string())
+}
+
+/// VXLAN behind VLAN tags, sent as raw Ethernet frames to node 1's
+/// underlay. The kernel moves the first tag into skb metadata before TC and
+/// strips the rest after it, any number of either TPID, and hands the
+/// datagram to the VXLAN socket: decap sees a second tag where the IPv4
+/// header should be, and the socket-lookup guard only the spoofed outer
+/// source. Two tags or more are refused as tagged VXLAN; a single tag is
+/// out of decap's sight, which judges the frame behind it as usual.
+#[test]
+fn vxlan_behind_vlan_tags_is_refused_and_behind_one_tag_judged_as_usual() -> Result<()> {
+    let s = setup()?;
+    let mac = node1_mac(&s, "eth0")?;
+    let mode = |tpids: &str| format!("tagged/{tpids}/{mac}");
+    let tagged = Counted::Agent("drop_vxlan_tagged");
+    for tpids in ["8100,8100", "88a8,8100", "88a8,88a8,8100,8100"] {
+        let what = format!("a spoofed peer's forged inner source behind {tpids}");
+        s.refused(&what, PEER, "eth0", "198.18.0.1", &mode(tpids), tagged)?;
+        let what = format!("a stranger behind {tpids}, to the flannel.1 address");
+        s.refused(&what, ATTACKER, "eth0", "10.244.1.0", &mode(tpids), tagged)?;
+    }
+    let spoofed = Counted::Agent("drop_spoofed_source");
+    for tpid in ["8100", "88a8"] {
+        let what = format!("a spoofed peer's forged inner source behind one {tpid} tag");
+        s.refused(&what, PEER, "eth0", "198.18.0.1", &mode(tpid), spoofed)?;
+        s.delivered_as(
+            &format!("the exempt peer behind one {tpid} tag"),
+            EXEMPT_IP,
+            "eth0",
+            "198.18.0.1",
+            &mode(tpid),
+        )?;
+    }
+    Ok(())
+}
+
+/// A pod with CAP_NET_RAW hiding its VXLAN behind two tags: the kernel
+/// strips them after the pod guard and routes the datagram on.
+#[test]
+fn a_pod_cannot_send_vxlan_behind_vlan_tags() -> Result<()> {
+    let s = setup()?;
+    let gateway = node1_mac(&s, "cni0")?;
+    let pod2 = pod_ip(2).to_string();
+    for tpids in ["8100,8100", "88a8,8100"] {
+        for (what, dst) in [("to a peer node", "198.18.0.2"), ("to its own node", "198.18.0.1")] {
+            let what = format!("{what} behind {tpids}");
+            let before = s.counter("drop_vxlan_tagged")?;
+            let mode = format!("tagged/{tpids}/{gateway}");
+            s.c.host(1).pod.run(&["python3", "-c", SEND, "10.244.1.2", dst, &mode, "10.244.1.2", &pod2, M2, "eth0"])?;
+            assert!(s.wait_for(|s| Ok(s.counter("drop_vxlan_tagged")? > before))?, "{what}: not counted");
+            assert_eq!(s.counter("drop_vxlan_tagged")?, before + 1, "{what}");
+        }
     }
     Ok(())
 }

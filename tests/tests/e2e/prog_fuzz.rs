@@ -1,12 +1,17 @@
-//! Encap and decap under BPF_PROG_TEST_RUN on random and mutated frames:
-//! truncated at every offset, IP options, fragments, VLAN tags, IPv6 with
+//! Encap, decap and the pod guard under BPF_PROG_TEST_RUN on random and
+//! mutated frames: truncated at every offset, IP options, fragments, VLAN
+//! tags (802.1Q and 802.1ad, stacked, in front of IPv4 and IPv6), IPv6 with
 //! extension headers, UDP to 8472 that is not VXLAN, wrong flags. On every
 //! case:
 //! - the verdict is one the program may give for that input;
 //! - nothing that is not ours is modified (a pass leaves the frame as it was);
 //! - nothing malformed is emitted (a redirect carries exactly the headers
 //!   the program is meant to write, around the untouched payload);
-//! - the counters add up (one verdict, one counter).
+//! - the counters add up (one verdict, one counter);
+//! - a frame with tags in its bytes is dropped by decap and the pod guard
+//!   exactly when UDP to 8472 lies behind them (or more tags than they
+//!   walk), as an independent model here reads it; the pod guard drops an
+//!   untagged frame exactly when it is UDP to 8472.
 //!
 //! A fixed seed and case count by default; `EDGEVX_FUZZ_CASES` and
 //! `EDGEVX_FUZZ_SEED` run more, or others.
@@ -14,8 +19,9 @@ use anyhow::{Result, ensure};
 use edgevx_common::{counters::Counter, maps::FLAG_BYPASS_NETFILTER};
 
 use crate::prog_test_run::{
-    EXEMPT_IP, HOST_MAC, Loaded, NEXT, OUR_IP, OUR_MAC, PEER_IP, POD_MAC, STRANGER_IP, TC_ACT_REDIRECT, TC_ACT_SHOT,
-    checksum, eth, fix_outer_checksum, inner_icmp, ipv4, load, vxlan_frame, with_ip_options,
+    ETH_P_8021AD, ETH_P_8021Q, EXEMPT_IP, HOST_MAC, Loaded, MAX_TAGS, NEXT, OUR_IP, OUR_MAC, PEER_IP, POD_MAC,
+    STRANGER_IP, TC_ACT_REDIRECT, TC_ACT_SHOT, checksum, eth, fix_outer_checksum, inner_icmp, ipv4, load, tagged,
+    vxlan_frame, vxlan_frame_to, with_ip_options,
 };
 
 const DEFAULT_CASES: u64 = 4000;
@@ -59,7 +65,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 }
 
 /// Counters that record a decap verdict; exactly one moves per judged frame.
-const DECAP_VERDICTS: [Counter; 13] = [
+const DECAP_VERDICTS: [Counter; 14] = [
     Counter::RxFastPackets,
     Counter::RxStackPackets,
     Counter::RxHostPackets,
@@ -73,7 +79,11 @@ const DECAP_VERDICTS: [Counter; 13] = [
     Counter::DropInnerNotIpv4,
     Counter::DropAdjustRoom,
     Counter::DropNoConfig,
+    Counter::DropVxlanTagged,
 ];
+
+/// Counters that record a pod guard verdict.
+const POD_GUARD_VERDICTS: [Counter; 2] = [Counter::DropPodVxlan, Counter::DropVxlanTagged];
 
 /// Counters that record an encap verdict.
 const ENCAP_VERDICTS: [Counter; 7] = [
@@ -130,12 +140,20 @@ fn seeds() -> Vec<Vec<u8>> {
         f[20..22].copy_from_slice(&word.to_be_bytes());
         out.push(fix_outer_checksum(f));
     }
-    // a VLAN tag in front of the IPv4 header
+    // VLAN tags in front of the IPv4 header: one, two of either TPID, as many as are walked, one more
     let plain = vxlan_frame(PEER_IP, 1, OUR_MAC, &from_peer);
-    let mut tagged = plain[..12].to_vec();
-    tagged.extend([0x81, 0x00, 0x00, 0x07]);
-    tagged.extend(&plain[12..]);
-    out.push(tagged);
+    let spoofed = vxlan_frame(PEER_IP, 1, OUR_MAC, &client);
+    let (q, ad) = (ETH_P_8021Q, ETH_P_8021AD);
+    out.push(tagged(&plain, &[(q, 7)]));
+    out.push(tagged(&spoofed, &[(q, 0), (q, 0)]));
+    out.push(tagged(&spoofed, &[(ad, 0), (q, 0)]));
+    out.push(tagged(&vxlan_frame(STRANGER_IP, 1, OUR_MAC, &from_peer), &[(ad, 5), (ad, 0), (q, 9)]));
+    out.push(tagged(&plain, &[(q, 0); MAX_TAGS]));
+    out.push(tagged(&eth([0xff; 6], [4; 6], 0x0806, &[0u8; 28]), &[(ad, 0); MAX_TAGS + 1]));
+    // a pod's VXLAN to a peer node, plain and tagged
+    let pod = vxlan_frame_to([10, 244, 1, 2], PEER_IP, 1, OUR_MAC, &from_peer);
+    out.push(tagged(&pod, &[(q, 0)]));
+    out.push(pod);
     // IPv6 with a hop-by-hop and a destination-options header, then UDP to 8472
     let mut v6 = vec![0x60, 0, 0, 0, 0, 40, 0, 64];
     v6.extend([0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
@@ -144,7 +162,9 @@ fn seeds() -> Vec<Vec<u8>> {
     v6.extend([17, 0, 1, 4, 0, 0, 0, 0]); // destination options -> UDP
     v6.extend([0x9c, 0x40, 0x21, 0x18, 0, 24, 0, 0, 0x08, 0, 0, 0, 0, 0, 1, 0]);
     v6.extend([0u8; 8]);
-    out.push(eth([2; 6], [4; 6], 0x86dd, &v6));
+    let v6 = eth([2; 6], [4; 6], 0x86dd, &v6);
+    out.push(tagged(&v6, &[(q, 0), (ad, 0)]));
+    out.push(v6);
     // UDP to 8472 that is not VXLAN
     let mut junk = vec![0x9c, 0x40, 0x21, 0x18, 0, 40, 0, 0];
     junk.extend((0..32u8).map(|i| i.wrapping_mul(37)));
@@ -162,6 +182,75 @@ fn for_our_port(f: &[u8]) -> bool {
     ihl >= 20 && !later && f.len() >= 14 + ihl + 4 && f[14 + ihl + 2..14 + ihl + 4] == [0x21, 0x18]
 }
 
+fn be16(f: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*f.get(at)?, *f.get(at + 1)?]))
+}
+
+fn is_vlan(ethertype: u16) -> bool {
+    ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD
+}
+
+/// Whether `f` has a VLAN tag in its bytes.
+fn is_tagged(f: &[u8]) -> bool {
+    be16(f, 12).is_some_and(is_vlan)
+}
+
+/// The model of what the judges must drop of a tagged frame: UDP to 8472
+/// behind its tags, or more than [`MAX_TAGS`] of them. A frame cut inside
+/// its tags is not.
+fn hides_vxlan(f: &[u8]) -> bool {
+    let mut at = 14;
+    for _ in 0..MAX_TAGS {
+        let Some(ethertype) = be16(f, at + 2) else {
+            return false;
+        };
+        at += 4;
+        if !is_vlan(ethertype) {
+            return udp_to_8472(f, ethertype, at);
+        }
+    }
+    true
+}
+
+/// Whether the packet of `ethertype` at `at` is UDP to 8472 (not a later
+/// fragment), or IPv6 behind more than four extension headers.
+fn udp_to_8472(f: &[u8], ethertype: u16, at: usize) -> bool {
+    let port_at = match ethertype {
+        0x0800 if f.len() >= at + 20 && f[at] >> 4 == 4 && f[at] & 0x0f >= 5 => {
+            let later = be16(f, at + 6).is_some_and(|w| w & 0x1fff != 0);
+            if f[at + 9] != 17 || later {
+                return false;
+            }
+            at + (f[at] & 0x0f) as usize * 4
+        }
+        0x86dd if f.len() >= at + 40 && f[at] >> 4 == 6 => {
+            let (mut next, mut at) = (f[at + 6], at + 40);
+            for _ in 0..4 {
+                if ![0, 43, 44, 60].contains(&next) {
+                    break;
+                }
+                let Some(h) = f.get(at..at + 8) else {
+                    return false;
+                };
+                if next == 44 && u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0 {
+                    return false; // a later fragment
+                }
+                at += if next == 44 { 8 } else { (h[1] as usize + 1) * 8 };
+                next = h[0];
+            }
+            if [0, 43, 44, 60].contains(&next) {
+                return true;
+            }
+            if next != 17 {
+                return false;
+            }
+            at
+        }
+        _ => return false,
+    };
+    be16(f, port_at + 2) == Some(8472)
+}
+
 fn check_decap(l: &Loaded, f: &[u8]) -> Result<()> {
     let before = snapshot(l, &DECAP_VERDICTS)?;
     let Some((rc, out)) = run(l, "edgevx_decap", f)? else {
@@ -169,6 +258,15 @@ fn check_decap(l: &Loaded, f: &[u8]) -> Result<()> {
     };
     let after = snapshot(l, &DECAP_VERDICTS)?;
     let (which, total) = moved(&DECAP_VERDICTS, &before, &after);
+    if is_tagged(f) {
+        let hidden = hides_vxlan(f);
+        match rc {
+            TC_ACT_SHOT => ensure!(hidden && which == [Counter::DropVxlanTagged], "dropped {which:?}: {f:02x?}"),
+            NEXT => ensure!(!hidden && total == 0 && out == f, "passed {which:?}, hidden {hidden}: {f:02x?}"),
+            other => anyhow::bail!("decap verdict {other} for a tagged frame {f:02x?}"),
+        }
+        return Ok(());
+    }
     let ours = for_our_port(f);
     match rc {
         NEXT => {
@@ -197,6 +295,24 @@ fn check_decap(l: &Loaded, f: &[u8]) -> Result<()> {
             ensure!(out == eth(POD_MAC, HOST_MAC, 0x0800, inner), "the redirected frame is not the inner packet");
         }
         other => anyhow::bail!("decap verdict {other} for {f:02x?}"),
+    }
+    Ok(())
+}
+
+fn check_pod_guard(l: &Loaded, f: &[u8]) -> Result<()> {
+    let before = snapshot(l, &POD_GUARD_VERDICTS)?;
+    let Some((rc, out)) = run(l, "edgevx_pod_guard", f)? else {
+        return Ok(());
+    };
+    let (which, _) = moved(&POD_GUARD_VERDICTS, &before, &snapshot(l, &POD_GUARD_VERDICTS)?);
+    let want = match be16(f, 12) {
+        Some(t) if is_vlan(t) => hides_vxlan(f).then_some(Counter::DropVxlanTagged),
+        Some(t) => udp_to_8472(f, t, 14).then_some(Counter::DropPodVxlan),
+        None => None,
+    };
+    match want {
+        Some(c) => ensure!(rc == TC_ACT_SHOT && which == [c], "pod guard: {rc} {which:?}, want {c:?}: {f:02x?}"),
+        None => ensure!(rc == NEXT && which.is_empty() && out == f, "pod guard: {rc} {which:?}: {f:02x?}"),
     }
     Ok(())
 }
@@ -231,10 +347,15 @@ fn check_encap(l: &Loaded, f: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// A VLAN tag's TPID: mostly one the kernel strips, sometimes another.
+fn tpid(rng: &mut Rng) -> u16 {
+    [ETH_P_8021Q, ETH_P_8021AD, ETH_P_8021Q, 0x9100, rng.next() as u16][rng.below(5)]
+}
+
 fn mutate(rng: &mut Rng, base: &[u8]) -> Vec<u8> {
     let mut f = base.to_vec();
     for _ in 0..1 + rng.below(3) {
-        match rng.below(6) {
+        match rng.below(8) {
             0 => {
                 let at = rng.below(f.len());
                 f[at] = rng.byte();
@@ -252,6 +373,14 @@ fn mutate(rng: &mut Rng, base: &[u8]) -> Vec<u8> {
                     f[at] = [0, 1, 0x08, 0x45, 0xff, 0x8c][rng.below(6)];
                 }
             }
+            // one to three tags pushed in front of the ethertype, or the first one popped
+            5 if f.len() >= 14 => {
+                let tags: Vec<_> = (0..1 + rng.below(3)).map(|_| (tpid(rng), rng.below(4096) as u16)).collect();
+                f = tagged(&f, &tags);
+            }
+            6 if f.len() >= 18 && is_tagged(&f) => {
+                f.drain(12..16);
+            }
             _ => {}
         }
         if rng.below(2) == 0 && f.len() >= 34 && f[12..14] == [0x08, 0x00] && f[14] & 0x0f == 5 {
@@ -265,7 +394,7 @@ fn mutate(rng: &mut Rng, base: &[u8]) -> Vec<u8> {
 }
 
 #[test]
-fn encap_and_decap_hold_their_invariants_on_random_and_mutated_frames() -> Result<()> {
+fn encap_decap_and_the_pod_guard_hold_their_invariants_on_random_and_mutated_frames() -> Result<()> {
     let l = load(FLAG_BYPASS_NETFILTER)?;
     let seeds = seeds();
     // every seed, truncated at every offset
@@ -273,6 +402,7 @@ fn encap_and_decap_hold_their_invariants_on_random_and_mutated_frames() -> Resul
         for len in MIN_FRAME..=s.len() {
             check_decap(&l, &s[..len])?;
             check_encap(&l, &s[..len])?;
+            check_pod_guard(&l, &s[..len])?;
         }
     }
     let mut rng = Rng(env_u64("EDGEVX_FUZZ_SEED", DEFAULT_SEED) | 1);
@@ -285,9 +415,11 @@ fn encap_and_decap_hold_their_invariants_on_random_and_mutated_frames() -> Resul
         };
         check_decap(&l, &f).map_err(|e| e.context(format!("decap case {case}")))?;
         check_encap(&l, &f).map_err(|e| e.context(format!("encap case {case}")))?;
+        check_pod_guard(&l, &f).map_err(|e| e.context(format!("pod guard case {case}")))?;
     }
     // the seeds themselves still do what they are for
     assert!(l.counter(Counter::RxFastPackets)? > 0 && l.counter(Counter::TxPackets)? > 0);
     assert!(l.counter(Counter::DropSpoofedSource)? > 0 && l.counter(Counter::DropUnknownPeer)? > 0);
+    assert!(l.counter(Counter::DropVxlanTagged)? > 0 && l.counter(Counter::DropPodVxlan)? > 0);
     Ok(())
 }

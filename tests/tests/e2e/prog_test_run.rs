@@ -1,5 +1,5 @@
-//! The encap, decap and bridge programs run on crafted packets with
-//! BPF_PROG_TEST_RUN; outputs are compared byte for byte with frames
+//! The encap, decap, bridge and pod guard programs run on crafted packets
+//! with BPF_PROG_TEST_RUN; outputs are compared byte for byte with frames
 //! written out here by hand from RFC 7348 and flannel's settings.
 use std::path::PathBuf;
 
@@ -53,7 +53,7 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
         .with_context(|| format!("cannot read {} (cargo xtask build-ebpf)", object().display()))?;
     let mut ebpf = EbpfLoader::new().default_map_pin_directory(&dir).load(&bytes)?;
     let encap = features::encap();
-    for p in [encap, "edgevx_decap", "edgevx_bridge"] {
+    for p in [encap, "edgevx_decap", "edgevx_bridge", "edgevx_pod_guard"] {
         let prog: &mut SchedClassifier = ebpf.program_mut(p).context("program")?.try_into()?;
         prog.load()?;
     }
@@ -161,6 +161,11 @@ pub(crate) fn inner_icmp(dst: [u8; 4]) -> Vec<u8> {
 
 /// What a flannel peer puts on the wire for `inner`.
 pub(crate) fn vxlan_frame(src: [u8; 4], vni: u32, inner_dst_mac: [u8; 6], inner: &[u8]) -> Vec<u8> {
+    vxlan_frame_to(src, OUR_IP, vni, inner_dst_mac, inner)
+}
+
+/// The same to `dst`: a pod's VXLAN for a peer node, or ours to another address.
+pub(crate) fn vxlan_frame_to(src: [u8; 4], dst: [u8; 4], vni: u32, inner_dst_mac: [u8; 6], inner: &[u8]) -> Vec<u8> {
     let inner_frame = eth(inner_dst_mac, PEER_MAC, 0x0800, inner);
     let mut udp = Vec::new();
     udp.extend(40000u16.to_be_bytes());
@@ -170,7 +175,7 @@ pub(crate) fn vxlan_frame(src: [u8; 4], vni: u32, inner_dst_mac: [u8; 6], inner:
     udp.extend([0x08, 0, 0, 0]);
     udp.extend((vni << 8).to_be_bytes());
     udp.extend(inner_frame);
-    eth([0x02, 0xee, 0, 0, 0, 1], [0x02, 0xee, 0, 0, 0, 2], 0x0800, &ipv4(src, OUR_IP, 17, &udp, 0))
+    eth([0x02, 0xee, 0, 0, 0, 1], [0x02, 0xee, 0, 0, 0, 2], 0x0800, &ipv4(src, dst, 17, &udp, 0))
 }
 
 #[test]
@@ -536,5 +541,207 @@ fn the_socket_lookup_guards_pass_the_verifier_where_they_should() -> Result<()> 
     let mut l = load(0)?;
     let loaded = features::load_guards(&mut l.ebpf)?;
     assert_eq!(loaded.contains(&features::GUARD), !features::before(5, 17), "{loaded:?}");
+    Ok(())
+}
+
+// --- VLAN tags in the packet bytes ----------------------------------------
+
+pub(crate) const ETH_P_8021Q: u16 = 0x8100;
+pub(crate) const ETH_P_8021AD: u16 = 0x88a8;
+/// The most tags the programs walk (`MAX_TAGS` in ebpf/src/tagged.rs).
+pub(crate) const MAX_TAGS: usize = 8;
+
+/// `frame` with VLAN tags between its MAC addresses and its ethertype,
+/// outermost first, each a TPID and a VID (priority 5 for VID 0, as an
+/// 802.1p switch tags). These are the tags TC sees in the bytes: the
+/// kernel (or the NIC) moved the wire's first tag into skb metadata before
+/// TC, which BPF_PROG_TEST_RUN cannot express (it refuses a context with
+/// `vlan_*` set); to the program such a frame is the untagged one the
+/// other tests run.
+pub(crate) fn tagged(frame: &[u8], tags: &[(u16, u16)]) -> Vec<u8> {
+    let mut f = frame[..12].to_vec();
+    for &(tpid, vid) in tags {
+        let tci = if vid == 0 { 5 << 13 } else { vid };
+        f.extend(tpid.to_be_bytes());
+        f.extend(tci.to_be_bytes());
+    }
+    f.extend(&frame[12..]);
+    f
+}
+
+/// The tag stacks the kernel strips after TC, as TC sees them: both TPIDs
+/// in every order, VID 0 and others, up to [`MAX_TAGS`].
+pub(crate) fn tag_stacks() -> Vec<Vec<(u16, u16)>> {
+    let (q, ad) = (ETH_P_8021Q, ETH_P_8021AD);
+    let mut stacks = vec![
+        vec![(q, 0)],
+        vec![(ad, 0)],
+        vec![(q, 0), (q, 0)],
+        vec![(ad, 0), (q, 0)],
+        vec![(q, 0), (ad, 0)],
+        vec![(ad, 0), (ad, 0)],
+        vec![(q, 100)],
+        vec![(ad, 100), (q, 4095)],
+        vec![(q, 0), (ad, 0), (q, 0)],
+    ];
+    stacks.push((0..MAX_TAGS).map(|i| if i % 3 == 1 { (ad, i as u16) } else { (q, 0) }).collect());
+    stacks
+}
+
+/// What one run of a program did.
+pub(crate) struct Outcome {
+    pub(crate) verdict: u32,
+    pub(crate) out: Vec<u8>,
+    /// The global counters that moved, and by how much.
+    pub(crate) moved: Vec<(Counter, u64)>,
+}
+
+/// Runs `prog` on `input` and reports what it did.
+pub(crate) fn run_counted(l: &Loaded, prog: &str, input: &[u8]) -> Result<Outcome> {
+    let all = |l: &Loaded| Counter::ALL.iter().map(|c| l.counter(*c)).collect::<Result<Vec<_>>>();
+    let before = all(l)?;
+    let (verdict, out) = l.run(prog, input)?;
+    let after = all(l)?;
+    let moved = Counter::ALL.iter().zip(after.iter().zip(before)).filter(|(_, (a, b))| **a != *b);
+    Ok(Outcome { verdict, out, moved: moved.map(|(c, (a, b))| (*c, a - b)).collect() })
+}
+
+/// Asserts that `prog` drops `frame` and counts it as tagged VXLAN, and nothing else.
+pub(crate) fn assert_dropped_as_tagged(l: &Loaded, prog: &str, what: &str, frame: &[u8]) -> Result<()> {
+    let o = run_counted(l, prog, frame).with_context(|| format!("{prog}: {what}"))?;
+    assert_eq!((o.verdict, o.moved), (TC_ACT_SHOT, vec![(Counter::DropVxlanTagged, 1)]), "{prog}: {what}");
+    Ok(())
+}
+
+/// Asserts that `prog` leaves `frame` alone: not changed, nothing counted.
+pub(crate) fn assert_untouched(l: &Loaded, prog: &str, what: &str, frame: &[u8]) -> Result<()> {
+    let o = run_counted(l, prog, frame).with_context(|| format!("{prog}: {what}"))?;
+    assert_eq!((o.verdict, o.moved), (NEXT, vec![]), "{prog}: {what}");
+    assert_eq!(o.out, frame, "{prog}: {what}: the frame was modified");
+    Ok(())
+}
+
+/// The programs that judge what reaches a VXLAN socket: decap on the
+/// underlay, the pod guard on the pod bridge.
+pub(crate) const JUDGES: [&str; 2] = ["edgevx_decap", "edgevx_pod_guard"];
+
+/// Pod 10.244.1.2's VXLAN to a peer node, as it reaches the pod bridge.
+fn pod_vxlan(inner: &[u8]) -> Vec<u8> {
+    vxlan_frame_to([10, 244, 1, 2], PEER_IP, 1, PEER_MAC, inner)
+}
+
+#[test]
+fn vxlan_behind_vlan_tags_is_dropped_by_decap_and_the_pod_guard() -> Result<()> {
+    let l = load(0)?;
+    let from_peer = ipv4([10, 244, 2, 2], [10, 244, 1, 2], 1, &[0; 8], 0);
+    let forged = ipv4([203, 0, 113, 7], [10, 244, 1, 2], 1, &[0; 8], 0);
+    let mut first_fragment = vxlan_frame(PEER_IP, 1, OUR_MAC, &forged);
+    first_fragment[20] = 0x20; // MF, offset 0
+    let frames = [
+        ("a stranger", vxlan_frame(STRANGER_IP, 1, OUR_MAC, &from_peer)),
+        ("a spoofed peer with a forged inner source", vxlan_frame(PEER_IP, 1, OUR_MAC, &forged)),
+        ("a forged inner source to the broadcast", vxlan_frame_to(PEER_IP, [198, 18, 0, 255], 7, [0xff; 6], &forged)),
+        ("a forged inner source behind IP options", with_ip_options(&vxlan_frame(PEER_IP, 1, OUR_MAC, &forged))),
+        ("a first fragment with a forged inner source", fix_outer_checksum(first_fragment)),
+        // the cost of the rule: a peer's own tagged VXLAN goes too
+        ("the exempt peer", vxlan_frame(EXEMPT_IP, 1, OUR_MAC, &forged)),
+        ("a peer's own frame", vxlan_frame(PEER_IP, 1, OUR_MAC, &from_peer)),
+        ("a pod's, to a peer node", pod_vxlan(&forged)),
+        (
+            "UDP to the VXLAN port that is not VXLAN",
+            eth([2; 6], [4; 6], 0x0800, &ipv4(STRANGER_IP, OUR_IP, 17, &[0x9c, 0x40, 0x21, 0x18, 0, 8, 0, 0], 0)),
+        ),
+    ];
+    for prog in JUDGES {
+        for (what, frame) in &frames {
+            for stack in tag_stacks() {
+                assert_dropped_as_tagged(&l, prog, &format!("{what} behind {stack:x?}"), &tagged(frame, &stack))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn more_tags_than_are_walked_are_dropped_whatever_they_carry() -> Result<()> {
+    let l = load(0)?;
+    let nine: Vec<_> = (0..=MAX_TAGS).map(|i| (if i % 2 == 0 { ETH_P_8021Q } else { ETH_P_8021AD }, 0)).collect();
+    let carried = [
+        ("ARP", eth([0xff; 6], [4; 6], 0x0806, &[0u8; 28])),
+        ("VXLAN from a stranger", vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner_icmp([10, 244, 1, 2]))),
+    ];
+    for prog in JUDGES {
+        for (what, frame) in &carried {
+            assert_dropped_as_tagged(&l, prog, &format!("{what} behind nine tags"), &tagged(frame, &nine))?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn tagged_frames_that_are_not_vxlan_pass_untouched() -> Result<()> {
+    let l = load(0)?;
+    let inner = ipv4([203, 0, 113, 7], [10, 244, 1, 2], 1, &[0; 8], 0);
+    let mut tcp = vec![0x9c, 0x40, 0x21, 0x18];
+    tcp.extend([0u8; 16]);
+    let mut dns = vec![0x9c, 0x40, 0x00, 0x35, 0x00, 0x10, 0, 0];
+    dns.extend([1u8; 8]);
+    let mut to_port_4789 = vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner);
+    to_port_4789[36..38].copy_from_slice(&4789u16.to_be_bytes());
+    let mut later_fragment = vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner);
+    later_fragment[21] = 0x03;
+    let cases = [
+        ("ARP", eth([0xff; 6], [4; 6], 0x0806, &[0u8; 28])),
+        ("TCP to the VXLAN port", eth([2; 6], [4; 6], 0x0800, &ipv4(STRANGER_IP, OUR_IP, 6, &tcp, 0))),
+        ("DNS over UDP", eth([2; 6], [4; 6], 0x0800, &ipv4(PEER_IP, OUR_IP, 17, &dns, 0))),
+        ("VXLAN to another port", fix_outer_checksum(to_port_4789)),
+        // no UDP header in it: useless without the first fragment
+        ("a later fragment", fix_outer_checksum(later_fragment)),
+        ("a pod's ping", eth(HOST_MAC, POD_MAC, 0x0800, &inner_icmp([10, 244, 2, 2]))),
+    ];
+    for prog in JUDGES {
+        for (what, frame) in &cases {
+            for stack in tag_stacks() {
+                assert_untouched(&l, prog, &format!("{what} behind {stack:x?}"), &tagged(frame, &stack))?;
+            }
+        }
+        // cut inside its tags: the kernel's untagging drops it
+        let cut = tagged(&eth([2; 6], [4; 6], 0x0800, &[0x45; 40]), &[(ETH_P_8021Q, 0); 16]);
+        assert_untouched(&l, prog, "a frame cut inside its tags", &cut[..40])?;
+        // the next tag's TPID is one the kernel does not strip
+        let other_tpid = tagged(&vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner), &[(ETH_P_8021Q, 0), (0x9100, 0)]);
+        assert_untouched(&l, prog, "VXLAN behind a 0x9100 tag", &other_tpid)?;
+    }
+    Ok(())
+}
+
+/// The pod guard on untagged frames: a pod's VXLAN to any node dropped,
+/// everything else left to the bridge.
+#[test]
+fn the_pod_guard_drops_a_pods_vxlan_and_nothing_else() -> Result<()> {
+    let l = load(0)?;
+    let inner = inner_icmp([10, 244, 2, 2]);
+    let dropped = [
+        ("to a peer node", pod_vxlan(&inner)),
+        ("to its own node", vxlan_frame_to([10, 244, 1, 2], OUR_IP, 1, OUR_MAC, &inner)),
+        ("with IP options", with_ip_options(&pod_vxlan(&inner))),
+    ];
+    for (what, frame) in dropped {
+        let o = run_counted(&l, "edgevx_pod_guard", &frame)?;
+        assert_eq!((o.verdict, o.moved), (TC_ACT_SHOT, vec![(Counter::DropPodVxlan, 1)]), "{what}");
+    }
+    let mut later_fragment = pod_vxlan(&inner);
+    later_fragment[21] = 0x03;
+    let mut to_port_4789 = pod_vxlan(&inner);
+    to_port_4789[36..38].copy_from_slice(&4789u16.to_be_bytes());
+    let passed = [
+        ("a ping", eth(HOST_MAC, POD_MAC, 0x0800, &inner)),
+        ("ARP", eth([0xff; 6], POD_MAC, 0x0806, &[0u8; 28])),
+        ("VXLAN to another port", fix_outer_checksum(to_port_4789)),
+        ("a later fragment", fix_outer_checksum(later_fragment)),
+    ];
+    for (what, frame) in passed {
+        assert_untouched(&l, "edgevx_pod_guard", what, &frame)?;
+    }
     Ok(())
 }

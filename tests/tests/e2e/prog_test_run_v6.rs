@@ -16,7 +16,8 @@ use edgevx_common::{
 };
 
 use crate::prog_test_run::{
-    EXEMPT_IP, Loaded, NEXT, OUR_IP, PEER_IP, PEER_MAC, STRANGER_IP, TC_ACT_SHOT, checksum, eth, ipv4, load,
+    EXEMPT_IP, JUDGES, Loaded, NEXT, OUR_IP, PEER_IP, PEER_MAC, STRANGER_IP, TC_ACT_SHOT, assert_dropped_as_tagged,
+    assert_untouched, checksum, eth, ipv4, load, tag_stacks, tagged,
 };
 
 fn v6(s: &str) -> [u8; 16] {
@@ -459,6 +460,88 @@ fn ipv4_decap_is_the_same_with_ipv6_on() -> Result<()> {
         assert_eq!(off.run("edgevx_decap", frame)?, on.run("edgevx_decap", frame)?);
     }
     assert_eq!(on.run("edgevx_decap", &frames[0])?.0, TC_ACT_REDIRECT);
+    Ok(())
+}
+
+// --- VLAN tags in the packet bytes -----------------------------------------
+
+/// IPv6 VXLAN behind tags TC sees in the bytes (see `tagged` in
+/// prog_test_run.rs): dropped by decap and the pod guard, whoever sends
+/// it, with IPv6 on or off, behind extension headers too.
+#[test]
+fn ipv6_vxlan_behind_vlan_tags_is_dropped_by_decap_and_the_pod_guard() -> Result<()> {
+    let stranger = vxlan_udp(STRANGER_IP6, 8472, vxlan_header(1), &inner_echo6(PEER_POD6, POD6));
+    let forged = vxlan_udp(PEER_IP6, 8472, vxlan_header(1), &inner_echo6("2001:db8::7", POD6));
+    let five = [options(IPPROTO_HOPOPTS), options(IPPROTO_DSTOPTS), routing(), long_options(), fragment(0, false)];
+    let frames = [
+        ("a stranger", vxlan6(STRANGER_IP6, 1, &inner_echo6(PEER_POD6, POD6))),
+        ("a spoofed peer with a forged inner source", vxlan6(PEER_IP6, 1, &inner_echo6("2001:db8::7", POD6))),
+        (
+            "a forged inner source to all nodes",
+            frame6(PEER_IP6, "ff02::1", 8472, vxlan_header(7), ETH_P_IPV6, &[0; 40]),
+        ),
+        (
+            "a stranger behind hop-by-hop options",
+            with_chain(STRANGER_IP6, &[options(IPPROTO_HOPOPTS)], IPPROTO_UDP, &stranger),
+        ),
+        ("a forged source in a first fragment", with_chain(PEER_IP6, &[fragment(0, true)], IPPROTO_UDP, &forged)),
+        ("a forged source behind five extension headers", with_chain(PEER_IP6, &five, IPPROTO_UDP, &forged)),
+        ("a stranger's five extension headers, then TCP", with_chain(STRANGER_IP6, &five, IPPROTO_TCP, &[0; 20])),
+        // the cost of the rule: a peer's own tagged VXLAN goes too
+        ("the exempt peer", vxlan6(EXEMPT_IP6, 1, &inner_echo6("2001:db8::7", POD6))),
+        (
+            "a pod's, to a peer node",
+            frame6(POD6, PEER_IP6, 8472, vxlan_header(1), ETH_P_IPV6, &inner_echo6(POD6, PEER_POD6)),
+        ),
+    ];
+    for (ipv6, l) in [("IPv6 on", load6(0)?), ("IPv6 off", load(0)?)] {
+        for prog in JUDGES {
+            for (what, frame) in &frames {
+                for stack in tag_stacks() {
+                    let what = format!("{ipv6}: {what} behind {stack:x?}");
+                    assert_dropped_as_tagged(&l, prog, &what, &tagged(frame, &stack))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn tagged_ipv6_that_is_not_vxlan_passes_untouched() -> Result<()> {
+    let l = load6(0)?;
+    let udp = vxlan_udp(STRANGER_IP6, 8472, vxlan_header(1), &inner_echo6("2001:db8::7", POD6));
+    let mut tcp = vec![0x9c, 0x40, 0x21, 0x18];
+    tcp.extend([0u8; 16]);
+    let plain = |next, payload: &[u8]| with_chain(STRANGER_IP6, &[], next, payload);
+    let cases = [
+        ("TCP to the VXLAN port", plain(IPPROTO_TCP, &tcp)),
+        ("ICMPv6", plain(IPPROTO_ICMPV6, &[128, 0, 0, 0, 0, 1, 0, 1])),
+        ("VXLAN to another port", frame6(STRANGER_IP6, OUR_IP6, 4789, vxlan_header(1), ETH_P_IPV6, &[0u8; 40])),
+        (
+            "TCP behind four extension headers",
+            with_chain(
+                STRANGER_IP6,
+                &[options(IPPROTO_HOPOPTS), long_options(), routing(), fragment(0, false)],
+                IPPROTO_TCP,
+                &tcp,
+            ),
+        ),
+        // no UDP header in it: useless without the first fragment
+        ("a later fragment", with_chain(STRANGER_IP6, &[fragment(3, false)], IPPROTO_UDP, &udp)),
+        ("a truncated UDP header", plain(IPPROTO_UDP, &udp[..2])),
+        (
+            "a version-4 header in an IPv6 frame",
+            eth([2; 6], [4; 6], ETH_P_IPV6, &ipv4(STRANGER_IP, OUR_IP, 17, &udp, 0)),
+        ),
+    ];
+    for prog in JUDGES {
+        for (what, frame) in &cases {
+            for stack in tag_stacks() {
+                assert_untouched(&l, prog, &format!("{what} behind {stack:x?}"), &tagged(frame, &stack))?;
+            }
+        }
+    }
     Ok(())
 }
 

@@ -62,29 +62,7 @@ fn device_rx(node: &Netns) -> Result<u64> {
 
 #[test]
 fn ipv6_vxlan_reaches_a_kernel_flannel_v6_device_only_from_a_peer_on_the_underlay() -> Result<()> {
-    let node = Netns::new(&unique("g6n"))?;
-    let attacker = Netns::new(&unique("g6a"))?;
-    // eth0: the underlay; eth1: a second link between the same two hosts
-    for link in ["eth0", "eth1"] {
-        node.ip(&["link", "add", link, "type", "veth", "peer", "name", link, "netns", &attacker.name])?;
-    }
-    for (ns, addrs) in [
-        (&node, [(NODE, "eth0"), (NODE_2ND, "eth1")]),
-        // the attacker holds the peer's address too, to send as it
-        (&attacker, [(STRANGER_IP6, "eth0"), (ATTACKER_2ND, "eth1")]),
-    ] {
-        for (addr, link) in addrs {
-            ns.ip(&["-6", "addr", "add", &format!("{addr}/64"), "dev", link, "nodad"])?;
-            ns.ip(&["link", "set", link, "up"])?;
-        }
-    }
-    attacker.ip(&["-6", "addr", "add", &format!("{PEER_IP6}/64"), "dev", "eth0", "nodad"])?;
-    #[rustfmt::skip]
-    node.ip(&[
-        "link", "add", DEVICE, "address", DEVICE_MAC, "type", "vxlan", "id", "1", "local", NODE, "dev", "eth0",
-        "dstport", "8472", "nolearning",
-    ])?;
-    node.ip(&["link", "set", DEVICE, "up"])?;
+    let (node, attacker) = node_and_attacker()?;
     let send_ext = |src: &str, dst: &str, link: &str, inner_src: &str, ext: &str| {
         attacker.run(&["python3", "-c", SEND, src, dst, DEVICE_MAC, link, inner_src, ext]).map(|_| ())
     };
@@ -163,6 +141,116 @@ fn ipv6_vxlan_reaches_a_kernel_flannel_v6_device_only_from_a_peer_on_the_underla
     assert_eq!(device_rx(&node)?, rx + 2, "only the peer's frames arrived");
     assert_eq!(l.counter(Counter::RxHostPackets)?, passed + 2, "the judge passed them");
     assert_eq!(counts(&l)?, refused);
+    Ok(())
+}
+
+/// A node with a kernel `flannel-v6.1` and an attacker, joined by two
+/// links: `eth0` the underlay, `eth1` a second link between the same two
+/// hosts. The attacker holds the peer's address too, to send as it.
+fn node_and_attacker() -> Result<(Netns, Netns)> {
+    let node = Netns::new(&unique("g6n"))?;
+    let attacker = Netns::new(&unique("g6a"))?;
+    // no duplicate address detection on the links made below: a tentative
+    // link-local address would leave neighbour discovery on eth1 (whose
+    // sender holds no global address there) to a race with the test
+    for ns in [&node, &attacker] {
+        ns.sysctl("net.ipv6.conf.default.accept_dad", "0")?;
+    }
+    for link in ["eth0", "eth1"] {
+        node.ip(&["link", "add", link, "type", "veth", "peer", "name", link, "netns", &attacker.name])?;
+    }
+    for (ns, addrs) in
+        [(&node, [(NODE, "eth0"), (NODE_2ND, "eth1")]), (&attacker, [(STRANGER_IP6, "eth0"), (ATTACKER_2ND, "eth1")])]
+    {
+        for (addr, link) in addrs {
+            ns.ip(&["-6", "addr", "add", &format!("{addr}/64"), "dev", link, "nodad"])?;
+            ns.ip(&["link", "set", link, "up"])?;
+        }
+    }
+    attacker.ip(&["-6", "addr", "add", &format!("{PEER_IP6}/64"), "dev", "eth0", "nodad"])?;
+    #[rustfmt::skip]
+    node.ip(&[
+        "link", "add", DEVICE, "address", DEVICE_MAC, "type", "vxlan", "id", "1", "local", NODE, "dev", "eth0",
+        "dstport", "8472", "nolearning",
+    ])?;
+    node.ip(&["link", "set", DEVICE, "up"])?;
+    Ok((node, attacker))
+}
+
+/// Sends one raw Ethernet frame out of `link`: what [`SEND`] sends from
+/// `src` to `dst` (its UDP checksum filled in, as flannel-v6's socket
+/// wants it), behind a VLAN tag (VID 0, priority 5) of each TPID in
+/// `tpids` (hex, comma-separated, outermost first), to `dst_mac`.
+pub const SEND_TAGGED: &str = r#"
+import socket, struct, sys
+src, dst, mac, link, inner_src, tpids, dst_mac = sys.argv[1:8]
+a6 = lambda a: socket.inet_pton(socket.AF_INET6, a)
+def csum(b):
+    if len(b) % 2: b += b'\0'
+    s = sum(struct.unpack('!%dH' % (len(b) // 2), b))
+    while s >> 16: s = (s & 0xffff) + (s >> 16)
+    return (~s) & 0xffff
+udp = struct.pack('!HHHH', 40000, 9999, 12, 0) + b'evx!'
+inner = struct.pack('!IHBB', 0x60000000, len(udp), 17, 64) + a6(inner_src) + a6('fd00:10:244:1::2') + udp
+frame = bytes.fromhex(mac.replace(':', '')) + bytes.fromhex('02bbccddeeff') + b'\x86\xdd' + inner
+vxlan = struct.pack('!II', 0x08000000, 1 << 8) + frame
+n = 8 + len(vxlan)
+c = csum(a6(src) + a6(dst) + struct.pack('!IxxxB', n, 17) + struct.pack('!HHHH', 40000, 8472, n, 0) + vxlan) or 0xffff
+outer = struct.pack('!IHBB', 0x60000000, n, 17, 64) + a6(src) + a6(dst) + struct.pack('!HHHH', 40000, 8472, n, c) + vxlan
+smac = open('/sys/class/net/%s/address' % link).read().strip()
+tags = b''.join(struct.pack('!HH', int(t, 16), 5 << 13) for t in tpids.split(','))
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((link, 0))
+s.send(bytes.fromhex(dst_mac.replace(':', '') + smac.replace(':', '')) + tags + b'\x86\xdd' + outer)
+"#;
+
+/// IPv6 VXLAN behind VLAN tags, spoofed as the peer with a client's inner
+/// source: the kernel moves the first tag into skb metadata before TC and
+/// strips the rest after it, then hands the datagram to flannel-v6's
+/// socket, whose guard sees only the (spoofed) peer's address. Two tags or
+/// more are refused as tagged VXLAN; behind a single tag decap judges the
+/// frame as usual, and the peer's own frame arrives.
+#[test]
+fn ipv6_vxlan_behind_vlan_tags_never_reaches_a_kernel_flannel_v6_device() -> Result<()> {
+    let (node, attacker) = node_and_attacker()?;
+    let mut l = load6(0)?;
+    let underlay = node.run(&["cat", "/sys/class/net/eth0/ifindex"])?;
+    set_underlay(&mut l, underlay.trim().parse().with_context(|| format!("ifindex {underlay:?}"))?)?;
+    let guard: &mut aya::programs::SkLookup = l.ebpf.program_mut("edgevx_guard").context("guard")?.try_into()?;
+    guard.load()?;
+    let netns = File::open(format!("/run/netns/{}", node.name)).context("the node's namespace")?;
+    guard.attach(&netns).context("cannot attach the guard to the node's namespace")?;
+    let decap: &mut SchedClassifier = l.ebpf.program_mut("edgevx_decap").context("decap")?.try_into()?;
+    attach_in(&node, decap, "eth0")?;
+    let node_mac = node.run(&["cat", "/sys/class/net/eth0/address"])?;
+    let send = |tpids: &str, inner_src: &str| {
+        let args = [PEER_IP6, NODE, DEVICE_MAC, "eth0", inner_src, tpids, node_mac.trim()];
+        attacker.run(&[&["python3", "-c", SEND_TAGGED][..], &args].concat()).map(|_| ())
+    };
+
+    let rx = device_rx(&node)?;
+    let cases = [
+        ("8100,8100", "2001:db8::7", Counter::DropVxlanTagged),
+        ("88a8,8100", "2001:db8::7", Counter::DropVxlanTagged),
+        ("88a8,8100", PEER_POD6, Counter::DropVxlanTagged),
+        ("8100", "2001:db8::7", Counter::DropSpoofedSource),
+        ("88a8", "2001:db8::7", Counter::DropSpoofedSource),
+    ];
+    for (tpids, inner_src, counter) in cases {
+        let what = format!("an inner source {inner_src} behind {tpids}");
+        let before = l.counter(counter)?;
+        send(tpids, inner_src)?;
+        // once the refusal is counted the datagram is gone: it cannot reach the device later
+        let settled = wait_for(|| Ok(l.counter(counter)? > before || device_rx(&node)? > rx))?;
+        assert_eq!(device_rx(&node)?, rx, "{what}: the device received it");
+        assert!(settled, "{what}: {counter:?} did not move");
+        assert_eq!(l.counter(counter)?, before + 1, "{what}");
+    }
+    // the peer's own frame behind one tag: judged, passed, received
+    let passed = l.counter(Counter::RxHostPackets)?;
+    send("8100", PEER_POD6)?;
+    assert!(wait_for(|| Ok(device_rx(&node)? > rx))?, "the peer's frame behind one tag did not reach the device");
+    assert_eq!(l.counter(Counter::RxHostPackets)?, passed + 1, "the judge passed it");
     Ok(())
 }
 

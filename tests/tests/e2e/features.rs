@@ -32,6 +32,24 @@ pub(crate) fn before(major: u8, minor: u8) -> bool {
     KernelVersion::current().is_ok_and(|v| v < KernelVersion::new(major, minor, 0))
 }
 
+/// The attach mode the agent picks with `--tc-attach auto` on this kernel:
+/// TCX from Linux 6.6 on, a clsact filter before (the agent probes; the test
+/// expects what upstream has, so the two are checked against each other).
+pub(crate) fn default_attach() -> &'static str {
+    if before(6, 6) { "clsact" } else { "tcx" }
+}
+
+/// Every attach mode this kernel offers.
+pub(crate) fn attach_modes() -> Vec<&'static str> {
+    if before(6, 6) { vec!["clsact"] } else { vec!["tcx", "clsact"] }
+}
+
+/// What the agent logs when a restart takes the running dataplane over in
+/// place, by attach mode.
+pub(crate) fn adopted_in_place(attach: &str) -> &'static str {
+    if attach == "tcx" { "adopted pinned link" } else { "replaced the clsact filter in place" }
+}
+
 /// Loads the socket-lookup guards this verifier accepts and returns their
 /// names: the compat guard everywhere, the full one from Linux 5.17 on
 /// (`bpf_sk_lookup.ingress_ifindex`), as the agent's fallback expects.

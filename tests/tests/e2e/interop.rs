@@ -47,7 +47,7 @@ fn pod_learned(agent: &Agent) -> Result<()> {
 
 #[test]
 fn default_mode_interoperates_with_kernel_flannel_both_ways() -> Result<()> {
-    interoperates_both_ways(&[], "tcx")
+    interoperates_both_ways(&[], crate::features::default_attach())
 }
 
 /// The same on a kernel without TCX: filters on a clsact qdisc, forced here.

@@ -44,13 +44,13 @@ fn mac_is_kept_across_restart_and_reboot_with_the_kernel_peer_untouched() -> Res
 
 #[test]
 fn no_ping_is_lost_across_kill_9_and_restart() -> Result<()> {
-    no_ping_lost_across_kill_9_and_restart(&[], "adopted pinned link")
+    no_ping_lost_across_kill_9_and_restart(&[], crate::features::adopted_in_place(crate::features::default_attach()))
 }
 
 /// The same on a kernel without TCX: filters on a clsact qdisc, forced here.
 #[test]
 fn no_ping_is_lost_across_kill_9_and_restart_with_clsact_filters() -> Result<()> {
-    no_ping_lost_across_kill_9_and_restart(&["--tc-attach", "clsact"], "replaced the clsact filter in place")
+    no_ping_lost_across_kill_9_and_restart(&["--tc-attach", "clsact"], crate::features::adopted_in_place("clsact"))
 }
 
 fn no_ping_lost_across_kill_9_and_restart(extra: &[&str], adopted: &str) -> Result<()> {

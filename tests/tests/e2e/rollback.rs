@@ -76,8 +76,8 @@ fn check_kernel_flannel_node(s: &EdgevxAndFlannel) -> Result<()> {
 
 #[test]
 fn rolling_back_to_flanneld_keeps_the_node_forwarding() -> Result<()> {
-    // as the DaemonSet runs it, with either way of attaching the programs
-    for attach in ["tcx", "clsact"] {
+    // as the DaemonSet runs it, with every way of attaching the programs this kernel has
+    for attach in crate::features::attach_modes() {
         roll_back(attach).with_context(|| format!("attached with {attach}"))?;
     }
     Ok(())

@@ -12,12 +12,8 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
     if let Some(kernel) = kernel {
         return in_vm(filter, kernel, ci);
     }
-    packages::ensure()?;
     packages::ensure_image()?;
-    let tools = toolchain::ensure()?;
-    build::ebpf(&tools)?;
-    build::agent(&tools)?;
-    let ipam = build::ipam()?;
+    let (tools, ipam) = prepare()?;
     let root = exec::workspace_root();
     let mut unit = Command::new("cargo");
     unit.args([
@@ -65,17 +61,24 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
     exec::run(&mut e2e)
 }
 
+/// What every test run needs: the packages, the tools, the eBPF object, the
+/// agent and edgevx-ipam (returned).
+fn prepare() -> Result<(toolchain::Tools, std::path::PathBuf)> {
+    packages::ensure()?;
+    let tools = toolchain::ensure()?;
+    build::ebpf(&tools)?;
+    build::agent(&tools)?;
+    let ipam = build::ipam()?;
+    Ok((tools, ipam))
+}
+
 /// The e2e tests inside a VM booting `kernel` (see `vm.rs`); with no
 /// filter, the edge set [`vm::EDGE_TESTS`], with `ci` CI's share of it:
 /// every prog test and [`vm::CI_TESTS`]. Unit tests and the image tests
 /// stay with the native run: neither depends on the kernel.
 fn in_vm(filter: Option<&str>, kernel: &str, ci: bool) -> Result<()> {
-    packages::ensure()?;
     packages::ensure_vm()?;
-    let tools = toolchain::ensure()?;
-    build::ebpf(&tools)?;
-    build::agent(&tools)?;
-    let ipam = build::ipam()?;
+    let (tools, ipam) = prepare()?;
     if !is_root() {
         bail!("the kernel matrix boots VMs and runs the namespace tests in them: it needs root");
     }

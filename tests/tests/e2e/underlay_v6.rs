@@ -12,7 +12,10 @@ use anyhow::{Context, Result, anyhow, bail};
 use aya::programs::{SchedClassifier, TcAttachType};
 use edgevx_tests::{netns::Netns, unique};
 
-use crate::prog_test_run_v6::{PEER_IP6, STRANGER_IP6, load6, set_underlay};
+use crate::{
+    prog_test_run::Loaded,
+    prog_test_run_v6::{PEER_IP6, STRANGER_IP6, load6, set_underlay},
+};
 use edgevx_common::counters::Counter;
 
 const NODE: &str = "fd00:198:18::1";
@@ -75,13 +78,7 @@ fn ipv6_vxlan_reaches_a_kernel_flannel_v6_device_only_from_a_peer_on_the_underla
     assert!(wait_for(|| Ok(device_rx(&node)? > rx))?, "the device never received the unguarded frame");
     let rx = device_rx(&node)?;
 
-    let mut l = load6(0)?;
-    let underlay = node.run(&["cat", "/sys/class/net/eth0/ifindex"])?;
-    set_underlay(&mut l, underlay.trim().parse().with_context(|| format!("ifindex {underlay:?}"))?)?;
-    let guard: &mut aya::programs::SkLookup = l.ebpf.program_mut("edgevx_guard").context("guard")?.try_into()?;
-    guard.load()?;
-    let netns = File::open(format!("/run/netns/{}", node.name)).context("the node's namespace")?;
-    guard.attach(&netns).context("cannot attach the guard to the node's namespace")?;
+    let mut l = guarded(&node)?;
 
     let cases = [
         ("a stranger on the underlay", STRANGER_IP6, NODE, "eth0", Counter::DropUnknownPeerSocket),
@@ -213,13 +210,7 @@ s.send(bytes.fromhex(dst_mac.replace(':', '') + smac.replace(':', '')) + tags + 
 #[test]
 fn ipv6_vxlan_behind_vlan_tags_never_reaches_a_kernel_flannel_v6_device() -> Result<()> {
     let (node, attacker) = node_and_attacker()?;
-    let mut l = load6(0)?;
-    let underlay = node.run(&["cat", "/sys/class/net/eth0/ifindex"])?;
-    set_underlay(&mut l, underlay.trim().parse().with_context(|| format!("ifindex {underlay:?}"))?)?;
-    let guard: &mut aya::programs::SkLookup = l.ebpf.program_mut("edgevx_guard").context("guard")?.try_into()?;
-    guard.load()?;
-    let netns = File::open(format!("/run/netns/{}", node.name)).context("the node's namespace")?;
-    guard.attach(&netns).context("cannot attach the guard to the node's namespace")?;
+    let mut l = guarded(&node)?;
     let decap: &mut SchedClassifier = l.ebpf.program_mut("edgevx_decap").context("decap")?.try_into()?;
     attach_in(&node, decap, "eth0")?;
     let node_mac = node.run(&["cat", "/sys/class/net/eth0/address"])?;
@@ -271,4 +262,17 @@ fn attach_in(ns: &Netns, prog: &mut SchedClassifier, link: &str) -> Result<()> {
         .join()
         .map_err(|_| anyhow!("the attaching thread panicked"))?
     })
+}
+
+/// The IPv6 fixture's programs, the socket-lookup guard attached to `node`'s
+/// namespace with `node`'s eth0 as the underlay.
+fn guarded(node: &Netns) -> Result<Loaded> {
+    let mut l = load6(0)?;
+    let underlay = node.run(&["cat", "/sys/class/net/eth0/ifindex"])?;
+    set_underlay(&mut l, underlay.trim().parse().with_context(|| format!("ifindex {underlay:?}"))?)?;
+    let guard: &mut aya::programs::SkLookup = l.ebpf.program_mut("edgevx_guard").context("guard")?.try_into()?;
+    guard.load()?;
+    let netns = File::open(format!("/run/netns/{}", node.name)).context("the node's namespace")?;
+    guard.attach(&netns).context("cannot attach the guard to the node's namespace")?;
+    Ok(l)
 }

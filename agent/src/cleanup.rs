@@ -242,8 +242,15 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
         .into_iter()
         .filter_map(|p| Some((p.v4?, p.node)))
         .partition(|(p, _)| direct.get(&p.subnet) == Some(&p.public_ip));
+    // flanneld's per-peer routes first, while the programs still forward: once
+    // ARP is on, a packet still taking our route for the Network would wait
+    // for an answer about the VTEP gateway that never comes, and be lost
+    for (p, _) in &peers {
+        device::route_replace(handle, index, p.subnet).await?;
+    }
     // toggling NOARP flushes every neighbour on the device, permanent ones too:
-    // note flanneld's entries first, and write them back right after
+    // note flanneld's entries first, and write them back right after (a packet
+    // in between waits in the neighbour's queue and leaves when they are back)
     let flanneld = permanent_arp(handle, index).await?;
     let msg = LinkUnspec::new_with_index(index).arp(true).build();
     handle.link().set(msg).execute().await.context("cannot switch ARP back on on the VTEP")?;
@@ -278,10 +285,7 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
             }
         }
     }
-    // flanneld's per-peer routes, then away with our single route for the Network
-    for (p, _) in &peers {
-        device::route_replace(handle, index, p.subnet).await?;
-    }
+    // then away with our single route for the Network: nothing uses it any more
     device::route_del(handle, index, v4.network, Some(crate::reconcile::VTEP_GATEWAY)).await?;
     info!(device = %v4.vtep_device, peers = peers.len(), direct = direct_peers.len(), arp_kept = flanneld.len(), arp_added = arp.len() - flanneld.len(),
         fdb_added = fdb, "the kernel has flanneld's arp and fdb entries and routes for every peer (or its direct route)");

@@ -13,6 +13,7 @@ pub mod kube_proxy;
 pub mod kubeapi;
 pub mod netns;
 pub mod nodes;
+pub mod operator;
 pub mod pki;
 pub mod real_node;
 pub mod router;

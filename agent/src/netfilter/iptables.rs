@@ -4,7 +4,7 @@
 use std::process::Command;
 
 use anyhow::{Context, Result, anyhow};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::plan::{ALL, Chain, RuleSet, jump_rule};
 
@@ -61,7 +61,7 @@ impl Firewall {
         Ok(changed)
     }
 
-    /// The rule specifications in our chain, as `iptables -S` prints them.
+    /// The rule specifications in a chain, as `iptables -S` prints them.
     /// (Not the crate's `list`: numeric mode adds `-n`, which `-S` refuses.)
     fn rules_of(&self, table: &str, name: &str) -> Result<Vec<String>> {
         let out = self.ipt.execute(table, &format!("-S {name}")).map_err(err(format!("cannot list {table}/{name}")))?;
@@ -102,8 +102,24 @@ impl Firewall {
             };
             added.map_err(err(format!("cannot hook {} into {}/{}", c.name, c.table, c.parent)))?;
             changed = true;
+        } else if c.jump_first && !self.first_in(c.table, c.parent, &jump)? {
+            // an operator's `iptables -I INPUT 1 … -j ACCEPT` went ahead of
+            // us: what it accepts would never reach our drops. The order is
+            // state like the rules: put the jump back in front.
+            self.ipt.delete_all(c.table, c.parent, &jump).map_err(err(format!("cannot unhook {}", c.name)))?;
+            self.ipt
+                .insert(c.table, c.parent, &jump, 1)
+                .map_err(err(format!("cannot hook {} into {}/{}", c.name, c.table, c.parent)))?;
+            warn!(chain = c.name, table = c.table, parent = c.parent,
+                "a rule had been put ahead of our jump; moved the jump back to the front");
+            changed = true;
         }
         Ok(changed)
+    }
+
+    /// Whether `jump` is the first rule of the built-in chain `parent`.
+    fn first_in(&self, table: &str, parent: &str, jump: &str) -> Result<bool> {
+        Ok(self.rules_of(table, parent)?.first().is_some_and(|r| r == jump))
     }
 
     fn remove(&self, table: &str, parent: &str, name: &str) -> Result<bool> {

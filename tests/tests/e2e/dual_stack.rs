@@ -11,6 +11,7 @@ use edgevx_tests::{
     dual::{add_ipv6, base6, flannel_node6, kernel_add_peer6, kernel_vtep6, net_conf, pod_ip6, subnet6, underlay_ip6},
     netns::Netns,
     nodes::{node_list, write},
+    operator,
     topo::{Cluster, pod_ip},
     traffic::{ping, wait_reachable},
 };
@@ -403,7 +404,8 @@ fn a_pod_cannot_send_ipv6_vxlan() -> Result<()> {
 /// IPv6 multicast reaches a bound socket without a socket lookup, so the
 /// guard never sees it; off the underlay decap does not either. A
 /// stranger's IPv6 VXLAN to ff02::1 on a second interface is dropped by
-/// EDGEVX-INPUT's ip6tables twin, bare and behind an extension header.
+/// EDGEVX-INPUT's ip6tables twin, bare and behind an extension header, with
+/// an operator's accept rules in front of it.
 #[test]
 fn ipv6_multicast_vxlan_on_a_second_interface_is_dropped_by_the_firewall() -> Result<()> {
     let p = pair()?;
@@ -424,6 +426,9 @@ fn ipv6_multicast_vxlan_on_a_second_interface_is_dropped_by_the_firewall() -> Re
         let line = out.lines().find(|l| l.contains("DROP")).with_context(|| format!("no DROP rule:\n{out}"))?;
         line.split_whitespace().next().context("no count")?.parse().context("count")
     };
+    // with an operator's accept rules in front (put behind ours within a resync)
+    operator::accept_vxlan_first(&h1.ns, "ip6tables")?;
+    operator::wait_jump_first(&h1.ns, "ip6tables")?;
     for ext in ["", "dstopts"] {
         let (before, rx_before) = (dropped()?, rx()?);
         let mut args = vec![

@@ -12,6 +12,7 @@ use edgevx_tests::{
     agent::Agent,
     netns::Netns,
     nodes::{flannel_node, node_list, write},
+    operator,
     topo::{Cluster, pod_ip},
     traffic::wait_reachable,
     unique,
@@ -335,6 +336,23 @@ fn broadcast_and_multicast_vxlan_through_a_second_interface_is_dropped_by_the_fi
         s.refused(&format!("a stranger {what}"), ATTACKER_2ND, "eth1", to, "udp", by)?;
         s.refused(&format!("the exempt peer {what}"), EXEMPT_IP, "eth1", to, "raw", by)?;
     }
+    Ok(())
+}
+
+/// An operator's ordinary accept rules for the VXLAN port let none of it
+/// in: the jump to EDGEVX-INPUT is put back in front of an
+/// `iptables -I INPUT 1 ... -j ACCEPT` within one resync, and an accept in
+/// an nftables table of their own at an earlier priority ends only that
+/// table's chain: the packet still meets ours.
+#[test]
+fn an_operators_accept_rules_in_front_do_not_let_broadcast_vxlan_in() -> Result<()> {
+    let s = setup()?;
+    let node1 = &s.c.host(1).ns;
+    operator::accept_vxlan_first(node1, "iptables")?;
+    operator::wait_jump_first(node1, "iptables")?;
+    let by = Counted::Firewall("BROADCAST");
+    s.refused("a stranger to the second interface's broadcast", ATTACKER_2ND, "eth1", "198.19.0.255", "udp", by)?;
+    s.refused("the exempt peer to the second interface's broadcast", EXEMPT_IP, "eth1", "198.19.0.255", "raw", by)?;
     Ok(())
 }
 

@@ -30,15 +30,12 @@ use crate::{
 };
 
 pub async fn run(args: CleanupArgs) -> Result<()> {
+    // an agent here would rebuild what cleanup removes: the locks it holds,
+    // on this network namespace and on its state dir, say whether one runs
+    let _netns = crate::run::netns_lock::acquire("cleanup")?;
+    let _lock = crate::run::lock::acquire_existing(&args.paths.state_dir)?;
     let state = StateDir(args.paths.state_dir.clone());
     let rec = state.load_agent().unwrap_or(None);
-    if let Some(pid) = rec.as_ref().map(|r| r.pid).filter(|pid| agent_running(*pid)) {
-        return Err(UsageError(format!(
-            "the agent (pid {pid}) is still running and would rebuild what cleanup removes: stop it first \
-             (Kubernetes: remove the node's edgevx.io/dataplane label; systemd: systemctl stop edgevx)"
-        ))
-        .into());
-    }
     let pins = PinDir::new(&args.paths.bpffs);
     let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
     tokio::spawn(conn);
@@ -152,14 +149,6 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         info!(path = %state.path(MAC_FILE).display(), "kept the VTEP MAC so the next start reuses it (--purge-mac removes it)");
     }
     Ok(())
-}
-
-/// Whether the agent that wrote the record still runs here. A pid from
-/// another pid namespace (the agent's pod, seen from a cleanup pod) may name
-/// some other process, so the process must also be an edgevx.
-fn agent_running(pid: u32) -> bool {
-    pid != std::process::id()
-        && fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "edgevx")
 }
 
 /// Each peer's IPv4 pod subnet and public IP.

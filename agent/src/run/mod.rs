@@ -30,8 +30,10 @@ mod check;
 pub mod config;
 mod iface;
 mod iface6;
+mod keep_mac;
 mod kernel;
 pub mod lock;
+pub mod netns_lock;
 mod mtu;
 mod node;
 pub mod node6;
@@ -164,6 +166,8 @@ async fn underlay_now(c: &Checked, handle: &rtnetlink::Handle) -> std::result::R
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
+    // one agent per node, whatever its directories: refused first, naming the other
+    let _netns = netns_lock::acquire("this edgevx")?;
     let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
     tokio::spawn(conn);
     let c = check(args, &handle).await?;
@@ -266,7 +270,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     }
                     KernelEvent::Link { index, .. } | KernelEvent::Address { index }
                         if index == c.underlay.index => Due::soon(&mut due.check, SETTLE),
-                    KernelEvent::Link { index, .. } if Some(index) == n.vtep_index => Due::soon(&mut due.check, SETTLE),
+                    KernelEvent::Link { index, .. } if Some(index) == n.vtep_index || Some(index) == vtep6 => {
+                        Due::soon(&mut due.check, SETTLE)
+                    }
                     KernelEvent::Link { .. } | KernelEvent::Neighbour { .. } => Due::soon(&mut due.learn, SETTLE),
                     _ => {}
                 }
@@ -308,6 +314,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
             if let (Phase::Up(n), Some(d)) = (&mut phase, &desired) {
                 if let Err(e) = n.follow_mtu(&d.conf, underlay.mtu, &state).await {
                     warn!("cannot bring the VTEP's MTU in line with the underlay's, retrying: {e:#}");
+                    Due::soon(&mut due.check, RETRY_AFTER);
+                }
+            }
+            if let Phase::Up(n) = &phase {
+                if let Err(e) = n.keep_macs().await {
+                    warn!("cannot put the VTEP's MAC back, retrying: {e:#}");
                     Due::soon(&mut due.check, RETRY_AFTER);
                 }
             }

@@ -172,6 +172,12 @@ fn dual_stack_entries_follow_the_view_and_are_repaired() -> Result<()> {
     // and come back with it
     write(&p.nodes_file, &node_list(vec![flannel_node6(1, None), flannel_node6(2, Some((KERNEL_MAC, KERNEL_MAC6)))]))?;
     wait_reachable(&h1.pod, pod_ip6(2), 20)?;
+    // a MAC changed by hand is put back (it flushes the neighbours, which come back too)
+    let mac = || h1.ns.run(&["cat", "/sys/class/net/flannel-v6.1/address"]).map(|m| m.trim().to_string());
+    let before = mac()?;
+    h1.ns.ip(&["link", "set", "flannel-v6.1", "address", "02:66:66:66:66:06"])?;
+    wait_until(Duration::from_secs(15), "the IPv6 VTEP's MAC put back", || Ok(mac()? == before))?;
+    wait_reachable(&h1.pod, pod_ip6(2), 20)?;
     p.agent.stop()?;
     Ok(())
 }

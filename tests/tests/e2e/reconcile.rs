@@ -175,8 +175,12 @@ fn drift_made_by_hand_is_repaired() -> Result<()> {
     Ok(())
 }
 
+/// One agent per node, whatever its flags: a second one, on the same state
+/// dir or on directories of its own (another state dir, bpffs and
+/// subnet.env), exits 2 naming the first before it touches anything; the
+/// VTEP keeps its MAC and every peer stays reachable.
 #[test]
-fn a_second_agent_on_the_same_state_dir_exits_2_and_changes_nothing() -> Result<()> {
+fn a_second_agent_on_the_node_exits_2_whatever_its_directories_and_changes_nothing() -> Result<()> {
     let mut c = Cluster::new(2)?;
     let nodes = c.dir.join("nodes.json");
     let (agent, _) = start(&mut c, &nodes, &[2])?;
@@ -186,22 +190,53 @@ fn a_second_agent_on_the_same_state_dir_exits_2_and_changes_nothing() -> Result<
     write(&other, &node_list(vec![flannel_node(1, None)]))?;
     let pid = agent.pid().context("pid")?;
     let h = c.host(1);
-    let out =
-        h.ns.cmd(&edgevx_tests::edgevx_bin().to_string_lossy())
+    let mac = || h.ns.run(&["cat", "/sys/class/net/flannel.1/address"]);
+    let before = mac()?;
+    let own_bpffs = edgevx_tests::topo::Bpffs::mount(&c.dir.join("bpffs-b"))?;
+    let dirs = [
+        (h.state_dir(), h.bpffs_dir(), h.subnet_file()),
+        (c.dir.join("state-b"), own_bpffs.path.clone(), c.dir.join("subnet-b.env")),
+    ];
+    for (state, bpffs, subnet) in dirs {
+        let out = h
+            .ns
+            .cmd(&edgevx_tests::edgevx_bin().to_string_lossy())
             .args(["run", "--node-name", "node1", "--iface", "eth0", "--nodes-file"])
             .arg(&other)
             .arg("--state-dir")
-            .arg(h.state_dir())
+            .arg(&state)
             .arg("--bpffs")
-            .arg(h.bpffs_dir())
+            .arg(&bpffs)
             .arg("--subnet-file")
-            .arg(h.subnet_file())
+            .arg(&subnet)
             .output()?;
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains(&format!("pid {pid}")) && err.contains("already runs"), "{err}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}: {err}", state.display());
+        assert!(err.contains(&format!("edgevx pid {pid}")) && err.contains("still running"), "{err}");
+        assert!(!subnet.exists() || subnet == h.subnet_file(), "{}: it wrote {}", state.display(), subnet.display());
+        assert!(!state.join("vtep-mac").exists() || state == h.state_dir(), "it chose a MAC in {}", state.display());
+    }
+    assert_eq!(mac()?, before, "the VTEP's MAC changed");
     let s = agent.status()?;
     assert!(all_in_dataplane(&s, 1), "{s}");
+    all_reachable(&c, &[2])?;
+    Ok(())
+}
+
+/// A VTEP MAC changed by hand is put back: peers hold the old one in their
+/// arp and fdb entries, and cut off from the cloud they cannot learn another.
+#[test]
+fn a_vtep_mac_changed_by_hand_is_put_back() -> Result<()> {
+    let mut c = Cluster::new(2)?;
+    let nodes = c.dir.join("nodes.json");
+    let (mut agent, _) = start(&mut c, &nodes, &[2])?;
+    wait_status(&agent, Duration::from_secs(5), "one peer", |s| all_in_dataplane(s, 1))?;
+    let h = c.host(1);
+    let mac = || h.ns.run(&["cat", "/sys/class/net/flannel.1/address"]).map(|m| m.trim().to_string());
+    let before = mac()?;
+    h.ns.ip(&["link", "set", "flannel.1", "address", "02:66:66:66:66:66"])?;
+    wait_until("the MAC put back", edgevx_tests::patience(Duration::from_secs(5)), || Ok(mac()? == before))?;
+    agent.wait_log("put back the one peers know", Duration::from_secs(5))?;
     all_reachable(&c, &[2])?;
     Ok(())
 }

@@ -14,6 +14,26 @@ fn raise_memlock() {
     }
 }
 
+/// The soft open-files limit up to the hard one. containerd 2 starts
+/// containers at 1,024 soft: a burst of connections to the metrics port,
+/// or a large cluster's sockets, must not leave the agent without
+/// descriptors for its own state files and BPF objects.
+fn raise_nofile() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit with a valid struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 || limit.rlim_cur >= limit.rlim_max {
+        return;
+    }
+    let was = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    // SAFETY: as above.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } == 0 {
+        tracing::info!(was, now = limit.rlim_max, "raised the soft open-files limit to the hard one");
+    } else {
+        tracing::warn!(was, hard = limit.rlim_max, "cannot raise the soft open-files limit");
+    }
+}
+
 fn main() -> ExitCode {
     // flanneld's flags and FLANNELD_* variables, as a flanneld unit passes them
     let args = match cli_flanneld::translate(std::env::args_os().collect(), &|k| std::env::var(k).ok()) {
@@ -33,6 +53,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     raise_memlock();
+    raise_nofile();
     // one TLS provider for kube (rustls) and etcd (tonic): ring
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {

@@ -29,6 +29,13 @@ use crate::{UsageError, dataplane::bpffs::PinDir};
 /// A connection gets this long to send its request and take the answer.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Connections served at once. Beyond it the endpoint stops accepting, and
+/// newcomers wait in the kernel's backlog (then are dropped by it): a flood
+/// of idle connections costs the agent at most this many descriptors, never
+/// the ones its state files and BPF objects need. A scrape and the probes
+/// need one each.
+pub const MAX_CONNECTIONS: usize = 64;
+
 /// The bound, not yet served, endpoint.
 pub struct Endpoint {
     listener: TcpListener,
@@ -102,7 +109,9 @@ async fn accept_loop(listener: TcpListener, scrape: Arc<Scrape>) {
             return;
         }
     };
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
             Err(e) => {
@@ -114,6 +123,7 @@ async fn accept_loop(listener: TcpListener, scrape: Arc<Scrape>) {
         };
         let scrape = scrape.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |req: Request<Incoming>| {
                 let response = scrape.answer(req.method(), req.uri().path());
                 async move { Ok::<_, Infallible>(response) }

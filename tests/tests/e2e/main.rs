@@ -12,6 +12,7 @@ mod env;
 mod etcd;
 mod etcd_annotations;
 mod etcd_tls;
+mod exhaustion;
 mod features;
 mod firewall;
 mod flanneld_cli;

@@ -73,6 +73,14 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
                 info!(program = name, iface, "removed the clsact filter");
             }
         }
+        // and the qdiscs the fallback added, once nothing else uses them
+        let mut ifaces = vec![vtep, rec.iface.as_str(), rec.pod_bridge.as_str()];
+        ifaces.dedup();
+        for iface in ifaces.into_iter().filter(|i| !i.is_empty()) {
+            if crate::dataplane::clsact::remove_if_empty(&handle, iface).await? {
+                info!(iface, "removed the clsact qdisc");
+            }
+        }
     }
     for name in edgevx_common::maps::ALL {
         loader::remove_pin(&pins.map(name))?;

@@ -15,7 +15,10 @@ use aya::programs::{
     tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
 };
 use futures::TryStreamExt;
-use rtnetlink::Handle;
+use rtnetlink::{
+    Handle,
+    packet_route::tc::TcHandle as NlHandle,
+};
 use tracing::info;
 
 /// First in line, like the TCX links (`LinkOrder::first`).
@@ -61,6 +64,46 @@ pub fn detach(name: &str, iface: &str, kind: TcAttachType) -> Result<bool> {
         Err(_) if ifindex(iface) == 0 => Ok(false),
         Err(e) => Err(e).with_context(|| format!("cannot remove {name} from {iface} ({kind:?})")),
     }
+}
+
+/// The clsact qdisc's handle, `ffff:` (`tc qdisc del dev IFACE clsact`).
+const CLSACT_HANDLE: u32 = 0xffff_0000;
+
+/// Removes `iface`'s clsact qdisc once no filter is left on it, ours gone:
+/// the agent added it (`tc qdisc add dev IFACE clsact`) and a qdisc with
+/// no filters does nothing. One that still holds someone else's filters
+/// stays, with them. `false` when nothing was removed.
+pub async fn remove_if_empty(handle: &Handle, iface: &str) -> Result<bool> {
+    let index = ifindex(iface);
+    if index == 0 {
+        return Ok(false);
+    }
+    let qdiscs: Vec<_> = handle
+        .qdisc()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .with_context(|| format!("cannot list the qdiscs of {iface}"))?;
+    let clsact = qdiscs.iter().any(|q| q.header.index == index as i32 && q.header.parent == NlHandle::CLSACT);
+    if !clsact {
+        return Ok(false);
+    }
+    for ingress in [true, false] {
+        let req = handle.traffic_filter(index as i32).get();
+        let req = if ingress { req.ingress() } else { req.egress() };
+        let filters: Vec<_> =
+            req.execute().try_collect().await.with_context(|| format!("cannot list the filters of {iface}"))?;
+        if !filters.is_empty() {
+            info!(iface, filters = filters.len(), "kept the clsact qdisc: it holds filters that are not ours");
+            return Ok(false);
+        }
+    }
+    let mut del = handle.qdisc().del(index as i32);
+    del.message_mut().header.parent = NlHandle::CLSACT;
+    del.message_mut().header.handle = NlHandle::from(CLSACT_HANDLE);
+    del.execute().await.with_context(|| format!("cannot remove the clsact qdisc of {iface}"))?;
+    Ok(true)
 }
 
 fn ifindex(iface: &str) -> u32 {

@@ -5,7 +5,10 @@
 use std::{
     fs::{File, OpenOptions},
     io::{Read, Seek, Write},
-    os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
+    os::{
+        fd::AsRawFd,
+        unix::fs::{DirBuilderExt, OpenOptionsExt},
+    },
     path::Path,
 };
 
@@ -31,10 +34,18 @@ pub fn acquire_existing(state_dir: &Path) -> Result<Option<AgentLock>> {
     lock(state_dir, false).map(Some)
 }
 
-/// Takes the lock, creating the state dir and the lock file if need be.
+/// Takes the lock, creating the state dir (mode 0700 from the start: it
+/// holds the VTEP MAC and the cached view) and the lock file if need be.
 pub fn acquire(state_dir: &Path) -> Result<AgentLock> {
-    std::fs::create_dir_all(state_dir)
-        .with_context(|| format!("cannot create the state dir {}", state_dir.display()))?;
+    if let Some(parent) = state_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(state_dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(e).with_context(|| format!("cannot create the state dir {}", state_dir.display()));
+        }
+        _ => {}
+    }
     lock(state_dir, true)
 }
 
@@ -87,5 +98,15 @@ mod tests {
         drop(_first);
         assert!(acquire(&dir).is_ok(), "free again once the first is gone");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_fresh_state_dir_is_made_0700_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("edgevx-lock-mode-{}", std::process::id())).join("state");
+        let _lock = acquire(&dir).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o700, "{mode:o}");
+        let _ = std::fs::remove_dir_all(dir.parent().unwrap());
     }
 }

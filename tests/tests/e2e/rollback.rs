@@ -156,3 +156,26 @@ fn cleanup_refuses_what_it_cannot_do_safely() -> Result<()> {
     ensure!(ping(&h.pod, pod_ip(2), 5, "0.05")? == (5, 5), "node1 -> node2 after the refusal");
     Ok(())
 }
+
+/// On a kernel without TCX the agent adds clsact qdiscs for its filters;
+/// `edgevx cleanup` takes them with the filters, and keeps one that still
+/// holds somebody else's filter, with that filter.
+#[test]
+fn cleanup_removes_the_clsact_qdiscs_it_added_and_keeps_anothers() -> Result<()> {
+    let mut s = edgevx_and_flannel(&["--tc-attach", "clsact"])?;
+    let h = s.cluster.host(1);
+    // someone else's classic-BPF filter on the pod bridge
+    h.ns.run(&["tc", "filter", "add", "dev", "cni0", "ingress", "prio", "7", "bpf", "bytecode", "1,6 0 0 0"])?;
+    s.agent.stop()?;
+    let out = agent::cleanup(h, &[])?;
+    let log = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.success(), "cleanup failed: {log}");
+    let eth0 = h.ns.run(&["tc", "qdisc", "show", "dev", "eth0"])?;
+    ensure!(!eth0.contains("clsact"), "the underlay's clsact qdisc stayed: {eth0}\n{log}");
+    let cni0 = h.ns.run(&["tc", "qdisc", "show", "dev", "cni0"])?;
+    ensure!(cni0.contains("clsact"), "the pod bridge's qdisc went with someone else's filter: {cni0}");
+    let filters = h.ns.run(&["tc", "filter", "show", "dev", "cni0", "ingress"])?;
+    ensure!(filters.contains("bytecode") && !filters.contains("edgevx"), "{filters}");
+    ensure!(log.contains("kept the clsact qdisc"), "{log}");
+    Ok(())
+}

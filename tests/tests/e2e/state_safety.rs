@@ -121,3 +121,21 @@ fn a_newer_pin_version_stops_an_older_agent_which_touches_nothing() -> Result<()
     drop(a);
     Ok(())
 }
+
+/// A fresh state dir (it holds the VTEP MAC and the cached view) is made
+/// 0700 from the start, with no window at a looser mode to tighten later.
+#[test]
+fn a_fresh_state_dir_is_created_0700() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut c = Cluster::new(1)?;
+    c.host_mut(1).mount_bpffs()?;
+    let nodes = c.dir.join("nodes.json");
+    write(&nodes, &node_list(vec![flannel_node(1, None)]))?;
+    let h = c.host(1);
+    assert!(!h.state_dir().exists());
+    let agent = Agent::start(h, &nodes, &[])?;
+    let mode = std::fs::metadata(h.state_dir())?.permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "the state dir is {mode:o}");
+    assert!(!agent.log_text().contains("tightening"), "{}", agent.log_text());
+    Ok(())
+}

@@ -12,6 +12,8 @@ pub enum RecordProblem {
     NotUnicast(IpAddr, &'static str),
     #[error("public IP {0} is this node's own address")]
     Ours(IpAddr),
+    #[error("public IP {ip} is inside the pod network {network}: traffic to it would be sent into the tunnel")]
+    InNetwork { ip: IpAddr, network: IpNet },
     #[error("subnet {subnet} is outside the network {network}")]
     Outside { subnet: IpNet, network: IpNet },
 }
@@ -26,6 +28,11 @@ fn not_unicast(ip: Ipv4Addr) -> Option<&'static str> {
         Some("multicast")
     } else if ip.is_broadcast() {
         Some("broadcast")
+    } else if ip.is_link_local() {
+        // one link only; 169.254.1.1 is also the VTEP's on-link gateway
+        Some("link-local, 169.254.0.0/16")
+    } else if ip.octets()[0] >= 240 {
+        Some("reserved, 240.0.0.0/4")
     } else {
         None
     }
@@ -43,6 +50,11 @@ fn not_unicast6(ip: Ipv6Addr) -> Option<&'static str> {
         Some("multicast")
     } else if ip.segments()[0] & 0xffc0 == 0xfe80 {
         Some("link-local, fe80::/10")
+    } else if ip.to_ipv4_mapped().is_some() {
+        // never on the wire as IPv6: the kernel would send it as IPv4
+        Some("IPv4-mapped, ::ffff:0:0/96; give the IPv4 address as public-ip")
+    } else if ip.segments()[..6] == [0; 6] {
+        Some("IPv4-compatible, ::/96 (deprecated)")
     } else {
         None
     }
@@ -58,6 +70,9 @@ pub fn check(public_ip: Ipv4Addr, subnet: Ipv4Net, network: Ipv4Net, own: &[Ipv4
     if own.contains(&public_ip) {
         return Err(RecordProblem::Ours(public_ip.into()));
     }
+    if network.contains(&public_ip) {
+        return Err(RecordProblem::InNetwork { ip: public_ip.into(), network: network.into() });
+    }
     if !network.contains(&subnet) {
         return Err(RecordProblem::Outside { subnet: subnet.into(), network: network.into() });
     }
@@ -72,6 +87,9 @@ pub fn check6(public_ip: Ipv6Addr, subnet: Ipv6Net, network: Ipv6Net, own: &[Ipv
     }
     if own.contains(&public_ip) {
         return Err(RecordProblem::Ours(public_ip.into()));
+    }
+    if network.contains(&public_ip) {
+        return Err(RecordProblem::InNetwork { ip: public_ip.into(), network: network.into() });
     }
     if !network.contains(&subnet) {
         return Err(RecordProblem::Outside { subnet: subnet.into(), network: network.into() });
@@ -102,11 +120,17 @@ mod tests {
         let net: Ipv4Net = "10.244.0.0/16".parse().unwrap();
         let sub: Ipv4Net = "10.244.2.0/24".parse().unwrap();
         let me: Ipv4Addr = "198.18.0.1".parse().unwrap();
-        for bad in ["0.0.0.0", "0.1.2.3", "127.0.0.1", "127.9.9.9", "224.0.0.1", "239.1.1.1", "255.255.255.255"] {
+        let special = ["0.0.0.0", "0.1.2.3", "127.0.0.1", "127.9.9.9", "224.0.0.1", "239.1.1.1", "255.255.255.255"];
+        for bad in special.into_iter().chain(["169.254.1.1", "169.254.0.9", "240.0.0.1"]) {
             let ip: Ipv4Addr = bad.parse().unwrap();
             assert!(matches!(check(ip, sub, net, &[me]), Err(RecordProblem::NotUnicast(..))), "{bad}");
         }
         assert_eq!(check(me, sub, net, &[me]), Err(RecordProblem::Ours(me.into())));
+        // a pod's, our cni0's or our VTEP's address: all inside the Network
+        for inside in ["10.244.1.1", "10.244.1.0", "10.244.2.7"] {
+            let e = check(inside.parse().unwrap(), sub, net, &[me]).unwrap_err();
+            assert!(matches!(e, RecordProblem::InNetwork { .. }), "{inside}: {e}");
+        }
         let outside: Ipv4Net = "10.99.0.0/24".parse().unwrap();
         assert!(matches!(
             check("198.18.0.2".parse().unwrap(), outside, net, &[me]),
@@ -126,12 +150,16 @@ mod tests {
             ("ff02::1", "multicast"),
             ("fe80::1", "link-local"),
             ("febf:ffff::1", "link-local"),
+            ("::ffff:198.18.0.1", "IPv4-mapped"),
+            ("::198.18.0.1", "IPv4-compatible"),
         ];
         for (bad, kind) in cases {
             let e = check6(bad.parse().unwrap(), sub, net, &[me]).unwrap_err();
             assert!(matches!(e, RecordProblem::NotUnicast(..)) && e.to_string().contains(kind), "{bad}: {e}");
         }
         assert_eq!(check6(me, sub, net, &[me]), Err(RecordProblem::Ours(me.into())));
+        let e = check6("fd00:10:244:1::1".parse().unwrap(), sub, net, &[me]).unwrap_err();
+        assert!(matches!(e, RecordProblem::InNetwork { .. }), "our cni0's IPv6 address: {e}");
         let e = check6("fd00:198:18::2".parse().unwrap(), "fd00:99::/64".parse().unwrap(), net, &[me]).unwrap_err();
         assert_eq!(e.to_string(), "subnet fd00:99::/64 is outside the network fd00:10:244::/56");
         assert_eq!(check6("fd00:198:18::2".parse().unwrap(), sub, net, &[me]), Ok(()));

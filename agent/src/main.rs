@@ -35,6 +35,7 @@ fn raise_nofile() {
 }
 
 fn main() -> ExitCode {
+    edgevx::metrics::startup::process_started();
     // flanneld's flags and FLANNELD_* variables, as a flanneld unit passes them
     let args = match cli_flanneld::translate(std::env::args_os().collect(), &|k| std::env::var(k).ok()) {
         Ok(a) => a,

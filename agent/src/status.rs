@@ -9,6 +9,8 @@ use serde_json::{Value, json};
 use crate::{
     cli::StatusArgs,
     dataplane::{bpffs::PinDir, clsact, device, loader, maps::Maps},
+    metrics::startup::STARTUP_FILE,
+    reconcile::{CAPACITY_FILE, Fill},
     state::StateDir,
 };
 
@@ -40,6 +42,9 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     let accepted = maps.as_ref().map(|m| m.accepted()).transpose()?.unwrap_or_default();
     let direct = rec.v4.as_ref().map(|v4| device::direct_routes_blocking(&rec.iface, v4.network)).unwrap_or_default();
     let accepted6 = maps.as_ref().and_then(|m| m.accept6_entries().ok()).unwrap_or_default();
+    // what the agent's last pass found; the capacity itself is read from the maps
+    let fill: Option<Fill> = state.load_json(CAPACITY_FILE).ok().flatten();
+    let capacity = maps.as_ref().map(|m| m.peer_capacity() as usize).or(fill.map(|f| f.capacity));
     let peers: Vec<Value> = peers
         .iter()
         .map(|p| {
@@ -96,6 +101,13 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         "delivery": if rec.bypass_netfilter { "bypass-netfilter" } else { "host-stack" },
         "ip_masq": rec.ip_masq,
         "local_pods": maps.as_ref().map(|m| m.local_pods().len()).unwrap_or(0),
+        // the limit: peers the maps hold (their max_entries)
+        "peer_capacity": capacity,
+        // the agent's last pass: peers its view had, and how many of them did not fit
+        "peers_in_view": fill.map(|f| f.wanted),
+        "peers_not_programmed": fill.map_or(0, |f| f.not_programmed),
+        // the agent's first bring-up: ms from process start to each step reached
+        "startup": state.load_json::<Value>(STARTUP_FILE).ok().flatten(),
         "counters": counters,
         "peers": peers,
         // flannel-v6.<VNI> (null when IPv6 is off)
@@ -148,6 +160,25 @@ pub fn run(args: StatusArgs) -> Result<()> {
             f("public_ip").unwrap_or_default(),
             f("subnet").unwrap_or_default(),
             f("mtu").unwrap_or_default()
+        );
+    }
+    if let Some(t) = v["startup"].as_object() {
+        let step = |k: &str| t.get(k).and_then(Value::as_f64).map_or("-".to_string(), |ms| format!("{ms:.0} ms"));
+        println!(
+            "started: subnet.env {}, VTEP up {}, attached {}, first peer {}, all peers {} (from process start)",
+            step("subnet_env_ms"),
+            step("vtep_up_ms"),
+            step("attached_ms"),
+            step("first_peer_ms"),
+            step("all_peers_ms")
+        );
+    }
+    let programmed = v["peers"].as_array().map_or(0, |p| p.len());
+    println!("peers {programmed}  capacity {}", s("peer_capacity"));
+    if let Some(n) = v["peers_not_programmed"].as_u64().filter(|n| *n > 0) {
+        println!(
+            "{n} of the {} peers in the view NOT programmed: beyond the capacity (see the agent's log)",
+            s("peers_in_view")
         );
     }
     println!(

@@ -15,11 +15,10 @@ use aya::programs::{
     tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
 };
 use futures::TryStreamExt;
-use rtnetlink::{
-    Handle,
-    packet_route::tc::TcHandle as NlHandle,
-};
+use rtnetlink::{Handle, packet_route::tc::TcHandle as NlHandle};
 use tracing::info;
+
+use crate::dataplane::device;
 
 /// First in line, like the TCX links (`LinkOrder::first`).
 pub const PRIORITY: u16 = 1;
@@ -61,7 +60,7 @@ pub fn detach(name: &str, iface: &str, kind: TcAttachType) -> Result<bool> {
         Ok(()) => Ok(true),
         Err(TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         // the interface itself is gone: so is every filter on it
-        Err(_) if ifindex(iface) == 0 => Ok(false),
+        Err(_) if matches!(device::ifindex(iface), Ok(None)) => Ok(false),
         Err(e) => Err(e).with_context(|| format!("cannot remove {name} from {iface} ({kind:?})")),
     }
 }
@@ -74,10 +73,9 @@ const CLSACT_HANDLE: u32 = 0xffff_0000;
 /// no filters does nothing. One that still holds someone else's filters
 /// stays, with them. `false` when nothing was removed.
 pub async fn remove_if_empty(handle: &Handle, iface: &str) -> Result<bool> {
-    let index = ifindex(iface);
-    if index == 0 {
+    let Some(index) = device::ifindex(iface).with_context(|| format!("cannot look up {iface}"))? else {
         return Ok(false);
-    }
+    };
     let qdiscs: Vec<_> = handle
         .qdisc()
         .get()
@@ -106,28 +104,25 @@ pub async fn remove_if_empty(handle: &Handle, iface: &str) -> Result<bool> {
     Ok(true)
 }
 
-fn ifindex(iface: &str) -> u32 {
-    let Ok(name) = std::ffi::CString::new(iface) else { return 0 };
-    // SAFETY: plain lookup with a valid C string.
-    unsafe { libc::if_nametoindex(name.as_ptr()) }
-}
-
 /// Whether our filter sits on `iface` for `kind` (the kernel's word, read
-/// with a filter dump: `tc filter show dev IFACE ingress`).
-pub async fn attached(handle: &Handle, iface: &str, kind: TcAttachType) -> bool {
-    let index = ifindex(iface);
-    if index == 0 {
-        return false;
-    }
+/// with a filter dump: `tc filter show dev IFACE ingress`). `false` when
+/// the interface is gone; an error when the kernel could not be asked.
+pub async fn attached(handle: &Handle, iface: &str, kind: TcAttachType) -> Result<bool> {
+    let Some(index) = device::ifindex(iface).with_context(|| format!("cannot look up {iface}"))? else {
+        return Ok(false);
+    };
     let req = handle.traffic_filter(index as i32).get();
     let req = if matches!(kind, TcAttachType::Ingress) { req.ingress() } else { req.egress() };
-    let Ok(filters) = req.execute().try_collect::<Vec<_>>().await else {
-        return false;
+    let filters = match req.execute().try_collect::<Vec<_>>().await {
+        Ok(filters) => filters,
+        // gone between the lookup and the dump
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("cannot list the filters of {iface}")),
     };
-    filters.iter().any(|f| {
+    Ok(filters.iter().any(|f| {
         let h = f.header.handle;
         u32::from(h.major) << 16 | u32::from(h.minor) == u32::from(HANDLE) && (f.header.info >> 16) as u16 == PRIORITY
-    })
+    }))
 }
 
 /// [`attached`] for callers outside the agent's runtime (`edgevx status`):
@@ -139,7 +134,7 @@ pub fn attached_blocking(iface: &str, kind: TcAttachType) -> bool {
         rt.block_on(async {
             let (conn, handle, _) = rtnetlink::new_connection().ok()?;
             tokio::spawn(conn);
-            Some(attached(&handle, &iface, kind).await)
+            attached(&handle, &iface, kind).await.ok()
         })
     };
     std::thread::spawn(ask).join().ok().flatten().unwrap_or(false)

@@ -25,6 +25,23 @@ use crate::{
     reconcile::{Hop, Prefix},
 };
 
+/// The index of `iface` in this network namespace, `None` when there is no
+/// such interface. Any other failure is an error, not an absence: the
+/// lookup opens a socket, so a process out of descriptors (EMFILE) or
+/// memory gets an errno that says nothing about the interface.
+pub fn ifindex(iface: &str) -> std::io::Result<Option<u32>> {
+    let name = std::ffi::CString::new(iface)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("interface name {iface:?}")))?;
+    // SAFETY: plain lookup with a valid C string.
+    match unsafe { libc::if_nametoindex(name.as_ptr()) } {
+        0 => match std::io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            e => Err(e),
+        },
+        index => Ok(Some(index)),
+    }
+}
+
 /// The underlay interface as the agent needs it.
 #[derive(Clone, Debug)]
 pub struct Underlay {

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use edgevx_common::SCHEMA_VERSION;
 
-use crate::dataplane::{bpffs::PinDir, clsact, features::Features, guard};
+use crate::dataplane::{bpffs::PinDir, clsact, device, features::Features, guard};
 
 /// How the programs sit on their interfaces.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,15 +112,21 @@ const BPF_TCX_EGRESS: u32 = 47;
 /// (ifindex, attach type) of the TCX link pinned at `path`; ifindex 0 once
 /// its device is gone. Read with two raw bpf(2) calls because aya exposes
 /// neither, and the alternative (BPF_PROG_GET_FD_BY_ID) needs CAP_SYS_ADMIN.
-fn pinned_tcx_target(path: &Path) -> Option<(u32, u32)> {
-    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+fn pinned_tcx_target(path: &Path) -> io::Result<Option<(u32, u32)>> {
+    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("pin path {}", path.display())))?;
     let mut get = [0u64; 3];
     get[0] = cpath.as_ptr() as u64; // pathname; bpf_fd, file_flags = 0
     // SAFETY: bpf(BPF_OBJ_GET) reads the attr we own, with a valid C string.
     let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, get.as_mut_ptr(), std::mem::size_of_val(&get)) };
     if fd < 0 {
-        return None;
+        // no pin is an answer (the link is gone); EMFILE, ENOMEM and the like are not
+        return match io::Error::last_os_error() {
+            e if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            e => Err(e),
+        };
     }
+    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
     let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
     let mut info = [0u8; 256];
     let mut attr = [0u32; 4];
@@ -134,23 +140,28 @@ fn pinned_tcx_target(path: &Path) -> Option<(u32, u32)> {
         libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, attr.as_mut_ptr(), std::mem::size_of_val(&attr))
     };
     if rc != 0 {
-        return None;
+        return Err(io::Error::last_os_error());
     }
     // struct bpf_link_info: type, id, prog_id, then (8-aligned) tcx { ifindex, attach_type }
     let word = |off: usize| u32::from_ne_bytes([info[off], info[off + 1], info[off + 2], info[off + 3]]);
-    Some((word(16), word(20)))
+    Ok(Some((word(16), word(20))))
 }
 
-/// Whether the link pinned at `path` is attached to `iface` (in this netns) for `kind`.
-pub fn attached_here(path: &Path, iface: &str, kind: TcAttachType) -> bool {
-    let Ok(name) = std::ffi::CString::new(iface) else { return false };
-    // SAFETY: plain lookup with a valid C string.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+/// Whether the link pinned at `path` is attached to `iface` (in this netns)
+/// for `kind`. `false` is the kernel's answer (no such interface, no pin,
+/// a link elsewhere); an error means it could not be asked (out of
+/// descriptors or memory), which says nothing about the dataplane.
+pub fn attached_here(path: &Path, iface: &str, kind: TcAttachType) -> Result<bool> {
+    let Some(index) = device::ifindex(iface).with_context(|| format!("cannot look up {iface}"))? else {
+        return Ok(false);
+    };
     let want = match kind {
         TcAttachType::Ingress => BPF_TCX_INGRESS,
         _ => BPF_TCX_EGRESS,
     };
-    index != 0 && pinned_tcx_target(path) == Some((index, want))
+    let target =
+        pinned_tcx_target(path).with_context(|| format!("cannot read the link pinned at {}", path.display()))?;
+    Ok(target == Some((index, want)))
 }
 
 /// Attaches program `name` to `iface`, adopting a pinned link if there is
@@ -161,7 +172,7 @@ pub fn attach(ebpf: &mut Ebpf, pins: &PinDir, name: &str, iface: &str, kind: TcA
     let adopted = match PinnedLink::from_pin(&link_pin) {
         Ok(pinned) => {
             let fd = FdLink::from(pinned);
-            if attached_here(&link_pin, iface, kind) {
+            if attached_here(&link_pin, iface, kind)? {
                 let link = SchedClassifierLink::try_from(fd).context("pinned link is not a TC link")?;
                 let id = prog
                     .attach_to_link(link)
@@ -254,7 +265,7 @@ pub async fn attached_as(
     name: &str,
     iface: &str,
     kind: TcAttachType,
-) -> bool {
+) -> Result<bool> {
     match mode {
         AttachMode::Tcx => attached_here(&pins.link(name), iface, kind),
         AttachMode::Clsact => clsact::attached(handle, iface, kind).await,

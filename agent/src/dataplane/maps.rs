@@ -7,7 +7,8 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::maps::{
-    Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues, lpm_trie::Key,
+    Array, HashMap, IterableMap, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues,
+    lpm_trie::Key,
 };
 use edgevx_common::{
     counters::{self, Counter},
@@ -31,6 +32,8 @@ pub struct Maps {
     accept6: HashMap<MapData, [u8; 16], PeerAccept6>,
     local_pods: HashMap<MapData, [u8; 4], LocalPod>,
     global: PerCpuArray<MapData, u64>,
+    /// How many peers the maps hold (see [`Maps::peer_capacity`]).
+    peer_capacity: u32,
 }
 
 fn open(pins: &PinDir, name: &str) -> Result<Map> {
@@ -110,15 +113,41 @@ fn sum(values: &PerCpuValues<PeerStats>) -> PeerStats {
 impl Maps {
     /// Opens the maps pinned under `pins` (the loader pins them on load).
     pub fn open(pins: &PinDir) -> Result<Self> {
+        let subnets: LpmTrie<MapData, [u8; 4], PeerEntry> = typed(pins, names::PEER_SUBNETS)?;
+        let stats: PerCpuHashMap<MapData, [u8; 4], PeerStats> = typed(pins, names::PEER_STATS)?;
+        let accept: HashMap<MapData, [u8; 4], PeerAccept> = typed(pins, names::PEER_ACCEPT)?;
+        let accept6: HashMap<MapData, [u8; 16], PeerAccept6> = typed(pins, names::PEER_ACCEPT6)?;
+        let peer_capacity = [
+            (names::PEER_SUBNETS, subnets.map()),
+            (names::PEER_STATS, stats.map()),
+            (names::PEER_ACCEPT, accept.map()),
+            (names::PEER_ACCEPT6, accept6.map()),
+        ]
+        .into_iter()
+        .map(|(name, map)| Ok(map.info().with_context(|| format!("cannot read the size of map {name}"))?.max_entries()))
+        .collect::<Result<Vec<u32>>>()?
+        .into_iter()
+        .min()
+        .unwrap_or(0);
         Ok(Maps {
             config: typed(pins, names::CONFIG)?,
-            subnets: typed(pins, names::PEER_SUBNETS)?,
-            stats: typed(pins, names::PEER_STATS)?,
-            accept: typed(pins, names::PEER_ACCEPT)?,
-            accept6: typed(pins, names::PEER_ACCEPT6)?,
+            subnets,
+            stats,
+            accept,
+            accept6,
             local_pods: typed(pins, names::LOCAL_PODS)?,
             global: typed(pins, names::GLOBAL_STATS)?,
+            peer_capacity,
         })
+    }
+
+    /// How many peers the maps hold: the smallest `max_entries` of the
+    /// maps with one entry per peer (the LPM map, the accept maps, the
+    /// per-peer counters), as the kernel says. Today all are made with
+    /// [`MAX_PEERS`](edgevx_common::maps::MAX_PEERS); pins an earlier run
+    /// made keep the size they were made with.
+    pub fn peer_capacity(&self) -> u32 {
+        self.peer_capacity
     }
 
     pub fn set_config(&mut self, cfg: &DataplaneConfig) -> Result<()> {

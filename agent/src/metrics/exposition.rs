@@ -165,6 +165,22 @@ fn run_loop(reg: &mut Registry, report: &LoopReport) {
         "1 when /readyz is 200: subnet.env written, programs attached, first pass done",
         ConstGauge::new(i64::from(report.readiness() == Readiness::Ready)),
     );
+    let startup = Family::<MilestoneLabels, FloatGauge>::default();
+    for (m, d) in report.startup.times() {
+        startup.get_or_create(&MilestoneLabels { milestone: m.label() }).set(d.as_secs_f64());
+    }
+    reg.register_with_unit(
+        "startup",
+        "Time from process start to each step of the first bring-up (subnet_env, vtep_up, attached, first_peer, \
+         all_peers); a step not reached yet has no series",
+        Unit::Seconds,
+        startup,
+    );
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MilestoneLabels {
+    milestone: &'static str,
 }
 
 /// The whole exposition. `dataplane` is `None` when the maps cannot be

@@ -7,13 +7,15 @@
 //! - `families`: which metric family and labels each BPF counter becomes;
 //! - `snapshot`: reading the pinned maps at scrape time;
 //! - `exposition`: the Prometheus (OpenMetrics) text;
-//! - `server`: binding the address and serving it off the run loop's thread.
+//! - `server`: binding the address and serving it off the run loop's thread;
+//! - `startup`: the time from process start to each step of the first bring-up.
 mod exposition;
 mod families;
 mod probe;
 mod report;
 mod server;
 mod snapshot;
+pub mod startup;
 
 pub use report::{LoopReport, Stage};
 pub use server::{bind, serve};

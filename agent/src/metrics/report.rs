@@ -110,6 +110,8 @@ pub struct LoopReport {
     view_at: Mutex<Option<SystemTime>>,
     peers: Mutex<Vec<PeerKey>>,
     pub pass: PassMetrics,
+    /// The first bring-up's milestones (restore first).
+    pub startup: super::startup::Startup,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -139,6 +141,7 @@ impl LoopReport {
                 duration: Histogram::new(exponential_buckets(0.001, 4.0, 8)),
                 rebuilds: Counter::default(),
             },
+            startup: Default::default(),
         }
     }
 

@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use aya::maps::{Map, MapData, PerCpuHashMap};
 use edgevx_common::{
     counters::Counter,
-    maps::{self as names, MAX_LOCAL_PODS, MAX_PEERS, PeerStats},
+    maps::{self as names, MAX_LOCAL_PODS, PeerStats},
 };
 
 use super::{families::PeerSample, report::PeerKey};
@@ -66,13 +66,11 @@ impl Snapshot {
                 stats: maps.peer_stats(p.public_ip).unwrap_or_default(),
             })
             .collect();
+        // the size the kernel has for them (pins made by an earlier run keep theirs)
+        let peers_capacity = maps.peer_capacity().into();
         let fill = vec![
-            MapFill {
-                map: "peer_subnets",
-                entries: maps.subnets().map(|s| s.len() as u64)?,
-                capacity: MAX_PEERS.into(),
-            },
-            MapFill { map: "peer_stats", entries: peer_stats_entries(pins)?, capacity: MAX_PEERS.into() },
+            MapFill { map: "peer_subnets", entries: maps.subnets().map(|s| s.len() as u64)?, capacity: peers_capacity },
+            MapFill { map: "peer_stats", entries: peer_stats_entries(pins)?, capacity: peers_capacity },
             MapFill { map: "local_pods", entries: maps.local_pods().len() as u64, capacity: MAX_LOCAL_PODS.into() },
         ];
         Ok(Snapshot { global, peers, maps: fill })

@@ -110,8 +110,12 @@ impl Firewall {
             self.ipt
                 .insert(c.table, c.parent, &jump, 1)
                 .map_err(err(format!("cannot hook {} into {}/{}", c.name, c.table, c.parent)))?;
-            warn!(chain = c.name, table = c.table, parent = c.parent,
-                "a rule had been put ahead of our jump; moved the jump back to the front");
+            warn!(
+                chain = c.name,
+                table = c.table,
+                parent = c.parent,
+                "a rule had been put ahead of our jump; moved the jump back to the front"
+            );
             changed = true;
         }
         Ok(changed)

@@ -1,27 +1,33 @@
 //! The reconciler, kube-rs style: the kernel is the truth.
 //!
-//! - [`select`] decides which candidates become peers (pure).
+//! - [`select`] decides which candidates become peers (pure), and [`fit`]
+//!   which of them the maps hold when the view is beyond their capacity.
 //! - [`plan`] turns the chosen peers into the dataplane contents they need:
 //!   LPM entries, accepted peer addresses, routes (pure); with
 //!   DirectRouting, [`OnLink`] (read from the kernel, passed in) says which
 //!   peers get a plain route instead.
 //! - [`observe`](Dataplane::observe) reads back what is really in the maps and
 //!   the routing table.
-//! - [`apply`] writes the difference, adding first and deleting last, so no
-//!   swap, rename or chain of moves ever removes something still wanted.
+//! - [`apply`] writes the difference key by key: map entries no peer wants
+//!   go first (always: they make room in a full map), then every add, then
+//!   the routes no peer wants. A key whose value changed is overwritten in
+//!   place, so no swap, rename or chain of moves ever removes something
+//!   still wanted.
 //!
 //! Nothing here keeps a record of what it programmed: every pass starts
 //! from what the kernel holds, so drift (a route deleted by hand, a map
 //! entry changed under us, a second writer) is repaired by the next pass.
 mod apply;
+mod capacity;
 mod on_link;
 mod plan;
 mod select;
 
 pub use apply::{Dataplane, Outcome, apply};
+pub use capacity::{CAPACITY_FILE, Fill, Nag, Say, fit};
 pub use on_link::{Hop, OnLink, Prefix};
 pub use plan::{Accept, Changes, Contents, Tunnel, VTEP_GATEWAY, diff, plan};
-pub use select::select;
+pub use select::{claiming_ours, select};
 
 /// A peer for the unit tests of this module.
 #[cfg(test)]

@@ -112,6 +112,25 @@ pub fn select(
     (accepted, rejected)
 }
 
+/// The candidates that claim one of this node's own addresses (`own`:
+/// address → where it is, read from the kernel) as their public IP, IPv4
+/// or IPv6, with the reason. They are left out whole: VXLAN from that
+/// "peer" would be accepted from whoever spoofs this node's address.
+pub fn claiming_ours(candidates: &[Peer], own: &BTreeMap<IpAddr, String>) -> Vec<Rejection> {
+    let claim = |p: &Peer| {
+        let v4 = p.v4.map(|v4| IpAddr::V4(v4.public_ip));
+        let v6 = p.v6.map(|v6| IpAddr::V6(v6.public_ip));
+        [v4, v6].into_iter().flatten().find_map(|ip| Some((ip, own.get(&ip)?)))
+    };
+    candidates
+        .iter()
+        .filter_map(|p| {
+            let (ip, what) = claim(p)?;
+            Some(Rejection { node: p.node.clone(), reason: format!("public IP {ip} is this node's own ({what})") })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,5 +302,31 @@ mod tests {
         assert!(reason("sameip").contains("already node a's"), "{bad:?}");
         assert_eq!(reason("a"), "the node is listed twice");
         assert_eq!(reason("empty"), "neither an IPv4 nor an IPv6 half");
+    }
+
+    #[test]
+    fn a_peer_claiming_an_address_of_this_node_is_named() {
+        let own: BTreeMap<IpAddr, String> = [
+            ("198.18.0.255".parse().unwrap(), "the broadcast address of eth0".to_string()),
+            ("fd00::1".parse().unwrap(), "on cni0".to_string()),
+        ]
+        .into();
+        let mut six = peer("c", "10.244.4.0/24", "198.18.0.4");
+        six.v6 = Some(crate::peer::PeerV6 {
+            subnet: "fd10:0:0:4::/64".parse().unwrap(),
+            public_ip: "fd00::1".parse().unwrap(),
+            vtep_mac: six.v4.unwrap().vtep_mac,
+        });
+        let peers = [peer("a", "10.244.2.0/24", "198.18.0.255"), peer("b", "10.244.3.0/24", "198.18.0.3"), six];
+        let bad = claiming_ours(&peers, &own);
+        let said: Vec<(&str, &str)> = bad.iter().map(|r| (r.node.as_str(), r.reason.as_str())).collect();
+        assert_eq!(
+            said,
+            [
+                ("a", "public IP 198.18.0.255 is this node's own (the broadcast address of eth0)"),
+                ("c", "public IP fd00::1 is this node's own (on cni0)"),
+            ]
+        );
+        assert!(claiming_ours(&peers, &BTreeMap::new()).is_empty());
     }
 }

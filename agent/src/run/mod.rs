@@ -20,7 +20,10 @@ use tracing::{debug, error, info, warn};
 use crate::{
     cli::RunArgs,
     dataplane::bpffs::PinDir,
-    metrics::{self, LoopReport, Stage},
+    metrics::{
+        self, LoopReport, Stage,
+        startup::{Milestone, STARTUP_FILE},
+    },
     peer::ClusterView,
     source::{Desired, LocalVtep, NodeReader, etcd, kube, nodes_file},
     state::StateDir,
@@ -33,8 +36,8 @@ mod iface6;
 mod keep_mac;
 mod kernel;
 pub mod lock;
-pub mod netns_lock;
 mod mtu;
+pub mod netns_lock;
 mod node;
 pub mod node6;
 mod off_underlay;
@@ -67,10 +70,6 @@ fn log_view(view: &ClusterView, warned: &mut Warned) {
         error!("{p}; waiting for the nodes file to name this node with a pod CIDR");
     }
 }
-
-/// How long a control-plane source gets to answer before the cached view
-/// is used, so an offline node has its dataplane back within a second.
-const CACHE_AFTER: Duration = Duration::from_millis(600);
 
 /// Starts the chosen source; returns its tasks (aborted on exit).
 fn start_source(
@@ -189,41 +188,36 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
     let (tx, mut rx) = mpsc::channel::<Desired>(8);
     let (local_tx, local_rx) = watch::channel::<Option<LocalVtep>>(None);
-    let tasks = start_source(&c, &state, tx, local_rx);
     info!(source = c.source.name(), node = %c.node, "agent starting");
 
-    // a control plane that does not answer at once: bring back the last good view
+    // restore first: with a cached view, the dataplane comes back from it
+    // before the control plane is asked anything, so a node that starts cut
+    // off (or slow to reach it) forwards at once; the source's view is then
+    // reconciled against the kernel like any other, quietly when it agrees
     let mut desired: Option<Desired> = None;
     let mut origin = Origin::Source;
     let mut warned = Warned::default();
     let mut due = Due::default();
     if !matches!(c.source, Source::File(_)) {
-        match tokio::time::timeout(CACHE_AFTER, rx.recv()).await {
-            Ok(Some(d)) => {
-                report.view_from_source();
-                log_view(&d.view, &mut warned);
-                desired = Some(d);
+        match state.load_view() {
+            Ok(Some(cached)) => {
+                report.view_from_cache(&state);
+                info!(
+                    source = c.source.name(),
+                    "restoring the dataplane from the cached view first; asking the control plane meanwhile"
+                );
+                desired = Some(cached);
+                origin = Origin::Cache;
+                due.pass = Some(Instant::now());
             }
-            _ => match state.load_view() {
-                Ok(Some(cached)) => {
-                    report.view_from_cache(&state);
-                    warn!(
-                        source = c.source.name(),
-                        "control plane not reachable; restoring the dataplane from the cached view and retrying in the background"
-                    );
-                    desired = Some(cached);
-                    origin = Origin::Cache;
-                }
-                Ok(None) => {
-                    warn!(source = c.source.name(), "control plane not reachable and no cached view; waiting for it")
-                }
-                Err(e) => warn!("cannot read the cached view: {e:#}"),
-            },
-        }
-        if desired.is_some() {
-            due.pass = Some(Instant::now());
+            Ok(None) => info!(source = c.source.name(), "no cached view; waiting for the control plane"),
+            Err(e) => warn!("cannot read the cached view, so waiting for the control plane: {e:#}"),
         }
     }
+    // the source starts once the restore has been tried, or now without one
+    let mut waiting = Some((tx, local_rx));
+    let mut tasks = Vec::new();
+    let mut restore_tried = desired.is_none();
 
     let mut phase = Phase::Down;
     let mut resync = tokio::time::interval(RESYNC_EVERY);
@@ -233,6 +227,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // whether the view in force has been cached since it arrived
     let mut cached = origin == Origin::Cache;
     loop {
+        if let Some((tx, local_rx)) = waiting.take_if(|_| restore_tried) {
+            tasks = start_source(&c, &state, tx, local_rx);
+        }
         report.tick();
         let next = due.next();
         tokio::select! {
@@ -324,12 +321,22 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 }
             }
             if let Phase::Up(n) = &phase {
-                if !n.intact().await {
-                    // someone deleted the VTEP or detached a program: build it all again
-                    warn!("the VTEP device or an attached program is gone; rebuilding the dataplane");
-                    report.rebuilding();
-                    phase = Phase::Down;
-                    due.pass = Some(now);
+                match n.intact().await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // someone deleted the VTEP or detached a program: build it all again
+                        warn!("the VTEP device or an attached program is gone; rebuilding the dataplane");
+                        report.rebuilding();
+                        phase = Phase::Down;
+                        due.pass = Some(now);
+                    }
+                    // EMFILE, ENOMEM: the agent's trouble, not the dataplane's, which stays
+                    Err(e) => {
+                        warn!(
+                            "cannot check the VTEP device and the attached programs, leaving them as they are: {e:#}"
+                        );
+                        Due::soon(&mut due.check, RETRY_AFTER);
+                    }
                 }
             }
         }
@@ -341,13 +348,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
         if !ripe(&mut due.pass) {
             continue;
         }
+        restore_tried = true;
         let Some(d) = desired.as_ref() else { continue };
         let Some(own) = d.view.own.clone() else {
             continue;
         };
         let pass = Instant::now();
         match &mut phase {
-            Phase::Down => match bring_up(&c, &d.conf, own, &state, &handle).await {
+            Phase::Down => match bring_up(&c, &d.conf, own, &state, &handle, &report.startup).await {
                 Ok(n) => {
                     local_tx.send_replace(Some(n.local_vtep()));
                     phase = Phase::Up(Box::new(n));
@@ -395,6 +403,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let first_attach = n.pending.is_some();
         let attached = match n.attach().await {
             Ok(()) => {
+                report.startup.reached(Milestone::Attached, Instant::now());
                 if first_attach {
                     // what the first pass held back until the programs were on
                     Due::soon(&mut due.pass, Duration::ZERO);
@@ -406,10 +415,24 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 false
             }
         };
+        // the IPv6 kernel entries after the attach: the first IPv4 packet does not wait for them
+        let peers_ok = n.reconcile6(d.conf.direct_routing).await && peers_ok;
         if attached {
             n.learn_pods().await;
         }
+        if let Some(t) = n.first_peer_at {
+            report.startup.reached(Milestone::FirstPeer, t);
+        }
+        if peers_ok && attached {
+            report.startup.reached(Milestone::AllPeers, Instant::now());
+        }
         report.pass_done(pass, peers_ok, attached);
+        // off the path to forwarding: the figures for `edgevx status`
+        if let Some(figures) = report.startup.take_changed() {
+            if let Err(e) = state.save_json(STARTUP_FILE, &figures) {
+                warn!("cannot save {STARTUP_FILE} (for edgevx status): {e:#}");
+            }
+        }
         if !(peers_ok && attached) {
             Due::soon(&mut due.pass, RETRY_AFTER);
         }

@@ -1,6 +1,6 @@
 //! The dataplane of a running agent: brought up once, then kept equal to
 //! the desired view (peers, local pods, own address).
-use std::net::Ipv4Addr;
+use std::{borrow::Cow, collections::HashSet, net::Ipv4Addr, time::Instant};
 
 use ipnet::Ipv4Net;
 
@@ -14,11 +14,12 @@ use tracing::{error, info, warn};
 
 use super::{check::Checked, warned::Warned};
 use crate::{
-    dataplane::{bpffs, device, features::Features, loader, local_pods, maps::Maps, peers},
+    dataplane::{bpffs, device, features::Features, loader, local_pods, maps::Maps, own_addrs, peers},
+    metrics::startup::{Milestone, Startup},
     netconf::NetConf,
     netfilter,
-    peer::{ClusterView, OwnNode},
-    reconcile::{self, Dataplane},
+    peer::{ClusterView, OwnNode, Peer},
+    reconcile::{self, CAPACITY_FILE, Dataplane, Fill, Nag, Say},
     source::{LocalVtep, LocalVtepV4},
     state::{AgentRecord, Record4, StateDir},
     subnet_env, vtep_mac,
@@ -47,7 +48,7 @@ pub(super) struct Node {
     pub(super) own: OwnNode,
     pub(super) record: AgentRecord,
     /// The peers the last pass chose (for the metrics and the peer list).
-    pub(super) accepted: Vec<crate::peer::Peer>,
+    pub(super) accepted: Vec<Peer>,
     /// What the last pass left in the kernel, when every write of it went
     /// through. A new view is diffed against it, so an edit costs no read
     /// back of 10,000 map entries; a resync, a route event or a failed write
@@ -60,6 +61,15 @@ pub(super) struct Node {
     pub(super) off_underlay_seen: Option<u64>,
     /// `flannel-v6.<VNI>` when IPv6 is on.
     pub(super) v6: Option<super::node6::Side6>,
+    /// The capacity and what the last pass left out, as last saved for
+    /// `edgevx status` (`None` until the first pass saves it).
+    fill: Option<Fill>,
+    /// When a view beyond the capacity is logged again.
+    nag: Nag,
+    /// This node's addresses, read with the kernel's contents (no peer may claim one).
+    own_addrs: own_addrs::OwnAddrs,
+    /// When the first peer's entries went in (or a pass found them in already).
+    pub(super) first_peer_at: Option<Instant>,
 }
 
 pub(super) async fn bring_up(
@@ -68,6 +78,7 @@ pub(super) async fn bring_up(
     own: OwnNode,
     state: &StateDir,
     handle: &Handle,
+    startup: &Startup,
 ) -> Result<Node> {
     // the underlay now: its MTU (or IPv6 address) may have changed since the start-up checks
     let underlay = device::underlay(handle, &c.iface).await.unwrap_or_else(|_| c.underlay.clone());
@@ -78,6 +89,22 @@ pub(super) async fn bring_up(
     if plan4.is_some() {
         super::mtu::warn_if_capped(conf, underlay_mtu, mtu);
     }
+    // IPv6-only: the pods' MTU is the IPv6 VTEP's
+    let mtu = match (&plan4, &plan6) {
+        (None, Some(p6)) => p6.mtu(),
+        _ => mtu,
+    };
+    // restore first: subnet.env before anything else, so the CNI adds pods at
+    // once (after a reboot /run is empty); it says only what is decided by now
+    subnet_env::write(
+        &c.args.subnet_file,
+        plan4.as_ref().map(|p| (conf.network, p.subnet)),
+        plan6.as_ref().map(|p| p.subnet_env()),
+        mtu,
+        c.args.ip_masq,
+    )
+    .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
+    startup.reached(Milestone::SubnetEnv, Instant::now());
     bpffs::ensure_dir_on_bpffs(&c.args.paths.bpffs)?;
     let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
     let features = Features::probe();
@@ -88,6 +115,7 @@ pub(super) async fn bring_up(
         Some(p) => {
             let index = device::ensure_vtep(handle, &p.spec).await?;
             device::ensure_address(handle, index, p.subnet, conf.network).await?;
+            startup.reached(Milestone::VtepUp, Instant::now());
             Some(index)
         }
         None => {
@@ -136,7 +164,12 @@ pub(super) async fn bring_up(
     })?;
     // only now that the programs judge IPv6 VXLAN: the device's socket
     let v6 = match plan6 {
-        Some(p) => Some(super::node6::bring_up6(c, conf, p, handle).await?),
+        Some(p) => {
+            let v6 = super::node6::bring_up6(c, conf, p, handle).await?;
+            // IPv6-only: this is the VTEP (dual-stack: flannel.<VNI> was first)
+            startup.reached(Milestone::VtepUp, Instant::now());
+            Some(v6)
+        }
         None => None,
     };
 
@@ -160,11 +193,6 @@ pub(super) async fn bring_up(
         subnet: p.subnet,
         network: conf.network,
     });
-    // IPv6-only: the pods' MTU is the IPv6 VTEP's
-    let mtu = match (&v4, &v6) {
-        (None, Some(s)) => s.record.mtu,
-        _ => mtu,
-    };
     let record = AgentRecord {
         node: c.node.clone(),
         iface: c.iface.clone(),
@@ -184,7 +212,6 @@ pub(super) async fn bring_up(
         pid: std::process::id(),
         v6: v6.as_ref().map(|s| s.record.clone()),
     };
-    write_subnet_env(&record)?;
     state.save_agent(&record)?;
     if let Some(r) = &record.v4 {
         info!(device = %r.vtep_device, mac = %r.vtep_mac, public_ip = %r.public_ip, subnet = %r.subnet, mtu,
@@ -208,7 +235,18 @@ pub(super) async fn bring_up(
         off_underlay_seen: maps.counter(edgevx_common::counters::Counter::DropVxlanOffUnderlay).ok(),
         maps,
         v6,
+        fill: None,
+        nag: Nag::default(),
+        own_addrs: Default::default(),
+        first_peer_at: None,
     })
+}
+
+/// `selected` cut to `capacity` (see [`reconcile::fit`]), and the figures.
+fn fit(selected: Vec<Peer>, capacity: usize, established: impl Fn(&Peer) -> bool) -> (Vec<Peer>, Fill) {
+    let wanted = selected.len();
+    let (kept, left_out) = reconcile::fit(selected, capacity, established);
+    (kept, Fill { capacity, wanted, not_programmed: left_out.len() })
 }
 
 /// subnet.env as `r` says: both families' lines, or one family's.
@@ -287,9 +325,10 @@ impl Node {
         Ok(())
     }
 
-    /// Brings the dataplane in line with `view`, starting from what the
-    /// kernel really holds. Returns whether every write succeeded (failures
-    /// are logged and retried on the next pass).
+    /// Chooses the peers of `view` and brings the IPv4 dataplane in line
+    /// with them, starting from what the kernel really holds (the IPv6 half
+    /// is [`reconcile6`](Self::reconcile6)'s). Returns whether every write
+    /// succeeded (failures are logged and retried on the next pass).
     pub(super) async fn reconcile(
         &mut self,
         view: &ClusterView,
@@ -302,20 +341,41 @@ impl Node {
         if let Some(v6) = self.v6.as_mut().filter(|_| fresh) {
             v6.observed = None; // a resync or a route event reads both back
         }
+        // no peer may claim an address of this node (read again with the kernel's contents)
+        if fresh || self.own_addrs.is_empty() {
+            match own_addrs::read(&self.handle).await {
+                Ok(addrs) => self.own_addrs = addrs,
+                Err(e) => warn!("cannot read this node's addresses; judging peers by the last read: {e:#}"),
+            }
+        }
+        let claims = reconcile::claiming_ours(&view.peers, &self.own_addrs);
+        warned.conflicts(&claims);
+        let candidates: Cow<'_, [Peer]> = match claims.is_empty() {
+            true => Cow::Borrowed(&view.peers),
+            false => {
+                let out: HashSet<&str> = claims.iter().map(|r| r.node.as_str()).collect();
+                Cow::Owned(view.peers.iter().filter(|p| !out.contains(p.node.as_str())).cloned().collect())
+            }
+        };
         let chosen = match (self.vtep_index, self.record.v4.as_ref().map(|v4| v4.network)) {
             (Some(vtep_index), Some(network)) => {
-                self.reconcile4(view, direct_routing, vtep_index, network, warned).await
+                self.reconcile4(&candidates, direct_routing, vtep_index, network, warned).await
             }
             _ => {
                 // IPv6-only: the peers are their IPv6 halves
-                let (accepted, rejected) = reconcile::select(None, self.own.subnet6, &Default::default(), &view.peers);
+                let (selected, rejected) = reconcile::select(None, self.own.subnet6, &Default::default(), &candidates);
                 warned.conflicts(&rejected);
                 self.observed = Some(Default::default());
-                Some((accepted, true))
+                Some((self.fit6(selected), true))
             }
         };
-        let Some((accepted, mut ok)) = chosen else { return false };
-        tracing::debug!(peers = accepted.len(), total_ms = t.elapsed().as_millis() as u64, "reconcile pass");
+        let Some(((accepted, fill), mut ok)) = chosen else { return false };
+        tracing::debug!(
+            peers = accepted.len(),
+            not_programmed = fill.not_programmed,
+            total_ms = t.elapsed().as_millis() as u64,
+            "reconcile pass"
+        );
         if accepted != self.accepted {
             // names for `edgevx status` and the hand-over to flanneld; not a
             // record of what is programmed (the maps are)
@@ -325,24 +385,44 @@ impl Node {
             }
             self.accepted = accepted;
         }
-        if let Some(v6) = &mut self.v6 {
-            ok &= v6.reconcile(&self.handle, &mut self.maps, &self.accepted, direct_routing, self.underlay_index).await;
-        }
+        // after the peer list: a status that shows the new figures shows the new list
+        self.report_fill(fill, state);
         ok
     }
 
+    /// The IPv6 half of the pass, for the peers [`reconcile`](Self::reconcile)
+    /// chose: `flannel-v6.<VNI>`'s kernel entries and the IPv6 accept map.
+    /// Run after the programs are attached, so IPv4 forwarding never waits
+    /// for tens of thousands of IPv6 kernel entries. `true` without IPv6.
+    pub(super) async fn reconcile6(&mut self, direct_routing: bool) -> bool {
+        match &mut self.v6 {
+            Some(v6) => {
+                let ok = v6
+                    .reconcile(&self.handle, &mut self.maps, &self.accepted, direct_routing, self.underlay_index)
+                    .await;
+                if self.vtep_index.is_none() && !self.accepted.is_empty() {
+                    // IPv6-only: the peers are programmed here
+                    self.first_peer_at.get_or_insert_with(Instant::now);
+                }
+                ok
+            }
+            None => true,
+        }
+    }
+
     /// The IPv4 pass: chooses the peers and programs their IPv4 halves;
-    /// returns the chosen peers and whether every write went through, or
-    /// `None` when the dataplane could not be read.
+    /// returns the chosen peers, how they fit in the maps, and whether every
+    /// write went through, or `None` when the dataplane could not be read.
     async fn reconcile4(
         &mut self,
-        view: &ClusterView,
+        candidates: &[Peer],
         direct_routing: bool,
         vtep_index: u32,
         network: Ipv4Net,
         warned: &mut Warned,
-    ) -> Option<(Vec<crate::peer::Peer>, bool)> {
+    ) -> Option<((Vec<Peer>, Fill), bool)> {
         let t = std::time::Instant::now();
+        let capacity = self.maps.peer_capacity() as usize;
         let mut dp = peers::Programmed {
             maps: &mut self.maps,
             handle: &self.handle,
@@ -373,8 +453,13 @@ impl Node {
                 }
             },
         };
-        let (accepted, rejected) = reconcile::select(self.own.subnet, self.own.subnet6, &observed, &view.peers);
+        let (selected, rejected) = reconcile::select(self.own.subnet, self.own.subnet6, &observed, candidates);
         warned.conflicts(&rejected);
+        // beyond the capacity: the peers already in the LPM map stay (as in `select`)
+        let established = |p: &Peer| {
+            p.v4.is_some_and(|v4| observed.subnets.get(&v4.subnet).is_some_and(|t| t.public_ip == v4.public_ip))
+        };
+        let (accepted, fill) = fit(selected, capacity, established);
         let want = reconcile::plan(&accepted, network, &on_link);
         let mut changes = reconcile::diff(&want, &observed);
         let held_back = self.pending.is_some() && !(changes.del_routes.is_empty() && changes.del_direct.is_empty());
@@ -396,7 +481,49 @@ impl Node {
             observe_and_plan_ms = planned.as_millis() as u64,
             "IPv4 reconcile pass"
         );
-        Some((accepted, outcome.ok()))
+        if !accepted.is_empty() {
+            // the first write of the first pass that had peers; none written: they were in already
+            self.first_peer_at.get_or_insert(outcome.first_at.unwrap_or_else(Instant::now));
+        }
+        Some(((accepted, fill), outcome.ok()))
+    }
+
+    /// IPv6-only: the chosen peers cut to what the maps hold, those the
+    /// IPv6 accept map already has first.
+    fn fit6(&self, selected: Vec<Peer>) -> (Vec<Peer>, Fill) {
+        let capacity = self.maps.peer_capacity() as usize;
+        let held = match selected.len() > capacity {
+            // only read when it decides something; unreadable, the name alone decides
+            true => self.maps.accept6_entries().unwrap_or_default(),
+            false => Default::default(),
+        };
+        fit(selected, capacity, |p| p.v6.is_some_and(|v6| held.contains_key(&v6.public_ip)))
+    }
+
+    /// Logs a view beyond the capacity (one line, repeated with backoff,
+    /// and one when it ends) and saves the figures for `edgevx status`
+    /// when they change.
+    fn report_fill(&mut self, fill: Fill, state: &StateDir) {
+        let Fill { capacity, wanted, not_programmed } = fill;
+        match self.nag.pass(std::time::Instant::now(), fill.over()) {
+            Say::Over => error!(
+                capacity,
+                peers = wanted,
+                not_programmed,
+                "{not_programmed} of the {wanted} peers in the view are not programmed: the BPF maps hold \
+                 {capacity} peers (edgevx's limit). The peers already programmed stay, then the first by node \
+                 name; the others get no tunnel and their VXLAN is dropped. Fix: fewer nodes in this flannel \
+                 network (the limit is fixed when edgevx is built). Repeated with backoff while it lasts"
+            ),
+            Say::Cleared => info!(capacity, peers = wanted, "every peer in the view fits in the maps again"),
+            Say::Nothing => {}
+        }
+        if self.fill != Some(fill) {
+            match state.save_json(CAPACITY_FILE, &fill) {
+                Ok(()) => self.fill = Some(fill),
+                Err(e) => warn!("cannot save {CAPACITY_FILE} (for edgevx status), retrying at the next pass: {e:#}"),
+            }
+        }
     }
 
     /// What this node publishes about itself (annotations, etcd lease).
@@ -409,50 +536,57 @@ impl Node {
         }
     }
 
-    /// Whether the VTEP devices and the attached programs are still there.
-    pub(super) async fn intact(&self) -> bool {
+    /// Whether the VTEP devices and the attached programs are still there:
+    /// `Ok(false)` when the kernel says one is gone. An error means the
+    /// kernel could not be asked (the agent out of descriptors or memory):
+    /// that says nothing about the dataplane, which stays as it is.
+    pub(super) async fn intact(&self) -> Result<bool> {
         if self.pending.is_some() {
-            return true; // not attached yet
+            return Ok(true); // not attached yet
         }
         let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
-        let v4_ok = match (&r.v4, self.vtep_index) {
-            (Some(v4), Some(index)) => {
-                matches!(device::link_by_name(&self.handle, &v4.vtep_device).await,
-                    Ok(Some(l)) if l.header.index == index)
-                    && loader::attached_as(
-                        mode,
-                        &self.handle,
-                        pins,
-                        loader::ENCAP,
-                        &v4.vtep_device,
-                        TcAttachType::Egress,
-                    )
-                    .await
+        if let (Some(v4), Some(index)) = (&r.v4, self.vtep_index) {
+            let vtep = device::link_by_name(&self.handle, &v4.vtep_device).await?;
+            if vtep.is_none_or(|l| l.header.index != index)
+                || !loader::attached_as(mode, &self.handle, pins, loader::ENCAP, &v4.vtep_device, TcAttachType::Egress)
+                    .await?
+            {
+                return Ok(false);
             }
-            _ => true,
-        };
-        let v6_ok = match &self.v6 {
-            Some(v6) => v6.intact(&self.handle).await,
-            None => true,
-        };
-        v4_ok
-            && v6_ok
-            && loader::attached_as(mode, &self.handle, pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await
+        }
+        if let Some(v6) = &self.v6 {
+            if !v6.intact(&self.handle).await? {
+                return Ok(false);
+            }
+        }
+        loader::attached_as(mode, &self.handle, pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await
     }
 
     /// Attaches the bridge program to the pod bridge if it is there and not
     /// attached yet; returns the bridge's ifindex while it is attached.
     async fn ensure_bridge_program(&mut self) -> Option<u32> {
-        let name = std::ffi::CString::new(self.record.pod_bridge.as_str()).ok()?;
-        // SAFETY: plain lookup with a valid C string.
-        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        if index == 0 {
-            self.bridge = None;
-            return None;
-        }
+        let index = match device::ifindex(&self.record.pod_bridge) {
+            Ok(Some(index)) => index,
+            Ok(None) => {
+                self.bridge = None;
+                return None;
+            }
+            // cannot be asked (out of descriptors): what was attached stays attached
+            Err(e) => {
+                warn!(bridge = %self.record.pod_bridge, "cannot look up the pod bridge, keeping what is attached: {e}");
+                return self.bridge;
+            }
+        };
         let mode = self.record.attach;
+        let on = |attached: Result<bool>| match attached {
+            Ok(on) => on,
+            Err(e) => {
+                warn!(bridge = %self.record.pod_bridge, "cannot tell whether the bridge program is attached, keeping it: {e:#}");
+                true
+            }
+        };
         if self.bridge == Some(index)
-            && loader::attached_as(
+            && on(loader::attached_as(
                 mode,
                 &self.handle,
                 &self.pins,
@@ -460,7 +594,7 @@ impl Node {
                 &self.record.pod_bridge,
                 TcAttachType::Egress,
             )
-            .await
+            .await)
         {
             return Some(index);
         }

@@ -69,6 +69,15 @@ impl Plan6 {
     pub(super) fn public_ip(&self) -> Ipv6Addr {
         self.spec.local
     }
+
+    pub(super) fn mtu(&self) -> u32 {
+        self.spec.mtu
+    }
+
+    /// The network and subnet subnet.env gives the CNI.
+    pub(super) fn subnet_env(&self) -> (Ipv6Net, Ipv6Net) {
+        (self.network, self.subnet)
+    }
 }
 
 /// The IPv6 VTEP's settings when the network is dual-stack (`None` when it
@@ -152,7 +161,10 @@ pub(super) async fn remove_family(
 /// The IPv6 accept map (`have`, read back every pass, written where it
 /// differs): each peer's public IPv6 (never `own`, ours), its inner sources
 /// bound to its IPv6 subnet. Added before the routes that make replies go
-/// there; removed with them.
+/// there; removed with them. The addresses no peer has go first, always,
+/// as on the IPv4 side: a full map needs their room, and a peer gone from
+/// the view is never left accepted because an add failed. Every write is
+/// tried; the first error is returned after.
 fn sync_accept6(maps: &mut Maps, have: &BTreeMap<Ipv6Addr, Accept6>, peers: &[Peer], own: Ipv6Addr) -> Result<()> {
     let want: BTreeMap<Ipv6Addr, Accept6> = peers
         .iter()
@@ -161,15 +173,18 @@ fn sync_accept6(maps: &mut Maps, have: &BTreeMap<Ipv6Addr, Accept6>, peers: &[Pe
             Some((v6.public_ip, Accept6 { subnet: v6.subnet, any_inner_source: p.any_inner_source }))
         })
         .collect();
-    for (ip, a) in &want {
-        if have.get(ip) != Some(a) {
-            maps.accept6_put(*ip, a)?;
+    let mut first_err = None;
+    for ip in have.keys().filter(|ip| !want.contains_key(ip)) {
+        if let Err(e) = maps.accept6_del(*ip) {
+            first_err.get_or_insert(e);
         }
     }
-    for ip in have.keys().filter(|ip| !want.contains_key(ip)) {
-        maps.accept6_del(*ip)?;
+    for (ip, a) in want.iter().filter(|(ip, a)| have.get(ip) != Some(a)) {
+        if let Err(e) = maps.accept6_put(*ip, a) {
+            first_err.get_or_insert(e);
+        }
     }
-    Ok(())
+    first_err.map_or(Ok(()), Err)
 }
 
 impl Side6 {
@@ -257,8 +272,9 @@ impl Side6 {
     }
 
     /// Whether `flannel-v6.<VNI>` is still the device we set up.
-    pub(super) async fn intact(&self, handle: &Handle) -> bool {
-        matches!(device::link_by_name(handle, &self.record.device).await, Ok(Some(l)) if l.header.index == self.index)
+    /// Whether the device is still there (an error: the kernel could not be asked).
+    pub(super) async fn intact(&self, handle: &Handle) -> Result<bool> {
+        Ok(device::link_by_name(handle, &self.record.device).await?.is_some_and(|l| l.header.index == self.index))
     }
 
     /// Keeps the device's MTU at what the underlay's now allows.

@@ -264,6 +264,12 @@ pub fn watch(path: PathBuf, reader: NodeReader, tx: mpsc::Sender<Desired>) -> to
                             return;
                         }
                     }
+                    // a file that could not be read (EMFILE, EIO) is read again at the next
+                    // check, even unchanged; one that says something wrong waits for a change
+                    Err(e @ NodesFileError::Read { .. }) => {
+                        error!("{e}; keeping the last good node list, reading it again in {}s", STAT_EVERY.as_secs());
+                        last = None;
+                    }
                     Err(e) => error!("{e}; keeping the last good node list"),
                 }
             }

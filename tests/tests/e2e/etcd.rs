@@ -91,8 +91,10 @@ fn etcd_agents_coordinate_renew_reuse_and_survive_an_etcd_restart() -> Result<()
     // a restarted agent reuses its lease (matched by PublicIP)
     agents[0].stop()?;
     std::fs::remove_file(c.host(1).subnet_file())?;
-    let a = Agent::start_with(c.host(1), &etcd_args(&short_ttl))?;
-    assert!(a.log_text().contains("reusing our lease"), "{}", a.log_text());
+    let mut a = Agent::start_with(c.host(1), &etcd_args(&short_ttl))?;
+    // restore first: the dataplane comes back from the cached view, then etcd is asked
+    assert!(a.log_text().contains("restoring the dataplane from the cached view first"), "{}", a.log_text());
+    a.wait_log("reusing our lease", Duration::from_secs(10))?;
     assert_eq!(a.status()?["subnet"], "10.244.1.0/24");
     Ok(())
 }

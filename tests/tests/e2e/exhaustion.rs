@@ -13,8 +13,11 @@ use edgevx_tests::{
     agent::{Agent, wait_status},
     nodes::{flannel_node, node_list, write},
     patience,
-    topo::{Cluster, underlay_ip},
+    topo::{Cluster, pod_ip, underlay_ip},
+    traffic::{BackgroundPing, wait_reachable},
 };
+
+use crate::KERNEL_MAC;
 
 /// Opens N non-blocking TCP connections to ADDR:PORT and holds them for
 /// HOLD seconds (its own open-files limit raised first).
@@ -65,8 +68,11 @@ fn a_connection_flood_on_the_metrics_port_leaves_the_agent_applying_its_view() -
     let metrics = format!("{}:9117", underlay_ip(1));
     // containerd 2's limits: 1,024 soft, a higher hard limit
     let wrapper = ["prlimit", "--nofile=1024:4096", "--"];
-    let mut agent =
-        Agent::spawn_via(c.host(1), &wrapper, &["--nodes-file", nodes.to_str().context("path")?, "--metrics-addr", &metrics])?;
+    let mut agent = Agent::spawn_via(
+        c.host(1),
+        &wrapper,
+        &["--nodes-file", nodes.to_str().context("path")?, "--metrics-addr", &metrics],
+    )?;
     agent.wait_log("dataplane up", Duration::from_secs(20))?;
     let pid = agent.pid().context("pid")?;
     wait_status(&agent, Duration::from_secs(5), "both peers", |s| s["peers"].as_array().is_some_and(|p| p.len() == 2))?;
@@ -110,5 +116,64 @@ fn a_connection_flood_on_the_metrics_port_leaves_the_agent_applying_its_view() -
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))?;
     let line = limits.lines().find(|l| l.starts_with("Max open files")).context("no open-files line")?;
     ensure!(line.split_whitespace().nth(3) == Some("4096"), "the soft limit was not raised to the hard one: {line}");
+    Ok(())
+}
+
+/// Sets the open-files limit of process `pid` (`prlimit --pid`).
+fn set_nofile(pid: u32, soft: usize, hard: usize) -> Result<()> {
+    let st = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={soft}:{hard}")])
+        .status()
+        .context("cannot run prlimit")?;
+    ensure!(st.success(), "prlimit --pid {pid} failed: {st}");
+    Ok(())
+}
+
+/// The agent out of descriptors altogether (its limit lowered below what
+/// it holds, so every open, socket and lookup fails with EMFILE) across a
+/// resync and its checks: the dataplane is left as it is and forwards
+/// throughout; nothing is read as "gone" or rebuilt; and when descriptors
+/// come back, the view that changed meanwhile is applied.
+#[test]
+fn out_of_descriptors_the_agent_leaves_the_dataplane_forwarding_and_catches_up() -> Result<()> {
+    let mut c = Cluster::new(2)?;
+    c.host_mut(1).mount_bpffs()?;
+    let nodes = c.dir.join("nodes.json");
+    let node3 = flannel_node(3, Some("02:00:00:00:00:03"));
+    let list = |with3: bool| {
+        let mut l = vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))];
+        l.extend(with3.then(|| node3.clone()));
+        node_list(l)
+    };
+    write(&nodes, &list(true))?;
+    let agent = Agent::start(c.host(1), &nodes, &[])?;
+    let mac = agent.status()?["vtep_mac"].as_str().unwrap_or_default().to_string();
+    c.host(2).kernel_vtep(KERNEL_MAC)?;
+    c.host(2).kernel_add_peer(1, &mac)?;
+    wait_reachable(&c.host(1).pod, pod_ip(2), 10).context("pod1 -> pod2")?;
+    let pid = agent.pid().context("pid")?;
+
+    // 15 s of 20 ms pings, across more than one 10 s resync and its checks
+    let ping = BackgroundPing::start(&c.host(1).pod, pod_ip(2), 750, "0.02")?;
+    std::thread::sleep(Duration::from_millis(300));
+    // 3: no new descriptor at all (the limit is on the number, and a lower
+    // number freed meanwhile would otherwise be handed out again)
+    set_nofile(pid, 3, 4096)?;
+    // meanwhile a peer leaves the source (which cannot even open the file now)
+    write(&nodes, &list(false))?;
+    std::thread::sleep(Duration::from_secs(12));
+    let starved = agent.log_text();
+    set_nofile(pid, 4096, 4096)?;
+    ping.expect_no_loss().context("pod1 -> pod2 while the agent had no descriptors")?;
+
+    ensure!(!starved.contains("gone; rebuilding"), "the shortage was read as a device gone:\n{starved}");
+    ensure!(
+        starved.contains("cannot check the VTEP device and the attached programs"),
+        "the agent never met the shortage in its checks (the test did not make the fault):\n{starved}"
+    );
+    wait_status(&agent, Duration::from_secs(20), "node3 removed once descriptors are back", |s| {
+        s["peers"].as_array().is_some_and(|p| p.len() == 1) && s["dataplane_attached"] == true
+    })?;
+    ensure!(!agent.log_text().contains("gone; rebuilding"), "rebuilt after:\n{}", agent.log_text());
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! `--test-threads=1`). Each test builds its own namespaces and removes
 //! them on drop, also when it fails.
 mod admission_policy;
+mod capacity;
 mod cli;
 mod deploy;
 mod direct_routing;
@@ -32,6 +33,7 @@ mod migration;
 mod mtu;
 mod nodes_file;
 mod offline;
+mod outage;
 mod privileges;
 mod prog_fuzz;
 mod prog_test_run;

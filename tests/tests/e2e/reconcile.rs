@@ -198,18 +198,17 @@ fn a_second_agent_on_the_node_exits_2_whatever_its_directories_and_changes_nothi
         (c.dir.join("state-b"), own_bpffs.path.clone(), c.dir.join("subnet-b.env")),
     ];
     for (state, bpffs, subnet) in dirs {
-        let out = h
-            .ns
-            .cmd(&edgevx_tests::edgevx_bin().to_string_lossy())
-            .args(["run", "--node-name", "node1", "--iface", "eth0", "--nodes-file"])
-            .arg(&other)
-            .arg("--state-dir")
-            .arg(&state)
-            .arg("--bpffs")
-            .arg(&bpffs)
-            .arg("--subnet-file")
-            .arg(&subnet)
-            .output()?;
+        let out =
+            h.ns.cmd(&edgevx_tests::edgevx_bin().to_string_lossy())
+                .args(["run", "--node-name", "node1", "--iface", "eth0", "--nodes-file"])
+                .arg(&other)
+                .arg("--state-dir")
+                .arg(&state)
+                .arg("--bpffs")
+                .arg(&bpffs)
+                .arg("--subnet-file")
+                .arg(&subnet)
+                .output()?;
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{}: {err}", state.display());
         assert!(err.contains(&format!("edgevx pid {pid}")) && err.contains("still running"), "{err}");
@@ -371,5 +370,46 @@ fn an_etcd_backend_mtu_sizes_the_vtep() -> Result<()> {
     assert!(h.ns.ip(&["link", "show", "flannel.1"])?.contains("mtu 1350"));
     let env = std::fs::read_to_string(h.subnet_file())?;
     assert!(env.contains("FLANNEL_MTU=1350"), "{env}");
+    Ok(())
+}
+
+/// No peer may claim an address of this node as its public IP (issue 18,
+/// item 8): VXLAN "from" it would be accepted from whoever spoofs this
+/// node. The underlay's broadcast address is refused from the start; an
+/// address added to `lo` while the agent runs takes the peer that claimed
+/// it out at the next resync (the kernel is the truth), with the reason.
+#[test]
+fn a_peer_claiming_an_address_of_this_node_is_left_out() -> Result<()> {
+    let mut c = Cluster::new(2)?;
+    c.host_mut(1).mount_bpffs()?;
+    let nodes = c.dir.join("nodes.json");
+    let brd = with_public_ip(named(flannel_node(7, Some("02:00:00:00:00:07")), "claims-brd"), "198.18.0.255");
+    let lo = with_public_ip(named(flannel_node(8, Some("02:00:00:00:00:08")), "claims-lo"), "198.51.100.7");
+    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC)), brd, lo]))?;
+    let agent = Agent::start(c.host(1), &nodes, &[])?;
+    let names = |s: &Value| -> Vec<String> {
+        let list = s["peers"].as_array().cloned().unwrap_or_default();
+        let mut n: Vec<String> = list.iter().map(|p| p["node"].as_str().unwrap_or_default().to_string()).collect();
+        n.sort();
+        n
+    };
+    let s = wait_status(&agent, Duration::from_secs(10), "node2 and claims-lo", |s| all_in_dataplane(s, 2))?;
+    assert_eq!(names(&s), ["claims-lo", "node2"]);
+    let log = agent.log_text();
+    let said = "public IP 198.18.0.255 is this node's own (the broadcast address of eth0)";
+    assert!(log.contains(said), "{said:?} not in:\n{log}");
+
+    // the address appears on the node: the claim is refused at the next resync
+    c.host(1).ns.ip(&["addr", "add", "198.51.100.7/32", "dev", "lo"])?;
+    let s = wait_status(&agent, Duration::from_secs(25), "claims-lo left out", |s| all_in_dataplane(s, 1))?;
+    assert_eq!(names(&s), ["node2"]);
+    let said = "public IP 198.51.100.7 is this node's own (on lo)";
+    assert!(agent.log_text().contains(said), "{said:?} not in:\n{}", agent.log_text());
+    let accept: HashMap<MapData, [u8; 4], edgevx_common::maps::PeerAccept> =
+        HashMap::try_from(Map::HashMap(MapData::from_pin(map_pin(c.host(1), edgevx_common::maps::PEER_ACCEPT)?)?))?;
+    for ip in [[198, 18, 0, 255], [198, 51, 100, 7]] {
+        assert!(accept.get(&ip, 0).is_err(), "VXLAN from {ip:?} is accepted");
+    }
+    assert!(accept.get(&underlay_ip(2).octets(), 0).is_ok(), "node2 is not accepted");
     Ok(())
 }

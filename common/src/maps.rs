@@ -18,12 +18,19 @@ pub const PEER_ACCEPT6: &str = "EDGEVX_PEER_ACCEPT6";
 pub const LOCAL_PODS: &str = "EDGEVX_LOCAL_PODS";
 /// `PerCpuArray<u32>` with one slot: the next outer IP ID on this CPU.
 pub const IP_ID: &str = "EDGEVX_IP_ID";
+/// The full encap's outer IP ID counters, shared by all CPUs (see `IP_ID_BUCKETS`).
+pub const IP_IDENTS: &str = "EDGEVX_IP_IDENTS";
 /// `PerCpuArray<u64>` indexed by [`crate::counters::Counter`].
 pub const GLOBAL_STATS: &str = "EDGEVX_GLOBAL_STATS";
 
 /// All pinned maps, for status and cleanup.
-pub const ALL: [&str; 8] =
-    [CONFIG, PEER_SUBNETS, PEER_STATS, PEER_ACCEPT, PEER_ACCEPT6, LOCAL_PODS, IP_ID, GLOBAL_STATS];
+pub const ALL: [&str; 9] =
+    [CONFIG, PEER_SUBNETS, PEER_STATS, PEER_ACCEPT, PEER_ACCEPT6, LOCAL_PODS, IP_ID, IP_IDENTS, GLOBAL_STATS];
+
+/// Outer IP ID counters, one per destination bucket, as many as the
+/// kernel's `ip_idents` has at its smallest (2,048): two destinations share
+/// a counter only when they hash alike, which only spaces their IDs out more.
+pub const IP_ID_BUCKETS: u32 = 2048;
 
 pub const MAX_PEERS: u32 = 16384;
 pub const MAX_LOCAL_PODS: u32 = 4096;

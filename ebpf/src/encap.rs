@@ -14,7 +14,7 @@ use aya_ebpf::{
 use edgevx_common::{
     counters::Counter,
     headers::Ipv4Header,
-    maps::FLAG_ENCAP_NO_L2_ETH,
+    maps::{FLAG_ENCAP_NO_L2_ETH, IP_ID_BUCKETS},
     vxlan::{
         ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, EncapParams, INNER_ETH_OFF, IPV4_HLEN, OUTER_IP_OFF, UDP_OFF, inner_eth,
         outer_ip, source_port, udp_vxlan,
@@ -22,7 +22,7 @@ use edgevx_common::{
 };
 
 use crate::{
-    maps::{EDGEVX_CONFIG, EDGEVX_IP_ID, EDGEVX_PEER_SUBNETS},
+    maps::{EDGEVX_CONFIG, EDGEVX_IP_ID, EDGEVX_IP_IDENTS, EDGEVX_PEER_SUBNETS},
     stats, too_big,
 };
 
@@ -93,7 +93,7 @@ pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
         src_port: source_port(hash),
         dst_port: cfg.port,
         ecn: header[1],
-        ip_id: next_ip_id(ctx),
+        ip_id: next_ip_id(ctx, check_mtu, peer.public_ip),
     };
     let grown = inner_ip_len + ENCAP_OVERHEAD as u32 <= u16::MAX as u32 && grow(ctx, cfg.flags);
     // the outer Ethernet header stays as routing left it; redirect_neigh rewrites it
@@ -136,13 +136,20 @@ fn grow(ctx: &TcContext, cfg_flags: u32) -> bool {
 /// A fresh outer IP ID, and the ones after it reserved for the segments of
 /// a GSO frame (segmentation numbers them up from the first), as the
 /// kernel's `iptunnel_xmit` does with `__ip_select_ident(.., gso_segs)`.
-/// The counter is per CPU, started at a random value; the kernel's is one
-/// per destination bucket, shared by all CPUs (an atomic fetch-add, which
-/// this program cannot use on every kernel it supports).
+///
+/// `shared` (the full encap, kernels with BPF atomics' fetch, 5.12): one
+/// counter per destination bucket shared by every CPU and taken with an
+/// atomic fetch-and-add, as the kernel's `ip_idents`, so no two packets to
+/// one destination share an ID within 65,536, whichever CPU sends them.
+/// Otherwise (the compat encap): a counter per CPU, started at a random
+/// value, which two CPUs sending to one destination may repeat sooner.
 #[inline(always)]
-fn next_ip_id(ctx: &TcContext) -> u16 {
+fn next_ip_id(ctx: &TcContext, shared: bool, dst: [u8; 4]) -> u16 {
     // SAFETY: reading a field of the context the program was given.
     let segs = unsafe { (*ctx.skb.skb).gso_segs }.max(1);
+    if shared {
+        return shared_ip_id(dst, segs);
+    }
     let Some(slot) = EDGEVX_IP_ID.get_ptr_mut(0) else {
         return 0;
     };
@@ -156,4 +163,56 @@ fn next_ip_id(ctx: &TcContext) -> u16 {
         *slot = (*slot).wrapping_add(segs) | 1 << 16;
         id
     }
+}
+
+/// The shared counter of `dst`'s bucket, advanced by `segs`; its value
+/// before. The bucket is chosen with a random salt (the map's last slot,
+/// set once), so which destinations share a counter cannot be predicted
+/// from outside; a fresh counter starts at a random value.
+#[inline(always)]
+fn shared_ip_id(dst: [u8; 4], segs: u32) -> u16 {
+    let Some(salt) = EDGEVX_IP_IDENTS.get_ptr_mut(IP_ID_BUCKETS) else {
+        return 0;
+    };
+    // SAFETY: a map value of ours; a racing first writer only picks another random salt.
+    let salt = unsafe {
+        if *salt == 0 {
+            *salt = u64::from(bpf_get_prandom_u32()) | 1 << 32;
+        }
+        *salt as u32
+    };
+    let bucket = (u32::from_be_bytes(dst) ^ salt).wrapping_mul(0x9e37_79b1) >> 21;
+    let Some(counter) = EDGEVX_IP_IDENTS.get_ptr_mut(bucket) else {
+        return 0;
+    };
+    // SAFETY: a map value of ours, 8-byte aligned; changed only with atomic adds.
+    unsafe {
+        if *counter == 0 {
+            // a fresh counter starts anywhere (two CPUs racing here only add two random starts)
+            fetch_add(counter, u64::from(bpf_get_prandom_u32()) | 1 << 32);
+        }
+        fetch_add(counter, u64::from(segs)) as u16
+    }
+}
+
+/// `*p += v` atomically, returning the value before: BPF_ATOMIC with
+/// BPF_FETCH (Linux 5.12). Written out because LLVM emits it only for
+/// `-mcpu=v3`, and the object is built for every kernel; only the full
+/// encap, which the agent loads where the kernel takes it, contains it.
+///
+/// # Safety
+/// `p` must point to a live, 8-byte aligned map value.
+#[inline(always)]
+unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
+    let mut v = v;
+    // SAFETY: the caller's; the instruction touches only *p.
+    unsafe {
+        core::arch::asm!(
+            "{v} = atomic_fetch_add((u64 *)({p} + 0), {v})",
+            p = in(reg) p,
+            v = inout(reg) v,
+            options(nostack),
+        );
+    }
+    v
 }

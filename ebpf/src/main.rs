@@ -3,6 +3,8 @@
 //! agent fills; nothing here knows where a peer came from.
 #![no_std]
 #![no_main]
+// the outer IP ID's atomic fetch-and-add, written out (encap.rs `fetch_add`)
+#![feature(asm_experimental_arch)]
 
 mod bridge;
 mod decap;

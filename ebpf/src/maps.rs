@@ -7,7 +7,9 @@ use aya_ebpf::{
 };
 use edgevx_common::{
     counters,
-    maps::{DataplaneConfig, LocalPod, MAX_LOCAL_PODS, MAX_PEERS, Peer, PeerAccept, PeerAccept6, PeerStats},
+    maps::{
+        DataplaneConfig, IP_ID_BUCKETS, LocalPod, MAX_LOCAL_PODS, MAX_PEERS, Peer, PeerAccept, PeerAccept6, PeerStats,
+    },
 };
 
 #[map]
@@ -30,6 +32,12 @@ pub static EDGEVX_LOCAL_PODS: HashMap<[u8; 4], LocalPod> = HashMap::pinned(MAX_L
 
 #[map]
 pub static EDGEVX_IP_ID: PerCpuArray<u32> = PerCpuArray::pinned(1, 0);
+
+/// The outer IP ID counters of the full encap, shared by every CPU: one
+/// per destination bucket, as the kernel's `ip_idents`; the last slot
+/// holds the bucket salt.
+#[map]
+pub static EDGEVX_IP_IDENTS: Array<u64> = Array::pinned(IP_ID_BUCKETS + 1, 0);
 
 #[map]
 pub static EDGEVX_GLOBAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(counters::COUNT, 0);

@@ -5,6 +5,7 @@
 //! | feature | since | without it |
 //! |---|---|---|
 //! | `bpf_check_mtu` | 5.12 | `edgevx_encap_compat`: no MTU judgement in the program |
+//! | BPF atomics with fetch (`BPF_ATOMIC`, `BPF_FETCH`) | 5.12 | `edgevx_encap_compat`: per-CPU outer IP ID counters |
 //! | TCX links | 6.6 | `bpf` filters on a `clsact` qdisc |
 //! | `bpf_sk_lookup.ingress_ifindex` | 5.17 | `edgevx_guard_compat` (`guard.rs` tries the full guard) |
 //! | `BPF_F_ADJ_ROOM_ENCAP_L2_ETH` | 5.13 | the encap asks again without it (`ebpf/src/encap.rs`) |
@@ -20,6 +21,8 @@ use aya::{
 pub struct Features {
     /// `bpf_check_mtu` (Linux 5.12).
     pub check_mtu: bool,
+    /// Atomic fetch-and-add (`BPF_ATOMIC | BPF_FETCH`, Linux 5.12).
+    pub atomic_fetch: bool,
     /// TCX attachment (Linux 6.6).
     pub tcx: bool,
 }
@@ -31,6 +34,7 @@ impl Features {
         Features {
             check_mtu: is_helper_supported(ProgramType::SchedClassifier, BpfHelper::BPF_FUNC_check_mtu)
                 .unwrap_or(false),
+            atomic_fetch: atomic_fetch_supported(),
             tcx: tcx_supported(),
         }
     }
@@ -62,10 +66,29 @@ fn tcx_supported() -> bool {
     std::io::Error::last_os_error().raw_os_error() == Some(libc::ENODEV)
 }
 
+/// Whether the verifier takes an atomic fetch-and-add (on the stack): a
+/// kernel before 5.12 knows only BPF_XADD and refuses the fetch flag.
+fn atomic_fetch_supported() -> bool {
+    // struct bpf_insn as a little-endian u64: code | regs << 8 | off << 16 | imm << 32
+    let insns: [u64; 6] = [
+        0x0000_0000_0000_01b7, // r1 = 0
+        0x0000_0000_fff8_1a7b, // *(u64 *)(r10 - 8) = r1
+        0x0000_0001_0000_02b7, // r2 = 1
+        0x0000_0001_fff8_2adb, // r2 = atomic_fetch_add((u64 *)(r10 - 8), r2)
+        0x0000_0000_0000_00b7, // r0 = 0
+        0x0000_0000_0000_0095, // exit
+    ];
+    load_classifier(&insns).is_some()
+}
+
 /// `r0 = 0; exit`, loaded as a TC classifier.
 fn trivial_classifier() -> Option<OwnedFd> {
     // mov64 r0, 0 ; exit
-    let insns: [u64; 2] = [0x0000_0000_0000_00b7, 0x0000_0000_0000_0095];
+    load_classifier(&[0x0000_0000_0000_00b7, 0x0000_0000_0000_0095])
+}
+
+/// `insns` loaded as a TC classifier; `None` when the verifier refuses them.
+fn load_classifier(insns: &[u64]) -> Option<OwnedFd> {
     let license = c"GPL";
     // union bpf_attr for BPF_PROG_LOAD: prog_type, insn_cnt, insns, license, ...
     let mut attr = [0u8; 128];

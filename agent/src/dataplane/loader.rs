@@ -74,7 +74,11 @@ pub fn load(pins: &PinDir, features: &Features) -> Result<Ebpf> {
         if variant != name {
             info!(
                 program = name,
-                variant, "this kernel lacks bpf_check_mtu (Linux 5.12): loading the encap without it"
+                variant,
+                check_mtu = features.check_mtu,
+                atomic_fetch = features.atomic_fetch,
+                "this kernel lacks bpf_check_mtu or BPF atomics with fetch (Linux 5.12): loading the encap \
+                 without them (no MTU judgement in the program, outer IP IDs counted per CPU)"
             );
         }
         classifier(&mut ebpf, variant)?.load().with_context(|| format!("the verifier rejected {variant}"))?;
@@ -86,7 +90,7 @@ pub fn load(pins: &PinDir, features: &Features) -> Result<Ebpf> {
 /// The variant of program `name` to load on a kernel with `features`.
 pub fn variant(features: &Features, name: &'static str) -> &'static str {
     match name {
-        ENCAP if !features.check_mtu => ENCAP_COMPAT,
+        ENCAP if !(features.check_mtu && features.atomic_fetch) => ENCAP_COMPAT,
         _ => name,
     }
 }

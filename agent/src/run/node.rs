@@ -108,7 +108,12 @@ pub(super) async fn bring_up(
     bpffs::ensure_dir_on_bpffs(&c.args.paths.bpffs)?;
     let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
     let features = Features::probe();
-    info!(check_mtu = features.check_mtu, tcx = features.tcx, "kernel features probed");
+    info!(
+        check_mtu = features.check_mtu,
+        atomic_fetch = features.atomic_fetch,
+        tcx = features.tcx,
+        "kernel features probed"
+    );
     let ebpf = loader::load(&pins, &features)?;
 
     let vtep_index = match &plan4 {

@@ -20,9 +20,17 @@ pub(crate) fn check_mtu() -> bool {
     is_helper_supported(ProgramType::SchedClassifier, BpfHelper::BPF_FUNC_check_mtu).unwrap_or(false)
 }
 
+/// Whether the agent loads the full encap here: `bpf_check_mtu` (probed,
+/// as the agent does) and BPF atomics with fetch, which upstream has from
+/// 5.12 (the agent probes them with a verifier run; expecting upstream's
+/// numbering here checks the two against each other).
+pub(crate) fn full_encap() -> bool {
+    check_mtu() && !before(5, 12)
+}
+
 /// The encap variant the agent loads here.
 pub(crate) fn encap() -> &'static str {
-    if check_mtu() { ENCAP } else { ENCAP_COMPAT }
+    if full_encap() { ENCAP } else { ENCAP_COMPAT }
 }
 
 /// Whether the running release is older than `major.minor` (upstream's

@@ -50,3 +50,24 @@ fn the_dataplane_comes_up_and_forwards_without_kernel_btf() -> Result<()> {
     ensure!(agent.status()?["counters"]["tx_packets"].as_u64() > Some(0), "the programs did not carry the traffic");
     Ok(())
 }
+
+/// The agent's probes agree with what upstream has on this kernel: BPF
+/// atomics with fetch (5.12, the outer IP ID's shared counter) and
+/// `bpf_check_mtu` decide between the full and the compat encap, and the
+/// agent says which it loaded.
+#[test]
+fn the_agent_loads_the_encap_this_kernel_takes_and_says_why() -> Result<()> {
+    let mut c = Cluster::new(2)?;
+    c.host_mut(1).mount_bpffs()?;
+    let nodes = c.dir.join("nodes.json");
+    write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
+    let agent = Agent::start(c.host(1), &nodes, &[])?;
+    let log = agent.log_text();
+    let probed = log.lines().find(|l| l.contains("kernel features probed")).context("no probe line")?;
+    let atomic = !crate::features::before(5, 12);
+    ensure!(probed.contains(&format!("atomic_fetch={atomic}")), "atomic_fetch should be {atomic}: {probed}");
+    ensure!(probed.contains(&format!("check_mtu={}", crate::features::check_mtu())), "{probed}");
+    let compat = log.contains("variant=\"edgevx_encap_compat\"");
+    ensure!(compat != crate::features::full_encap(), "the encap loaded is not the one this kernel takes:\n{log}");
+    Ok(())
+}

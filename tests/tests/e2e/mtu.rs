@@ -99,7 +99,7 @@ fn before_the_agent_follows_df_frames_get_frag_needed_from_the_encap_program() -
     let _thaw = lower_with_agent_frozen(&c, &a1)?;
     let p1 = &c.host(1).pod;
     let out = ping_once(p1, 1300, "do")?;
-    if !crate::features::check_mtu() {
+    if !crate::features::full_encap() {
         return without_check_mtu(&c, &a1, &out);
     }
     assert!(text(&out).contains(&format!("mtu = {FITS}")), "no frag-needed reached the pod: {}", text(&out));
@@ -123,7 +123,7 @@ fn before_the_agent_follows_df_clear_frames_too_big_are_counted_drops() -> Resul
     // the encap program cannot fragment the outer packet: dropped, counted
     let out = ping_once(p1, 1300, "dont")?;
     assert!(!out.status.success());
-    if !crate::features::check_mtu() {
+    if !crate::features::full_encap() {
         return without_check_mtu(&c, &a1, &out);
     }
     assert_eq!(counter(&a1, "drop_too_big")?, 1);

@@ -64,3 +64,29 @@ pub fn synthetic_peers(n: u32, first: u32) -> Vec<Value> {
         })
         .collect()
 }
+
+/// A dual-stack net-conf whose Networks hold tens of thousands of node
+/// subnets of each family (for [`synthetic_peers_dual`]).
+pub const WIDE_NET_CONF_DUAL: &str =
+    r#"{"Network":"10.0.0.0/8","EnableIPv6":true,"IPv6Network":"fd00:10::/32","Backend":{"Type":"vxlan"}}"#;
+
+/// [`synthetic_peers`] with an IPv6 half each: subnet
+/// fd00:10:<1+k/256>:<k%256>::/64 (clear of the test nodes'), public IPv6
+/// fd00:198:19::<k>, the same VtepMAC for both VTEPs.
+pub fn synthetic_peers_dual(n: u32, first: u32) -> Vec<Value> {
+    synthetic_peers(n, first)
+        .into_iter()
+        .zip(first..)
+        .map(|(mut node, k)| {
+            let (hi, lo) = (k / 256, k % 256);
+            let v6 = format!("fd00:10:{:x}:{lo:x}::/64", 1 + hi);
+            let ann = &mut node["metadata"]["annotations"];
+            let data = ann[format!("{P}/backend-data")].clone();
+            ann[format!("{P}/backend-v6-data")] = data;
+            ann[format!("{P}/public-ipv6")] = json!(format!("fd00:198:19::{k:x}"));
+            let v4 = node["spec"]["podCIDR"].clone();
+            node["spec"]["podCIDRs"] = json!([v4, v6]);
+            node
+        })
+        .collect()
+}

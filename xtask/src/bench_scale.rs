@@ -15,9 +15,10 @@ use std::{
 use anyhow::{Context, Result, bail};
 use edgevx_tests::{
     agent::Agent,
+    dual,
     netns::Netns,
-    nodes::{WIDE_NET_CONF, flannel_node, node_list, synthetic_peers, write},
-    topo::Cluster,
+    nodes::{WIDE_NET_CONF, WIDE_NET_CONF_DUAL, flannel_node, node_list, synthetic_peers, synthetic_peers_dual, write},
+    topo::{Cluster, subnet},
 };
 
 use crate::{build, exec, packages, toolchain};
@@ -76,14 +77,29 @@ fn wait_updates(agent: &Agent, n: usize, timeout: Duration) -> Result<Duration> 
     bail!("no dataplane update #{n} within {timeout:?}:\n{}", agent.log_text())
 }
 
-fn edgevx(n: u32) -> Result<()> {
+/// `n` synthetic peers, dual-stack ones with `dual`.
+fn peers(n: u32, first: u32, dual: bool) -> Vec<serde_json::Value> {
+    if dual { synthetic_peers_dual(n, first) } else { synthetic_peers(n, first) }
+}
+
+fn edgevx(n: u32, dual: bool) -> Result<()> {
     let mut c = Cluster::new(1)?;
     c.host_mut(1).mount_bpffs()?;
     let conf = c.dir.join("net-conf.json");
-    fs::write(&conf, WIDE_NET_CONF)?;
+    let own = if dual {
+        dual::add_ipv6(c.host(1))?;
+        fs::write(&conf, WIDE_NET_CONF_DUAL)?;
+        // its IPv6 pod CIDR in the wide IPv6 Network, clear of the synthetic peers'
+        let mut own = flannel_node(1, None);
+        own["spec"]["podCIDRs"] = serde_json::json!([subnet(1), "fd00:10:0:1::/64"]);
+        own
+    } else {
+        fs::write(&conf, WIDE_NET_CONF)?;
+        flannel_node(1, None)
+    };
     let nodes = c.dir.join("nodes.json");
-    let mut list = vec![flannel_node(1, None)];
-    list.extend(synthetic_peers(n, 0));
+    let mut list = vec![own];
+    list.extend(peers(n, 0, dual));
     write(&nodes, &node_list(list.clone()))?;
     let size = fs::metadata(&nodes)?.len();
     let t = Instant::now();
@@ -100,7 +116,7 @@ fn edgevx(n: u32) -> Result<()> {
         sleep(Duration::from_millis(20));
     };
     sleep(Duration::from_millis(500));
-    list.extend(synthetic_peers(EDIT, n));
+    list.extend(peers(EDIT, n, dual));
     // the new list is serialised beforehand: the clock starts at the rename
     let next = c.dir.join("next.json");
     write(&next, &node_list(list))?;
@@ -114,7 +130,8 @@ fn edgevx(n: u32) -> Result<()> {
     sleep(Duration::from_millis(500));
     let (rss, peak) = rss_kib(agent.pid().context("agent pid")?)?;
     let k = kernel_state(&c.host(1).ns, n + EDIT)?;
-    println!("edgevx, {n} peers (nodes file {:.1} MB):", size as f64 / 1e6);
+    let family = if dual { "dual-stack" } else { "IPv4" };
+    println!("edgevx, {n} {family} peers (nodes file {:.1} MB):", size as f64 / 1e6);
     println!("  start to all programmed     {:>8.0} ms", start.as_secs_f64() * 1e3);
     println!("  the agent's startup figures (ms from its process start, `edgevx status`):");
     for (key, what) in [
@@ -203,17 +220,49 @@ fn path(p: &Path) -> Result<&str> {
     p.to_str().context("non-UTF-8 path")
 }
 
-pub fn run(n: u32) -> Result<()> {
+pub fn run(n: u32, dual: bool, kernel: Option<&str>) -> Result<()> {
     if n == 0 || n > 60_000 {
         bail!("--scale {n}: use 1 to 60000 peers");
     }
-    packages::ensure()?;
-    let tools = toolchain::ensure()?;
-    build::agent(&tools)?;
+    // inside a matrix guest the host has built and installed everything
+    let in_guest = std::env::var_os(crate::vm::PREPARED_ENV).is_some();
+    if !in_guest {
+        packages::ensure()?;
+        let tools = toolchain::ensure()?;
+        build::agent(&tools)?;
+        if let Some(kernel) = kernel {
+            return in_vm(n, dual, kernel, &tools);
+        }
+    }
     let root = exec::workspace_root();
     // SAFETY: single-threaded here; the harness reads it.
     unsafe { std::env::set_var("EDGEVX_BIN", root.join("target/release/edgevx")) };
-    edgevx(n)?;
+    edgevx(n, dual)?;
+    if dual || in_guest {
+        // the reference and the big file are IPv4's, and host figures: the
+        // dual-stack and the guest's runs are for the agent's own figures
+        return Ok(());
+    }
     flannel_reference(n)?;
     huge_file(n)
+}
+
+/// The agent's figures for `n` peers inside a guest booting a matrix kernel
+/// (`vm.rs`), where the verifier, the map writes and netlink are that
+/// kernel's. Under TCG the figures are slow in absolute terms; what they
+/// show is where the time goes on that kernel.
+fn in_vm(n: u32, dual: bool, kernel: &str, tools: &toolchain::Tools) -> Result<()> {
+    packages::ensure_vm()?;
+    let me = std::env::current_exe().context("cannot find the xtask binary")?;
+    let mut command = vec![me.display().to_string(), "bench".into(), "--scale".into(), n.to_string()];
+    if dual {
+        command.push("--dual-stack".into());
+    }
+    crate::vm::run(&crate::vm::Run {
+        kernel,
+        command,
+        env: vec![(crate::vm::PREPARED_ENV.into(), "1".into())],
+        path_env: tools.path_env(),
+        job: "bench",
+    })
 }

@@ -9,6 +9,7 @@ mod fuzz;
 mod image;
 mod kernels;
 mod packages;
+mod promtool;
 mod seccomp;
 mod test;
 mod toolchain;
@@ -74,11 +75,15 @@ enum Job {
         /// Instead: N peers from a nodes file (programming time, RSS, kernel state vs flannel's).
         #[arg(long, value_name = "N", conflicts_with = "ipam")]
         scale: Option<u32>,
+        /// With --scale: a dual-stack network, every peer with an IPv6 half too.
+        #[arg(long, requires = "scale")]
+        dual_stack: bool,
         /// Instead: 1,000 ADD/DEL cycles of edgevx-ipam against the real host-local.
         #[arg(long)]
         ipam: bool,
         /// Run the bench inside a VM booting this Debian kernel (5.10, 6.1, 6.12); only its ratios count.
-        #[arg(long, value_name = "NAME", conflicts_with_all = ["scale", "ipam"])]
+        /// With --scale: the agent's own figures only (no flanneld reference, no big file).
+        #[arg(long, value_name = "NAME", conflicts_with = "ipam")]
         kernel: Option<String>,
     },
 }
@@ -92,6 +97,7 @@ fn main() -> ExitCode {
             .and_then(|_| packages::ensure_vm())
             .and_then(|_| toolchain::ensure())
             .and_then(|_| toolchain::ensure_cargo_fuzz())
+            .and_then(|_| promtool::ensure())
             .map(|_| ()),
         Job::Packages => {
             println!("{}", packages::all().join(" "));
@@ -107,7 +113,7 @@ fn main() -> ExitCode {
         Job::Fuzz { seconds } => fuzz::run(seconds),
         Job::Seccomp => seccomp::write(),
         Job::Demo => demo::run(),
-        Job::Bench { scale: Some(n), .. } => bench_scale::run(n),
+        Job::Bench { scale: Some(n), dual_stack, kernel, .. } => bench_scale::run(n, dual_stack, kernel.as_deref()),
         Job::Bench { ipam: true, .. } => bench_ipam::run(),
         Job::Bench { seconds, rounds, kernel, .. } => bench::run(seconds, rounds, kernel.as_deref()),
     };

@@ -3,7 +3,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{build, exec, image, packages, seccomp, toolchain, vm};
+use crate::{build, exec, image, packages, promtool, seccomp, toolchain, vm};
 
 /// Where the e2e tests find the image archive (tests/tests/e2e/image.rs).
 pub const IMAGE_ARCHIVE_ENV: &str = "EDGEVX_IMAGE_ARCHIVE";
@@ -53,6 +53,8 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
         .env("EDGEVX_BIN", root.join("target/release/edgevx"))
         .env("EDGEVX_IPAM_BIN", ipam)
         .env("EDGEVX_EBPF_OBJECT", root.join("target/bpfel-unknown-none/release/edgevx"))
+        // the alert rules' tests (deploy/monitoring)
+        .env("EDGEVX_PROMTOOL", promtool::ensure()?)
         .arg("--")
         .arg("--test-threads=1");
     if let Some(f) = filter {

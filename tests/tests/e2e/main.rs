@@ -30,6 +30,7 @@ mod kernel;
 mod kube;
 mod metrics;
 mod migration;
+mod monitoring;
 mod mtu;
 mod nodes_file;
 mod offline;

@@ -41,13 +41,13 @@ fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> Result<T> + Send 
     .map_err(|_| anyhow!("the thread in {} panicked", ns.name))?
 }
 
-struct Reply {
-    status: u16,
-    body: String,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) body: String,
 }
 
 /// `GET path` from inside `ns`, with a plain HTTP/1.1 request.
-fn get(ns: &Netns, path: &str) -> Result<Reply> {
+pub(crate) fn get(ns: &Netns, path: &str) -> Result<Reply> {
     let path = path.to_string();
     in_netns(ns, move || {
         let addr: SocketAddr = METRICS.parse()?;

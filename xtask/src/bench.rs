@@ -124,7 +124,16 @@ fn bring_up(setup: Setup) -> Result<(Cluster, Vec<Agent>)> {
 
 fn iperf(client: &Netns, server: &Netns, args: &[&str]) -> Result<Value> {
     let mut srv = server.cmd("iperf3").args(["-s", "-1"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
-    sleep(Duration::from_millis(300));
+    // listening before the client dials: a fixed pause is too short in a TCG guest
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !server.run(&["ss", "-Hltn", "sport", "=", ":5201"]).is_ok_and(|l| !l.trim().is_empty()) {
+        if std::time::Instant::now() > deadline {
+            let _ = srv.kill();
+            let _ = srv.wait();
+            bail!("the iperf3 server in {} did not listen within 30 s", server.name);
+        }
+        sleep(Duration::from_millis(50));
+    }
     let mut all = vec!["iperf3", "-J", "-c"];
     let target = pod_ip(2).to_string();
     all.push(&target);
@@ -132,7 +141,11 @@ fn iperf(client: &Netns, server: &Netns, args: &[&str]) -> Result<Value> {
     let out = client.run(&all);
     let _ = srv.kill();
     let _ = srv.wait();
-    serde_json::from_str(&out?).context("iperf3 JSON")
+    let v: Value = serde_json::from_str(&out?).context("iperf3 JSON")?;
+    if let Some(e) = v["error"].as_str() {
+        bail!("iperf3 {}: {e}", args.join(" "));
+    }
+    Ok(v)
 }
 
 fn measure(c: &Cluster, seconds: u32) -> Result<Result3> {

@@ -178,3 +178,51 @@ fn an_etcd_config_with_ipv6_only_exits_2_before_changing_anything() -> Result<()
     }
     Ok(())
 }
+
+/// deploy/MIGRATION.md's table of refused net-confs is the binary's: each
+/// row, run as `edgevx run --net-conf`, exits 2 naming the field the table
+/// says, before anything on the node changes.
+#[test]
+fn every_net_conf_migration_md_says_is_refused_is_refused_naming_its_field() -> Result<()> {
+    let doc = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/MIGRATION.md"))?;
+    let start =
+        doc.find("<!-- refused net-confs").ok_or_else(|| anyhow::anyhow!("MIGRATION.md has no refused table"))?;
+    let end = doc[start..].find("<!-- end of refused net-confs -->").map(|e| start + e).unwrap_or(doc.len());
+    // | `{...}` | `Field` |
+    let rows: Vec<(String, String)> = doc[start..end]
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> =
+                l.trim().trim_matches('|').split(" | ").map(|c| c.trim().trim_matches('`')).collect();
+            (cells.len() == 2 && cells[0].starts_with('{')).then(|| (cells[0].to_string(), cells[1].to_string()))
+        })
+        .collect();
+    assert!(rows.len() >= 5, "only {} rows in MIGRATION.md's refused table", rows.len());
+    let c = Cluster::new(1)?;
+    let h = c.host(1);
+    let nodes = c.dir.join("nodes.json");
+    write(&nodes, &node_list(vec![flannel_node(1, None)]))?;
+    for (k, (conf, culprit)) in rows.iter().enumerate() {
+        let path = c.dir.join(format!("refused-{k}.json"));
+        std::fs::write(&path, conf)?;
+        let out =
+            h.ns.cmd(&edgevx_bin().to_string_lossy())
+                .args(["run", "--node-name", "node1", "--iface", "eth0", "--nodes-file"])
+                .arg(&nodes)
+                .arg("--net-conf")
+                .arg(&path)
+                .arg("--state-dir")
+                .arg(h.state_dir())
+                .arg("--bpffs")
+                .arg(h.bpffs_dir())
+                .arg("--subnet-file")
+                .arg(h.subnet_file())
+                .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{conf}: {err}");
+        assert!(err.contains(culprit.as_str()), "{conf}: the error should name {culprit}: {err}");
+        assert!(h.ns.ip(&["link", "show", "flannel.1"]).is_err(), "{conf}: a device was created");
+        assert!(!h.subnet_file().exists(), "{conf}: subnet.env was written");
+    }
+    Ok(())
+}

@@ -64,6 +64,8 @@ pub const EDGE_TESTS: &[&str] = &[
     // `edgevx status` and `edgevx cleanup`
     "cli::",
     "reconcile::",
+    // the edge outage end to end: power lost while cut off, restore first
+    "outage::",
 ];
 
 /// What CI runs on each kernel of the matrix besides every prog test
@@ -74,6 +76,7 @@ pub const EDGE_TESTS: &[&str] = &[
 /// --kernel NAME` runs it.
 pub const CI_TESTS: &[&str] = &[
     "kernel::the_dataplane_comes_up_and_forwards_without_kernel_btf",
+    "kernel::the_agent_loads_the_encap_this_kernel_takes_and_says_why",
     "interop::default_mode_interoperates_with_kernel_flannel_both_ways",
     "real_node::clusterip_iptables::edgevx_ip_masq",
     "real_node::clusterip_nftables::edgevx_ip_masq",

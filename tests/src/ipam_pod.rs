@@ -48,6 +48,24 @@ fn cni_path() -> Result<String> {
     Ok(format!("{}:{PLUGIN_DIR}", dir.display()))
 }
 
+/// The pods the offline-reboot tests run on one node: (namespace, name).
+pub const NODE_PODS: [(&str, &str); 3] =
+    [("default", "web-0"), ("default", "web-1"), ("kube-system", "coredns-7db6d8ff4d-x2x9q")];
+
+/// [`NODE_PODS`] added on `node` with `config`, as the kubelet creates them
+/// in sandbox generation `generation` (a reboot recreates them under new
+/// sandbox IDs: the next generation).
+pub fn add_node_pods(node: &Netns, config: &Value, generation: u32) -> Result<Vec<IpamPod>> {
+    NODE_PODS
+        .iter()
+        .enumerate()
+        .map(|(k, (ns, name))| {
+            let netns = format!("{}q{k}g{generation}", node.name);
+            IpamPod::add(node, &netns, &format!("sandbox-{generation}-{k}"), ns, name, config)
+        })
+        .collect()
+}
+
 /// A pod sandbox; DEL runs on drop unless the pod vanished (a reboot).
 pub struct IpamPod {
     pub netns: Option<Netns>,

@@ -230,6 +230,24 @@ impl RealCluster {
         Ok(rc)
     }
 
+    /// Node `i` loses power and boots again: its agent is killed, its
+    /// namespaces, links, pins, pods and rules go with no CNI DEL; its files
+    /// (state dir, IPAM store, subnet.env) stay. It comes back with its
+    /// underlay, default route and bpffs, and no cni0 or pod until the
+    /// bridge plugin makes them. The caller drops its pods' handles first
+    /// ([`IpamPod::vanish`](crate::ipam_pod::IpamPod::vanish)).
+    pub fn power_loss(&mut self, i: u8) -> Result<()> {
+        self.agents[usize::from(i) - 1] = None;
+        self.cluster.reboot(i)?;
+        // Cluster::reboot gives the node a hand-made pod and cni0; a node
+        // of real parts has neither until the bridge plugin runs
+        let host = self.node(i);
+        host.ns.ip(&["link", "del", "veth1"])?;
+        host.ns.ip(&["link", "del", "cni0"])?;
+        host.ns.ip(&["route", "add", "default", "via", &INTERNET_IP.to_string()])?;
+        self.cluster.host_mut(i).mount_bpffs()
+    }
+
     /// Packets the edgevx nodes' TC decap handed to the host stack so far.
     fn rx_stack_packets(&self) -> u64 {
         self.agents

@@ -67,6 +67,16 @@ impl Host {
     pub fn bpffs_dir(&self) -> PathBuf {
         self.dir.join("bpffs")
     }
+    /// The pin of the agent's map `name` (`<bpffs>/v<layout>/maps/<name>`).
+    pub fn map_pin(&self, name: &str) -> anyhow::Result<PathBuf> {
+        for e in std::fs::read_dir(self.bpffs_dir())? {
+            let p = e?.path().join("maps").join(name);
+            if p.exists() {
+                return Ok(p);
+            }
+        }
+        anyhow::bail!("no pinned {name} under {}", self.bpffs_dir().display())
+    }
     pub fn subnet_file(&self) -> PathBuf {
         self.dir.join("subnet.env")
     }

@@ -5,18 +5,15 @@
 //! second, and `edgevx status` says the limit and how many peers are left
 //! out. A peer removed from the source is removed from the maps all the
 //! same, and the first peer left out takes its place.
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use aya::maps::{HashMap, LpmTrie, Map, MapData, lpm_trie::Key};
 use edgevx_common::maps::{MAX_PEERS, PEER_ACCEPT, PEER_SUBNETS, Peer, PeerAccept};
 use edgevx_tests::{
     agent::{Agent, wait_status},
     nodes::{WIDE_NET_CONF, flannel_node, node_list, synthetic_peers, write},
-    topo::{Cluster, Host, pod_ip},
+    topo::{Cluster, pod_ip},
     traffic::{ping, wait_reachable},
 };
 use serde_json::{Value, json};
@@ -27,16 +24,6 @@ use crate::KERNEL_MAC;
 const OVER: u32 = 100;
 /// The error's words (agent/src/run/node.rs).
 const ERROR: &str = "peers in the view are not programmed";
-
-fn map_pin(h: &Host, name: &str) -> Result<PathBuf> {
-    for e in std::fs::read_dir(h.bpffs_dir())? {
-        let p = e?.path().join("maps").join(name);
-        if p.exists() {
-            return Ok(p);
-        }
-    }
-    bail!("no pinned {name} under {}", h.bpffs_dir().display())
-}
 
 /// The node names in the status's peer list, and whether all of them are in the dataplane.
 fn programmed(s: &Value) -> (Vec<String>, bool) {
@@ -108,9 +95,9 @@ fn a_view_beyond_the_capacity_is_one_error_and_removed_peers_still_go() -> Resul
 
     // a programmed peer leaves the source: its entries go, the first peer left out comes in
     let lpm: LpmTrie<MapData, [u8; 4], Peer> =
-        LpmTrie::try_from(Map::LpmTrie(MapData::from_pin(map_pin(c.host(1), PEER_SUBNETS)?)?))?;
+        LpmTrie::try_from(Map::LpmTrie(MapData::from_pin(c.host(1).map_pin(PEER_SUBNETS)?)?))?;
     let accept: HashMap<MapData, [u8; 4], PeerAccept> =
-        HashMap::try_from(Map::HashMap(MapData::from_pin(map_pin(c.host(1), PEER_ACCEPT)?)?))?;
+        HashMap::try_from(Map::HashMap(MapData::from_pin(c.host(1).map_pin(PEER_ACCEPT)?)?))?;
     let (gone_key, gone_ip) = synthetic(0);
     assert!(lpm.get(&gone_key, 0).is_ok() && accept.get(&gone_ip, 0).is_ok(), "scale-0 not programmed");
     let first_out: u32 = left_out[0].strip_prefix("scale-").context("a synthetic peer")?.parse()?;

@@ -10,17 +10,13 @@ use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 use anyhow::{Context, Result, ensure};
 use edgevx_tests::{
     agent::{Agent, wait_status},
-    ipam_pod::{IpamPod, flannel_delegate_with_ipam},
-    real_node::{INTERNET_IP, NodeKind, RealCluster, at, tcp_exchange},
+    ipam_pod::{IpamPod, add_node_pods, flannel_delegate_with_ipam},
+    real_node::{NodeKind, RealCluster, at, tcp_exchange},
     traffic::{ping, wait_reachable},
 };
 use serde_json::{Value, json};
 
 use crate::MIB;
-
-/// Node `i`'s pods: (namespace, name).
-const NODE1_PODS: [(&str, &str); 3] =
-    [("default", "web-0"), ("default", "web-1"), ("kube-system", "coredns-7db6d8ff4d-x2x9q")];
 
 fn delegate(rc: &RealCluster, i: u8) -> Result<Value> {
     // the conflist's flannel entry carries `"ipam": {"type": "edgevx-ipam", ...}`
@@ -29,16 +25,7 @@ fn delegate(rc: &RealCluster, i: u8) -> Result<Value> {
 }
 
 fn node1_pods(rc: &RealCluster, generation: u32) -> Result<Vec<IpamPod>> {
-    let config = delegate(rc, 1)?;
-    let node = &rc.node(1).ns;
-    NODE1_PODS
-        .iter()
-        .enumerate()
-        .map(|(k, (ns, name))| {
-            let netns = format!("{}q{k}g{generation}", node.name);
-            IpamPod::add(node, &netns, &format!("sandbox-{generation}-{k}"), ns, name, &config)
-        })
-        .collect()
+    add_node_pods(&rc.node(1).ns, &delegate(rc, 1)?, generation)
 }
 
 #[test]
@@ -61,18 +48,8 @@ fn ipam_pods_keep_their_addresses_across_an_offline_reboot() -> Result<()> {
     }
 
     // power loss on node 1: no DEL, nothing cleaned up; files stay
-    rc.agents[0] = None;
     before.into_iter().for_each(IpamPod::vanish);
-    rc.cluster.reboot(1)?;
-    {
-        // Cluster::reboot gives the node a hand-made pod and cni0; a node
-        // of real parts has neither until the bridge plugin runs
-        let host = rc.node(1);
-        host.ns.ip(&["link", "del", "veth1"])?;
-        host.ns.ip(&["link", "del", "cni0"])?;
-        host.ns.ip(&["route", "add", "default", "via", &INTERNET_IP.to_string()])?;
-    }
-    rc.cluster.host_mut(1).mount_bpffs()?;
+    rc.power_loss(1)?;
     let nodes_file = rc.cluster.dir.join("nodes.json");
     rc.agents[0] = Some(Agent::start(rc.node(1), &nodes_file, &[])?);
 

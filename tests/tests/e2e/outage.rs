@@ -18,20 +18,17 @@ use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 use anyhow::{Context, Result, ensure};
 use edgevx_tests::{
     agent::{Agent, peers, wait_status},
-    ipam_pod::{IpamPod, flannel_delegate_with_ipam},
+    ipam_pod::{IpamPod, add_node_pods, flannel_delegate_with_ipam},
     kube_proxy::{Mode, Proto, Service},
     kubeapi::KubeApi,
     nodes::flannel_node,
-    real_node::{INTERNET_IP, NodeKind, RealCluster, at, tcp_exchange, vtep_mac},
+    real_node::{NodeKind, RealCluster, at, tcp_exchange, vtep_mac},
     traffic::{BackgroundPing, wait_reachable},
 };
 use serde_json::{Value, json};
 
 use crate::MIB;
 
-/// Node 1's pods: (namespace, name); the first is the Service's endpoint.
-const NODE1_PODS: [(&str, &str); 3] =
-    [("default", "web-0"), ("default", "web-1"), ("kube-system", "coredns-7db6d8ff4d-x2x9q")];
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 80);
 
 /// The flannel conflist's delegate on node `i`: edgevx-ipam on the edgevx
@@ -45,17 +42,9 @@ fn delegate(rc: &RealCluster, i: u8) -> Result<Value> {
     Ok(flannel_delegate_with_ipam(&rc.subnet_env(i)?, &ipam))
 }
 
+/// Node 1's pods ([`NODE_PODS`](edgevx_tests::ipam_pod::NODE_PODS)); the first is the Service's endpoint.
 fn node1_pods(rc: &RealCluster, generation: u32) -> Result<Vec<IpamPod>> {
-    let config = delegate(rc, 1)?;
-    let node = &rc.node(1).ns;
-    NODE1_PODS
-        .iter()
-        .enumerate()
-        .map(|(k, (ns, name))| {
-            let netns = format!("{}q{k}g{generation}", node.name);
-            IpamPod::add(node, &netns, &format!("sandbox-{generation}-{k}"), ns, name, &config)
-        })
-        .collect()
+    add_node_pods(&rc.node(1).ns, &delegate(rc, 1)?, generation)
 }
 
 /// Node `i`'s local API endpoint, knowing every Node as flanneld and
@@ -142,20 +131,10 @@ fn a_node_that_loses_power_while_cut_off_comes_back_with_its_pods_addresses_and_
     // the API goes first (the uplink), then the power: no DEL, nothing cleaned up
     apis[0].set_down(true);
     std::thread::sleep(Duration::from_millis(500));
-    rc.agents[0] = None;
     before.into_iter().for_each(IpamPod::vanish);
-    rc.cluster.reboot(1)?;
-    {
-        // Cluster::reboot gives the node a hand-made pod and cni0; a node
-        // of real parts has neither until the bridge plugin runs
-        let host = rc.node(1);
-        host.ns.ip(&["link", "del", "veth1"])?;
-        host.ns.ip(&["link", "del", "cni0"])?;
-        host.ns.ip(&["route", "add", "default", "via", &INTERNET_IP.to_string()])?;
-        // /run is a tmpfs: subnet.env is gone with the power
-        std::fs::remove_file(host.subnet_file()).context("subnet.env")?;
-    }
-    rc.cluster.host_mut(1).mount_bpffs()?;
+    rc.power_loss(1)?;
+    // /run is a tmpfs: subnet.env is gone with the power
+    std::fs::remove_file(rc.node(1).subnet_file()).context("subnet.env")?;
     // kube-proxy puts back the rules of the EndpointSlices yurthub still serves: the old ones
     edgevx_tests::kube_proxy::KubeProxy::install(&rc.node(1).ns, Mode::Iptables, std::slice::from_ref(&service))?;
 

@@ -2,7 +2,7 @@
 //! go keep every pod reachable, drift made by hand is repaired, one agent
 //! per node, and a view equal to the last one does nothing.
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -116,16 +116,6 @@ fn swaps_renames_and_chain_shifts_keep_every_pod_reachable() -> Result<()> {
     Ok(())
 }
 
-fn map_pin(h: &Host, name: &str) -> Result<PathBuf> {
-    for e in std::fs::read_dir(h.bpffs_dir())? {
-        let p = e?.path().join("maps").join(name);
-        if p.exists() {
-            return Ok(p);
-        }
-    }
-    bail!("no pinned {name} under {}", h.bpffs_dir().display())
-}
-
 fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> Result<bool>) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < timeout {
@@ -160,11 +150,11 @@ fn drift_made_by_hand_is_repaired() -> Result<()> {
     wait_until("stray route removed", within, || Ok(!route()?.contains("10.244.7.0/24")))?;
 
     // map entries deleted under the agent: the LPM entry and the accepted address
-    let lpm_pin = map_pin(h1, edgevx_common::maps::PEER_SUBNETS)?;
+    let lpm_pin = h1.map_pin(edgevx_common::maps::PEER_SUBNETS)?;
     let mut lpm: LpmTrie<MapData, [u8; 4], edgevx_common::maps::Peer> =
         LpmTrie::try_from(Map::LpmTrie(MapData::from_pin(&lpm_pin)?))?;
     lpm.remove(&Key::new(24, [10, 244, 2, 0]))?;
-    let accept_pin = map_pin(h1, edgevx_common::maps::PEER_ACCEPT)?;
+    let accept_pin = h1.map_pin(edgevx_common::maps::PEER_ACCEPT)?;
     let mut accept: HashMap<MapData, [u8; 4], edgevx_common::maps::PeerAccept> =
         HashMap::try_from(Map::HashMap(MapData::from_pin(&accept_pin)?))?;
     accept.remove(&underlay_ip(2).octets())?;
@@ -406,7 +396,7 @@ fn a_peer_claiming_an_address_of_this_node_is_left_out() -> Result<()> {
     let said = "public IP 198.51.100.7 is this node's own (on lo)";
     assert!(agent.log_text().contains(said), "{said:?} not in:\n{}", agent.log_text());
     let accept: HashMap<MapData, [u8; 4], edgevx_common::maps::PeerAccept> =
-        HashMap::try_from(Map::HashMap(MapData::from_pin(map_pin(c.host(1), edgevx_common::maps::PEER_ACCEPT)?)?))?;
+        HashMap::try_from(Map::HashMap(MapData::from_pin(c.host(1).map_pin(edgevx_common::maps::PEER_ACCEPT)?)?))?;
     for ip in [[198, 18, 0, 255], [198, 51, 100, 7]] {
         assert!(accept.get(&ip, 0).is_err(), "VXLAN from {ip:?} is accepted");
     }

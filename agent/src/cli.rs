@@ -63,23 +63,28 @@ pub struct RunArgs {
     /// (default: the in-cluster service account).
     #[arg(long, env = "EDGEVX_KUBECONFIG", visible_alias = "kubeconfig-file")]
     pub kubeconfig: Option<PathBuf>,
-    /// User agent sent to the API. YurtHub caches only listed agents: see the README.
+    /// User agent sent to the API. YurtHub caches only listed agents: see the book, "Edge nodes behind OpenYurt's YurtHub".
     #[arg(long, env = "EDGEVX_USER_AGENT", default_value = concat!("edgevx/", env!("CARGO_PKG_VERSION")))]
     pub user_agent: String,
     /// Source: etcd v3 endpoints, comma-separated (flannel's etcd layout).
     #[arg(long, env = "EDGEVX_ETCD_ENDPOINTS")]
     pub etcd_endpoints: Option<String>,
+    /// etcd key prefix of flannel's layout: `<prefix>/config` and `<prefix>/subnets/` (flanneld's --etcd-prefix).
     #[arg(long, env = "EDGEVX_ETCD_PREFIX", default_value = "/coreos.com/network")]
     pub etcd_prefix: String,
+    /// CA certificate (PEM) that etcd's server certificate is checked against (flanneld's --etcd-cafile).
     #[arg(long, env = "EDGEVX_ETCD_CAFILE")]
     pub etcd_cafile: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd, with --etcd-keyfile (flanneld's --etcd-certfile).
     #[arg(long, env = "EDGEVX_ETCD_CERTFILE")]
     pub etcd_certfile: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-certfile.
     #[arg(long, env = "EDGEVX_ETCD_KEYFILE")]
     pub etcd_keyfile: Option<PathBuf>,
     /// etcd user (authentication with --etcd-password), as flanneld's.
     #[arg(long, env = "EDGEVX_ETCD_USERNAME", requires = "etcd_password")]
     pub etcd_username: Option<String>,
+    /// etcd password, with --etcd-username (its value is never shown in --help or logs).
     #[arg(long, env = "EDGEVX_ETCD_PASSWORD", requires = "etcd_username", hide_env_values = true)]
     pub etcd_password: Option<String>,
     /// TTL of our etcd subnet lease, in seconds (flannel: 24 h).

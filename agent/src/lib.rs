@@ -8,6 +8,8 @@ pub mod cache;
 pub mod cleanup;
 pub mod cli;
 pub mod cli_flanneld;
+#[cfg(test)]
+mod cli_reference;
 pub mod dataplane;
 pub mod events;
 pub mod mac;

@@ -99,6 +99,31 @@ pub enum NetConfError {
     Field { path: String, field: &'static str, problem: String },
 }
 
+/// Every net-conf field edgevx reads, here and (the etcd subnet ranges)
+/// in source/leases.rs, as flannel spells it. The book's net-conf
+/// reference (docs/src/reference/net-conf.md) has one row for each, and a
+/// unit test shows the parsers read each one.
+pub const FIELDS: &[&str] = &[
+    "Network",
+    "EnableIPv4",
+    "EnableIPv6",
+    "IPv6Network",
+    "IPv6SubnetLen",
+    "IPv6SubnetMin",
+    "IPv6SubnetMax",
+    "EnableNFTables",
+    "SubnetLen",
+    "SubnetMin",
+    "SubnetMax",
+    "Backend.Type",
+    "Backend.VNI",
+    "Backend.Port",
+    "Backend.MTU",
+    "Backend.GBP",
+    "Backend.Learning",
+    "Backend.DirectRouting",
+];
+
 fn get<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.iter().find(|(k, _)| k.eq_ignore_ascii_case(key)).map(|(_, v)| v)
 }
@@ -365,5 +390,47 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.ipv6, Some(Ipv6Conf::new("fd00::/56".parse().unwrap())));
+    }
+
+    /// The fields in the first column of the book's net-conf table.
+    fn documented() -> std::collections::BTreeSet<String> {
+        let page = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src/reference/net-conf.md");
+        let text = std::fs::read_to_string(&page).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split_once('`').map(|(name, _)| name.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_books_net_conf_reference_lists_exactly_the_fields_edgevx_reads() {
+        let read: std::collections::BTreeSet<String> = FIELDS.iter().map(|f| f.to_string()).collect();
+        let documented = documented();
+        let missing: Vec<_> = read.difference(&documented).collect();
+        let extra: Vec<_> = documented.difference(&read).collect();
+        assert!(missing.is_empty(), "read but not in docs/src/reference/net-conf.md: {missing:?}");
+        assert!(extra.is_empty(), "in docs/src/reference/net-conf.md but never read: {extra:?}");
+    }
+
+    #[test]
+    fn every_field_listed_is_read_a_bad_value_is_refused_naming_it() {
+        for field in FIELDS {
+            // a value of the wrong kind for every field; the two refused features need `true`
+            let bad = if matches!(*field, "Backend.GBP" | "Backend.Learning") { "true" } else { "\"banana\"" };
+            let (top, backend) = match field.strip_prefix("Backend.") {
+                Some(b) => (String::new(), format!(r#","{b}":{bad}"#)),
+                None => (format!(r#","{field}":{bad}"#), String::new()),
+            };
+            let conf = format!(
+                r#"{{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"{top},"Backend":{{"Type":"vxlan"{backend}}}}}"#
+            );
+            let err = match NetConf::parse(&conf, "x") {
+                Err(e) => e.to_string(),
+                // the etcd subnet ranges are read where leases are taken
+                Ok(parsed) => crate::source::leases::subnet_range(&conf, &parsed).err().unwrap_or_default(),
+            };
+            let name = field.trim_start_matches("Backend.");
+            assert!(err.contains(name), "{field}: {bad} was not refused naming it: {err:?}");
+        }
     }
 }

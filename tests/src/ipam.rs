@@ -37,10 +37,18 @@ pub const NETWORK: &str = "cbr0";
 /// A CNI version both plugins speak (Debian's host-local 1.1.1 stops at 1.0.0).
 pub const SHARED_VERSION: &str = "1.0.0";
 
+/// The arm64 edgevx-ipam (`cargo xtask image --arch arm64` builds it).
+pub const ARM64_IPAM_ENV: &str = "EDGEVX_ARM64_IPAM_BIN";
+/// Debian's arm64 packages unpacked (their loader, libraries and CNI plugins).
+pub const ARM64_SYSROOT_ENV: &str = "EDGEVX_ARM64_SYSROOT";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plugin {
     EdgevxIpam,
     HostLocal,
+    /// The arm64 builds of the two, run by qemu-user on this machine.
+    EdgevxIpamArm64,
+    HostLocalArm64,
 }
 
 impl Plugin {
@@ -48,8 +56,42 @@ impl Plugin {
         match self {
             Plugin::EdgevxIpam => edgevx_ipam_bin(),
             Plugin::HostLocal => Path::new(PLUGIN_DIR).join("host-local"),
+            Plugin::EdgevxIpamArm64 => std::env::var_os(ARM64_IPAM_ENV).map(PathBuf::from).unwrap_or_default(),
+            Plugin::HostLocalArm64 => arm64_sysroot().join(PLUGIN_DIR.trim_start_matches('/')).join("host-local"),
         }
     }
+
+    /// The plugin's name in a network config's `type`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Plugin::EdgevxIpam | Plugin::EdgevxIpamArm64 => "edgevx-ipam",
+            Plugin::HostLocal | Plugin::HostLocalArm64 => "host-local",
+        }
+    }
+
+    /// How it is started: directly, or an arm64 build through
+    /// `qemu-aarch64-static -L <Debian arm64 root>` (this kernel has no
+    /// binfmt_misc entry that would do it implicitly).
+    fn command(self) -> Result<Command> {
+        let bin = self.bin();
+        ensure!(
+            bin.is_file(),
+            "{} is missing (cargo xtask build or image --arch arm64; Debian's containernetworking-plugins)",
+            bin.display()
+        );
+        Ok(match self {
+            Plugin::EdgevxIpam | Plugin::HostLocal => Command::new(bin),
+            Plugin::EdgevxIpamArm64 | Plugin::HostLocalArm64 => {
+                let mut c = Command::new("qemu-aarch64-static");
+                c.arg("-L").arg(arm64_sysroot()).arg(bin);
+                c
+            }
+        })
+    }
+}
+
+fn arm64_sysroot() -> PathBuf {
+    std::env::var_os(ARM64_SYSROOT_ENV).map(PathBuf::from).unwrap_or_default()
 }
 
 /// A data directory (`ipam.dataDir`) removed on drop.
@@ -110,7 +152,7 @@ impl Drop for DataDir {
 /// The config a plugin gets: `ipam` with `ranges` and `dataDir`, plus `extra` ipam keys.
 pub fn config(plugin: Plugin, version: &str, data: &DataDir, ranges: Value, extra: Value) -> Value {
     let mut ipam = json!({
-        "type": plugin.bin().file_name().and_then(|n| n.to_str()).unwrap_or_default(),
+        "type": plugin.name(),
         "ranges": ranges,
         "routes": [{"dst": "10.244.0.0/16"}],
         "dataDir": data.0,
@@ -190,9 +232,7 @@ impl<'a> Call<'a> {
     }
 
     pub fn run_raw(&self, plugin: Plugin, stdin: &[u8]) -> Result<Reply> {
-        let bin = plugin.bin();
-        ensure!(bin.exists(), "{} is missing (cargo xtask build; Debian's containernetworking-plugins)", bin.display());
-        let mut cmd = Command::new(&bin);
+        let mut cmd = plugin.command()?;
         cmd.env_clear()
             .env("CNI_COMMAND", self.command)
             .env("CNI_CONTAINERID", self.container_id)
@@ -208,7 +248,7 @@ impl<'a> Call<'a> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .with_context(|| format!("cannot run {}", bin.display()))?;
+            .with_context(|| format!("cannot run {}", plugin.bin().display()))?;
         child.stdin.take().context("no stdin")?.write_all(stdin)?;
         let out = child.wait_with_output()?;
         let text = String::from_utf8_lossy(&out.stdout);

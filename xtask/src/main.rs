@@ -1,19 +1,23 @@
 //! `cargo xtask <job>`: everything a fresh machine needs, in one place.
+mod apt;
 mod bench;
 mod bench_ipam;
 mod bench_scale;
 mod build;
 mod demo;
+mod docs;
 mod exec;
 mod fuzz;
 mod image;
 mod kernels;
 mod packages;
-mod promtool;
 mod seccomp;
+mod sysroot;
 mod test;
 mod toolchain;
+mod unpacked;
 mod vm;
+mod vm_arm64;
 
 use std::process::ExitCode;
 
@@ -48,12 +52,16 @@ enum Job {
         #[arg(long, requires = "kernel")]
         ci: bool,
     },
-    /// Build the OCI image archive target/image/edgevx-<version>-<arch>.oci.tar (FROM scratch, buildah).
+    /// Build the OCI image archive target/image/edgevx-<version>-<arch>.oci.tar (FROM scratch, buildah);
+    /// with --arch all, both and one multi-arch index, target/image/edgevx-<version>.oci.tar.
     Image {
-        /// The image's CPU architecture (default: this machine's).
+        /// The image's CPU architecture, or `all` (default: this machine's).
         #[arg(long, value_enum)]
-        arch: Option<image::Arch>,
+        arch: Option<image::Platforms>,
     },
+    /// Build the book (docs/) into target/book: the flag reference written from the binary,
+    /// then every link and path checked.
+    Docs,
     /// Run every cargo-fuzz target (fuzz/) for N seconds each, from its seed corpus in fuzz/seeds.
     Fuzz {
         /// Seconds of fuzzing per target (the build comes on top).
@@ -95,9 +103,11 @@ fn main() -> ExitCode {
             .and_then(|_| packages::ensure_image())
             .and_then(|_| packages::ensure_fuzz())
             .and_then(|_| packages::ensure_vm())
+            .and_then(|_| packages::ensure_cross())
             .and_then(|_| toolchain::ensure())
             .and_then(|_| toolchain::ensure_cargo_fuzz())
-            .and_then(|_| promtool::ensure())
+            .and_then(|_| unpacked::ensure(&unpacked::PROMTOOL))
+            .and_then(|_| unpacked::ensure(&unpacked::KUBECTL))
             .map(|_| ()),
         Job::Packages => {
             println!("{}", packages::all().join(" "));
@@ -109,7 +119,9 @@ fn main() -> ExitCode {
             .and_then(|t| build::agent(&t))
             .and_then(|_| build::ipam().map(|_| ())),
         Job::Test { filter, kernel, ci } => test::run(filter.as_deref(), kernel.as_deref(), ci),
-        Job::Image { arch } => arch.map_or_else(image::Arch::host, Ok).and_then(image::build).map(|_| ()),
+        Job::Image { arch: Some(platforms) } => image::build_for(platforms).map(|_| ()),
+        Job::Image { arch: None } => image::Arch::host().and_then(image::build).map(|_| ()),
+        Job::Docs => packages::ensure_build().and_then(|_| docs::build()).map(|_| ()),
         Job::Fuzz { seconds } => fuzz::run(seconds),
         Job::Seccomp => seccomp::write(),
         Job::Demo => demo::run(),

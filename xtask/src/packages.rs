@@ -78,6 +78,17 @@ const IMAGE: &[(Probe, &str)] = &[
     (Probe::File("/usr/share/containers/seccomp.json"), "golang-github-containers-common"),
 ];
 
+/// What an image of another architecture (arm64 on x86_64) needs beyond
+/// the image's own needs: the cross C compiler and linker for the static
+/// build, and qemu-user to run that architecture's programs here (the
+/// arm64 tests, and the image's check before it is written).
+const CROSS: &[(Probe, &str)] = &[
+    (Probe::Command("aarch64-linux-gnu-gcc"), "gcc-aarch64-linux-gnu"),
+    (Probe::Command("qemu-aarch64-static"), "qemu-user-static"),
+    // boots Debian's arm64 kernel for the programs' tests (vm_arm64.rs)
+    (Probe::Command("qemu-system-aarch64"), "qemu-system-arm"),
+];
+
 /// What `cargo xtask fuzz` needs beyond the build: libfuzzer-sys compiles
 /// libFuzzer's C++ sources.
 const FUZZ: &[(Probe, &str)] = &[(Probe::Command("c++"), "g++")];
@@ -101,6 +112,11 @@ pub fn ensure_image() -> Result<()> {
     install(&[BUILD, IMAGE].concat())
 }
 
+/// What an image of another architecture needs.
+pub fn ensure_cross() -> Result<()> {
+    install(CROSS)
+}
+
 /// What `cargo xtask fuzz` needs (the build's needs too).
 pub fn ensure_fuzz() -> Result<()> {
     install(&[BUILD, FUZZ].concat())
@@ -118,7 +134,8 @@ pub fn ensure_build() -> Result<()> {
 
 /// The Debian packages behind every need, for `.ci/run` and fresh-machine checks.
 pub fn all() -> Vec<&'static str> {
-    let mut pkgs: Vec<&str> = BUILD.iter().chain(RUN).chain(IMAGE).chain(FUZZ).chain(VM).map(|(_, p)| *p).collect();
+    let mut pkgs: Vec<&str> =
+        BUILD.iter().chain(RUN).chain(IMAGE).chain(CROSS).chain(FUZZ).chain(VM).map(|(_, p)| *p).collect();
     pkgs.sort_unstable();
     pkgs.dedup();
     pkgs

@@ -3,7 +3,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{build, exec, image, packages, promtool, seccomp, toolchain, vm};
+use crate::{build, exec, image, kernels, packages, seccomp, toolchain, unpacked, vm, vm_arm64};
 
 /// Where the e2e tests find the image archive (tests/tests/e2e/image.rs).
 pub const IMAGE_ARCHIVE_ENV: &str = "EDGEVX_IMAGE_ARCHIVE";
@@ -47,6 +47,17 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
     if filter.is_none_or(|f| f.contains("image")) {
         e2e.env(IMAGE_ARCHIVE_ENV, image::build(image::Arch::host()?)?);
     }
+    // The arm64 tests run the arm64 build under qemu-user, and read the
+    // multi-arch index (which builds the arm64 image, and the native one again
+    // from the same binaries).
+    if filter.is_none_or(|f| f.contains("arm64") || f.contains("index")) {
+        let index = image::build_index()?;
+        let (agent, ipam) = image::binaries(image::Arch::Arm64)?;
+        e2e.env("EDGEVX_IMAGE_INDEX", index)
+            .env("EDGEVX_ARM64_BIN", agent)
+            .env("EDGEVX_ARM64_IPAM_BIN", ipam)
+            .env("EDGEVX_ARM64_SYSROOT", crate::sysroot::ensure(image::Arch::Arm64.oci())?);
+    }
     e2e.args(["test", "--release", "--locked", "-p", "edgevx-tests"])
         .current_dir(&root)
         .env("PATH", tools.path_env())
@@ -54,7 +65,9 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
         .env("EDGEVX_IPAM_BIN", ipam)
         .env("EDGEVX_EBPF_OBJECT", root.join("target/bpfel-unknown-none/release/edgevx"))
         // the alert rules' tests (deploy/monitoring)
-        .env("EDGEVX_PROMTOOL", promtool::ensure()?)
+        .env("EDGEVX_PROMTOOL", unpacked::ensure(&unpacked::PROMTOOL)?)
+        // deploy/'s kustomize overlays, rendered as a cluster would
+        .env("EDGEVX_KUBECTL", unpacked::ensure(&unpacked::KUBECTL)?)
         .arg("--")
         .arg("--test-threads=1");
     if let Some(f) = filter {
@@ -81,6 +94,10 @@ fn prepare() -> Result<(toolchain::Tools, std::path::PathBuf)> {
 fn in_vm(filter: Option<&str>, kernel: &str, ci: bool) -> Result<()> {
     packages::ensure_vm()?;
     let (tools, ipam) = prepare()?;
+    if kernels::spec(kernel)?.arch == "arm64" {
+        // every prog test, with --ci too: the arm64 guest runs nothing else
+        return vm_arm64::run(kernel, &filter.map_or_else(|| vm_arm64::TESTS.to_vec(), |f| vec![f]));
+    }
     if !is_root() {
         bail!("the kernel matrix boots VMs and runs the namespace tests in them: it needs root");
     }

@@ -69,7 +69,7 @@ pub const EDGE_TESTS: &[&str] = &[
 ];
 
 /// What CI runs on each kernel of the matrix besides every prog test
-/// (exact test names): one test for each row of the README's kernel table
+/// (exact test names): one test for each row of the the kernel table (docs/src/kernels.md)
 /// and each part of the edge set, sized so that two kernels under TCG fit
 /// CI's 90 minutes beside the full native suite. The whole edge set
 /// ([`EDGE_TESTS`]) takes hours under TCG on two cores; `cargo xtask test

@@ -6,7 +6,7 @@
 //! libbpf's probes do (`aya::sys::is_*_supported`), not judged by the
 //! release number: distribution kernels backport features, and a verifier
 //! is a different program on every kernel. The release each came with is
-//! kept for the message and the README's table. Only what no verifier sees
+//! kept for the message and the kernel table in docs/src/kernels.md. Only what no verifier sees
 //! is judged by release: `bpf_skb_adjust_room`'s encap-mode flags are
 //! run-time arguments, and they came (5.2) before the redirect helpers
 //! (5.10) that are probed, so a kernel that passes the probes has them too.
@@ -67,8 +67,8 @@ const fn since(major: u8, minor: u8) -> KernelVersion {
     KernelVersion::new(major, minor, 0)
 }
 
-/// Every helper, flag, map type and hook the programs rely on. The README's
-/// kernel table says the same; the newest entry is the minimum.
+/// Every helper, flag, map type and hook the programs rely on. The kernel table
+/// in docs/src/kernels.md says the same; the newest entry is the minimum.
 pub(super) const REQUIREMENTS: &[Requirement] = &[
     Requirement {
         what: "bpf_redirect_neigh (encap: out of the underlay, the kernel filling in the next hop's MAC)",
@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn the_minimum_is_5_10_for_the_redirect_helpers() {
         assert_eq!(minimum(), KernelVersion::new(5, 10, 0));
-        // the table is kept newest first, as the README shows it
+        // the table is kept newest first, as docs/src/kernels.md shows it
         assert!(REQUIREMENTS.windows(2).all(|w| w[0].since >= w[1].since));
     }
 

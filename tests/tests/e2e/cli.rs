@@ -179,14 +179,15 @@ fn an_etcd_config_with_ipv6_only_exits_2_before_changing_anything() -> Result<()
     Ok(())
 }
 
-/// deploy/MIGRATION.md's table of refused net-confs is the binary's: each
+/// docs/src/migrating.md's table of refused net-confs is the binary's: each
 /// row, run as `edgevx run --net-conf`, exits 2 naming the field the table
 /// says, before anything on the node changes.
 #[test]
 fn every_net_conf_migration_md_says_is_refused_is_refused_naming_its_field() -> Result<()> {
-    let doc = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/MIGRATION.md"))?;
+    let doc =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src/migrating.md"))?;
     let start =
-        doc.find("<!-- refused net-confs").ok_or_else(|| anyhow::anyhow!("MIGRATION.md has no refused table"))?;
+        doc.find("<!-- refused net-confs").ok_or_else(|| anyhow::anyhow!("migrating.md has no refused table"))?;
     let end = doc[start..].find("<!-- end of refused net-confs -->").map(|e| start + e).unwrap_or(doc.len());
     // | `{...}` | `Field` |
     let rows: Vec<(String, String)> = doc[start..end]
@@ -197,7 +198,7 @@ fn every_net_conf_migration_md_says_is_refused_is_refused_naming_its_field() -> 
             (cells.len() == 2 && cells[0].starts_with('{')).then(|| (cells[0].to_string(), cells[1].to_string()))
         })
         .collect();
-    assert!(rows.len() >= 5, "only {} rows in MIGRATION.md's refused table", rows.len());
+    assert!(rows.len() >= 5, "only {} rows in migrating.md's refused table", rows.len());
     let c = Cluster::new(1)?;
     let h = c.host(1);
     let nodes = c.dir.join("nodes.json");

@@ -16,7 +16,7 @@ fn docs(name: &str) -> Result<Vec<Value>> {
 
 #[test]
 fn daemonset_is_hostnetwork_unprivileged_pinned_and_minimal() -> Result<()> {
-    let ds = docs("daemonset.yaml")?.remove(0);
+    let ds = docs("base/daemonset.yaml")?.remove(0);
     assert_eq!(ds["kind"], "DaemonSet");
     let spec = &ds["spec"]["template"]["spec"];
     assert_eq!(spec["hostNetwork"], true);
@@ -43,14 +43,18 @@ fn daemonset_is_hostnetwork_unprivileged_pinned_and_minimal() -> Result<()> {
     Ok(())
 }
 
-/// Every manifest in deploy/, as (file, document).
+/// Every manifest in deploy/ and deploy/base/ (the kustomize base), as
+/// (file, document).
 fn all_manifests() -> Result<Vec<(String, Value)>> {
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(deploy(""))? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "yaml") {
+    for dir in ["", "base"] {
+        for entry in std::fs::read_dir(deploy(dir))? {
+            let path = entry?.path();
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            out.extend(docs(&name)?.into_iter().map(|d| (name.clone(), d)));
+            if path.extension().is_some_and(|e| e == "yaml") && name != "kustomization.yaml" {
+                let name = if dir.is_empty() { name } else { format!("{dir}/{name}") };
+                out.extend(docs(&name)?.into_iter().map(|d| (name.clone(), d)));
+            }
         }
     }
     Ok(out)
@@ -61,7 +65,7 @@ fn everything_lives_in_edgevxs_own_namespace() -> Result<()> {
     // deleting kube-flannel's manifest deletes its namespace and all in it
     let all = all_manifests()?;
     let ns = all.iter().find(|(_, d)| d["kind"] == "Namespace").context("no Namespace in deploy/")?;
-    assert_eq!((ns.0.as_str(), &ns.1["metadata"]["name"]), ("namespace.yaml", &Value::from("kube-edgevx")));
+    assert_eq!((ns.0.as_str(), &ns.1["metadata"]["name"]), ("base/namespace.yaml", &Value::from("kube-edgevx")));
     let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding"];
     let mut namespaced = 0;
     for (file, d) in &all {
@@ -81,7 +85,7 @@ fn everything_lives_in_edgevxs_own_namespace() -> Result<()> {
 
 #[test]
 fn the_bpffs_is_the_hosts_and_apparmor_allows_pinning_in_it() -> Result<()> {
-    let ds = docs("daemonset.yaml")?.remove(0);
+    let ds = docs("base/daemonset.yaml")?.remove(0);
     let spec = &ds["spec"]["template"]["spec"];
     let agent = &spec["containers"][0];
     // the profile is stated, not left to the runtime
@@ -117,7 +121,7 @@ fn the_bpffs_is_the_hosts_and_apparmor_allows_pinning_in_it() -> Result<()> {
 
 #[test]
 fn the_rollback_pod_in_migration_md_runs_cleanup_as_the_daemonset_runs_the_agent() -> Result<()> {
-    let text = std::fs::read_to_string(deploy("MIGRATION.md"))?;
+    let text = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/src/migrating.md"))?;
     let mut pods = Vec::new();
     for block in text.split("```yaml\n").skip(1).filter_map(|b| b.split("```").next()) {
         for d in serde_yaml_ng::Deserializer::from_str(block) {
@@ -127,8 +131,8 @@ fn the_rollback_pod_in_migration_md_runs_cleanup_as_the_daemonset_runs_the_agent
             }
         }
     }
-    let [pod] = pods.as_slice() else { anyhow::bail!("want one Pod in MIGRATION.md, found {}", pods.len()) };
-    let ds = docs("daemonset.yaml")?.remove(0);
+    let [pod] = pods.as_slice() else { anyhow::bail!("want one Pod in migrating.md, found {}", pods.len()) };
+    let ds = docs("base/daemonset.yaml")?.remove(0);
     let (ds_spec, spec) = (&ds["spec"]["template"]["spec"], &pod["spec"]);
     let (agent, cleanup) = (&ds_spec["containers"][0], &spec["containers"][0]);
     assert_eq!(pod["metadata"]["namespace"], ds["metadata"]["namespace"]);
@@ -167,7 +171,7 @@ fn the_rollback_pod_in_migration_md_runs_cleanup_as_the_daemonset_runs_the_agent
 
 #[test]
 fn rbac_grants_only_what_flannels_kube_manager_needs() -> Result<()> {
-    let role = docs("rbac.yaml")?.into_iter().find(|d| d["kind"] == "ClusterRole").context("no ClusterRole")?;
+    let role = docs("base/rbac.yaml")?.into_iter().find(|d| d["kind"] == "ClusterRole").context("no ClusterRole")?;
     let rules: Vec<(String, String)> = role["rules"]
         .as_array()
         .into_iter()
@@ -193,7 +197,7 @@ fn rbac_grants_only_what_flannels_kube_manager_needs() -> Result<()> {
 
 #[test]
 fn configmap_is_flannel_compatible() -> Result<()> {
-    let cm = docs("configmap.yaml")?.remove(0);
+    let cm = docs("base/configmap.yaml")?.remove(0);
     let net: Value = serde_json::from_str(cm["data"]["net-conf.json"].as_str().context("net-conf.json")?)?;
     assert_eq!(net["Network"], "10.244.0.0/16");
     assert_eq!(net["Backend"]["Type"], "vxlan");

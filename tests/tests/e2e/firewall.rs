@@ -1,4 +1,4 @@
-//! The iptables chains edgevx owns (README, "Firewall rules edgevx
+//! The iptables chains edgevx owns (docs/src/concepts/security.md, "Firewall rules edgevx
 //! installs"): flannel's meaning, restarts that change nothing, a flushed
 //! chain put back, a flag turned off taken back, and `edgevx cleanup`.
 use std::time::{Duration, Instant};

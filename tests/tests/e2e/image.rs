@@ -1,4 +1,4 @@
-//! The image `cargo xtask image` builds, run the way deploy/daemonset.yaml
+//! The image `cargo xtask image` builds, run the way deploy/base/daemonset.yaml
 //! runs it. podman takes everything from the DaemonSet's agent container:
 //! its image name, command and args, its environment, its securityContext
 //! (capabilities, privilege escalation, seccomp and AppArmor, mapped to
@@ -84,10 +84,10 @@ impl AgentPod {
     /// Maps the DaemonSet onto `host`. `nodes_dir` holds the nodes file the
     /// test gives the agent in place of the Kubernetes API.
     fn for_node(host: &Host, nodes_dir: &Path, seccomp: Seccomp) -> Result<Self> {
-        let ds = deploy_docs("daemonset.yaml")?
+        let ds = deploy_docs("base/daemonset.yaml")?
             .into_iter()
             .find(|d| d["kind"] == "DaemonSet")
-            .context("deploy/daemonset.yaml has no DaemonSet")?;
+            .context("deploy/base/daemonset.yaml has no DaemonSet")?;
         let pod = &ds["spec"]["template"];
         let spec = &pod["spec"];
         ensure!(spec["hostNetwork"] == true, "the DaemonSet is not hostNetwork: the test's --network would lie");
@@ -96,7 +96,7 @@ impl AgentPod {
             .into_iter()
             .flatten()
             .find(|c| c["name"] == "edgevx")
-            .context("deploy/daemonset.yaml has no container named edgevx")?;
+            .context("deploy/base/daemonset.yaml has no container named edgevx")?;
         let image = c["image"].as_str().context("the edgevx container names no image")?.to_string();
         let mut options = security_options(pod, c, seccomp)?;
         options.extend(env_options(c, host)?);
@@ -260,10 +260,10 @@ fn mount_options(spec: &Value, c: &Value, host: &Host) -> Result<Vec<String>> {
 
 /// A configMap from deploy/, as the kubelet mounts it: one file per key.
 fn config_map_dir(name: &str, host: &Host) -> Result<PathBuf> {
-    let cm = deploy_docs("configmap.yaml")?
+    let cm = deploy_docs("base/configmap.yaml")?
         .into_iter()
         .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == name)
-        .with_context(|| format!("deploy/configmap.yaml has no ConfigMap {name}"))?;
+        .with_context(|| format!("deploy/base/configmap.yaml has no ConfigMap {name}"))?;
     let dir = host.dir.join(format!("configmap-{name}"));
     fs::create_dir_all(&dir)?;
     for (key, value) in cm["data"].as_object().into_iter().flatten() {
@@ -273,7 +273,7 @@ fn config_map_dir(name: &str, host: &Host) -> Result<PathBuf> {
 }
 
 /// podman with the options that work on this machine
-/// (../shared/docs/platform.md), its storage in a directory of its own.
+/// (measured: crun fails on this kind of machine), its storage in a directory of its own.
 struct Podman {
     dir: PathBuf,
 }
@@ -313,7 +313,7 @@ impl Podman {
         self.run(&["load", "--quiet", "--input", &archive.to_string_lossy()])?;
         ensure!(
             self.output(&["image", "exists", want])?.status.success(),
-            "{} does not hold {want}, the image deploy/daemonset.yaml names: {}",
+            "{} does not hold {want}, the image deploy/base/daemonset.yaml names: {}",
             archive.display(),
             self.run(&["images", "--format", "{{.Repository}}:{{.Tag}}"])?.trim()
         );

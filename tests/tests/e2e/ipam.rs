@@ -25,7 +25,11 @@ const EVX: Plugin = Plugin::EdgevxIpam;
 const HL: Plugin = Plugin::HostLocal;
 
 fn configs(d: &DataDir) -> (Value, Value) {
-    (config(EVX, SHARED_VERSION, d, v4_ranges(), json!({})), config(HL, SHARED_VERSION, d, v4_ranges(), json!({})))
+    configs_of(EVX, HL, d)
+}
+
+fn configs_of(evx: Plugin, hl: Plugin, d: &DataDir) -> (Value, Value) {
+    (config(evx, SHARED_VERSION, d, v4_ranges(), json!({})), config(hl, SHARED_VERSION, d, v4_ranges(), json!({})))
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -47,22 +51,27 @@ fn no_address_twice(d: &DataDir, given: &[(String, IpAddr)]) -> Result<()> {
 
 #[test]
 fn ipam_takes_over_a_host_local_store() -> Result<()> {
+    takes_over_a_host_local_store(EVX, HL)
+}
+
+/// Also run with the arm64 builds of both (arm64.rs).
+pub(crate) fn takes_over_a_host_local_store(evx_plugin: Plugin, hl_plugin: Plugin) -> Result<()> {
     let d = DataDir::new("ipamhl")?;
-    let (evx, hl) = configs(&d);
+    let (evx, hl) = configs_of(evx_plugin, hl_plugin, &d);
     let mut given = Vec::new();
     for k in 0..5 {
         let id = format!("hl{k}");
-        given.push((id.clone(), add(HL, &hl, &id, "default", &format!("old-{k}"))?[0]));
+        given.push((id.clone(), add(hl_plugin, &hl, &id, "default", &format!("old-{k}"))?[0]));
     }
-    del(HL, &hl, "hl1")?;
+    del(hl_plugin, &hl, "hl1")?;
     given.retain(|(id, _)| id != "hl1");
     for k in 0..10 {
         let id = format!("evx{k}");
-        given.push((id.clone(), add(EVX, &evx, &id, "default", &format!("new-{k}"))?[0]));
+        given.push((id.clone(), add(evx_plugin, &evx, &id, "default", &format!("new-{k}"))?[0]));
     }
     no_address_twice(&d, &given)?;
     // edgevx-ipam releases what host-local reserved
-    del(EVX, &evx, "hl2")?;
+    del(evx_plugin, &evx, "hl2")?;
     let hl2 = given.iter().find(|(id, _)| id == "hl2").map(|g| g.1).context("hl2")?;
     ensure!(!d.reservations()?.contains_key(&hl2), "DEL by edgevx-ipam left host-local's {hl2}");
     Ok(())
@@ -70,32 +79,36 @@ fn ipam_takes_over_a_host_local_store() -> Result<()> {
 
 #[test]
 fn host_local_takes_over_an_ipam_store() -> Result<()> {
+    host_local_takes_over_an_ipam_store_of(EVX, HL)
+}
+
+pub(crate) fn host_local_takes_over_an_ipam_store_of(evx_plugin: Plugin, hl_plugin: Plugin) -> Result<()> {
     let d = DataDir::new("ipamrev")?;
-    let (evx, hl) = configs(&d);
+    let (evx, hl) = configs_of(evx_plugin, hl_plugin, &d);
     let mut given = Vec::new();
     for k in 0..6 {
         let id = format!("evx{k}");
-        given.push((id.clone(), add(EVX, &evx, &id, "default", &format!("web-{k}"))?[0]));
+        given.push((id.clone(), add(evx_plugin, &evx, &id, "default", &format!("web-{k}"))?[0]));
     }
     // a released pod: its record stays, host-local does not know it
-    del(EVX, &evx, "evx0")?;
+    del(evx_plugin, &evx, "evx0")?;
     given.retain(|(id, _)| id != "evx0");
     let records_before = fs::read_dir(d.store().join(".edgevx/pods"))?.count();
     for k in 0..10 {
         let id = format!("hl{k}");
-        given.push((id.clone(), add(HL, &hl, &id, "default", &format!("x-{k}"))?[0]));
+        given.push((id.clone(), add(hl_plugin, &hl, &id, "default", &format!("x-{k}"))?[0]));
     }
     no_address_twice(&d, &given)?;
     // host-local's DEL walks the whole tree: it must release only its match
-    del(HL, &hl, "evx3")?;
-    del(HL, &hl, "hl4")?;
+    del(hl_plugin, &hl, "evx3")?;
+    del(hl_plugin, &hl, "hl4")?;
     let left = d.reservations()?;
     let evx3 = given.iter().find(|(id, _)| id == "evx3").map(|g| g.1).context("evx3")?;
     ensure!(!left.contains_key(&evx3), "host-local's DEL left edgevx-ipam's {evx3}");
     let records_after = fs::read_dir(d.store().join(".edgevx/pods"))?.count();
     ensure!(records_after == records_before, "host-local removed pod records: {records_before} -> {records_after}");
     // and edgevx-ipam still reads the store host-local changed
-    let back = add(EVX, &evx, "evx3b", "default", "web-3")?;
+    let back = add(evx_plugin, &evx, "evx3b", "default", "web-3")?;
     ensure!(back == [evx3], "web-3 got {back:?} after host-local's DEL, want {evx3}");
     Ok(())
 }

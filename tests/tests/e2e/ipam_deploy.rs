@@ -22,7 +22,7 @@ fn manifest(name: &str) -> Result<Value> {
 
 #[test]
 fn ipam_conflist_delegates_to_edgevx_ipam() -> Result<()> {
-    let cm = manifest("configmap.yaml")?;
+    let cm = manifest("base/configmap.yaml")?;
     let conflist: Value = serde_json::from_str(cm["data"]["cni-conf.json"].as_str().context("cni-conf.json")?)?;
     let flannel = &conflist["plugins"][0];
     ensure!(flannel["type"] == "flannel" && flannel["ipam"]["type"] == "edgevx-ipam", "{flannel}");
@@ -44,7 +44,7 @@ fn ipam_conflist_delegates_to_edgevx_ipam() -> Result<()> {
 
 #[test]
 fn ipam_init_container_installs_the_plugin() -> Result<()> {
-    let ds = manifest("daemonset.yaml")?;
+    let ds = manifest("base/daemonset.yaml")?;
     let spec = &ds["spec"]["template"]["spec"];
     let init = spec["initContainers"].as_array().context("initContainers")?;
     let c = init

@@ -84,7 +84,7 @@ impl Drop for Podman {
 
 #[test]
 fn ipam_image_init_container_installs_a_working_plugin() -> Result<()> {
-    let text = fs::read_to_string(repo("deploy/daemonset.yaml"))?;
+    let text = fs::read_to_string(repo("deploy/base/daemonset.yaml"))?;
     let ds = Value::deserialize(serde_yaml_ng::Deserializer::from_str(&text).next().context("empty daemonset.yaml")?)?;
     let init = ds["spec"]["template"]["spec"]["initContainers"]
         .as_array()

@@ -2,6 +2,7 @@
 //! `--test-threads=1`). Each test builds its own namespaces and removes
 //! them on drop, also when it fails.
 mod admission_policy;
+mod arm64;
 mod capacity;
 mod cli;
 mod deploy;
@@ -28,6 +29,7 @@ mod ipam_reboot;
 mod ipv6_only;
 mod kernel;
 mod kube;
+mod kustomize;
 mod metrics;
 mod migration;
 mod monitoring;

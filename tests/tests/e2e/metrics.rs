@@ -338,7 +338,7 @@ fn a_bad_metrics_addr_exits_2_before_anything_changes() -> Result<()> {
 #[test]
 fn the_daemonset_probes_the_endpoints_on_a_named_port() -> Result<()> {
     use serde::Deserialize;
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/daemonset.yaml");
     let text = std::fs::read_to_string(&path)?;
     let docs = serde_yaml_ng::Deserializer::from_str(&text)
         .map(|d| serde_json::Value::deserialize(d).context("daemonset.yaml"))

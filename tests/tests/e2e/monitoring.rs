@@ -13,6 +13,11 @@ fn monitoring() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring")
 }
 
+/// The runbook the alerts link to, a chapter of the book.
+fn runbook_md() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/src/operations/runbook.md")
+}
+
 /// The PrometheusRule's `spec`: a plain Prometheus rule file (`groups:`).
 fn rule_file() -> Result<serde_yaml_ng::Value> {
     let path = monitoring().join("prometheusrule.yaml");
@@ -76,7 +81,7 @@ fn the_alert_rules_pass_promtool_and_every_alert_has_a_unit_test_and_a_runbook()
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let runbook = std::fs::read_to_string(monitoring().join("RUNBOOK.md"))?;
+        let runbook = std::fs::read_to_string(runbook_md())?;
         let all = alerts(&spec);
         ensure!(all.len() >= 8, "only {} alerts", all.len());
         for (name, _) in &all {

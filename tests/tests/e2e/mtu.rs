@@ -136,7 +136,7 @@ fn before_the_agent_follows_df_clear_frames_too_big_are_counted_drops() -> Resul
 /// which does not judge the underlay MTU: in the moment between an MTU drop
 /// and the agent's reaction, a frame too big for the underlay is dropped by
 /// the kernel after the redirect, unanswered and uncounted by edgevx (the
-/// README's kernel table says so). Small frames still pass.
+/// the kernel table in docs/src/kernels.md says so). Small frames still pass.
 fn without_check_mtu(c: &Cluster, a1: &Agent, out: &Output) -> Result<()> {
     assert!(crate::features::before(5, 12), "bpf_check_mtu is missing on a kernel that has it upstream");
     assert!(!out.status.success(), "a frame too big for the underlay got through: {}", text(out));

@@ -1,5 +1,5 @@
 //! The DaemonSet grants CAP_BPF and CAP_NET_ADMIN and nothing else
-//! (deploy/daemonset.yaml). This runs the agent with exactly that bounding
+//! (deploy/base/daemonset.yaml). This runs the agent with exactly that bounding
 //! set and no new privileges, and checks that it works.
 use std::time::Duration;
 

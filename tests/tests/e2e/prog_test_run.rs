@@ -301,7 +301,7 @@ fn run_on(cpu: usize) -> Result<()> {
 /// The full encap's counter is too: 65,536 packets to one peer, sent from
 /// two CPUs in turns (256 each), carry 65,536 different IDs. (The per-CPU
 /// counters the compat encap keeps, for kernels without BPF atomics' fetch,
-/// repeat here almost surely: README "Limits".)
+/// repeat here almost surely: docs/src/limits.md.)
 #[test]
 fn outer_ip_ids_do_not_repeat_within_65536_packets_whichever_cpu_sends() -> Result<()> {
     if !features::full_encap() {

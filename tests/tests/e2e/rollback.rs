@@ -1,8 +1,8 @@
-//! Rolling an edgevx node back to flanneld (deploy/MIGRATION.md, "Rolling
-//! back a node") under pings in both directions: the agent stops, flanneld
+//! Rolling an edgevx node back to flanneld (docs/src/migrating.md, "Rolling
+//! a node back to flanneld") under pings in both directions: the agent stops, flanneld
 //! adopts flannel.1 with the MAC edgevx kept, `edgevx cleanup --keep-vtep`
 //! hands the kernel every peer and removes the programs. What the path may
-//! lose is stated in MIGRATION.md as a count of pings: [`LOSS_BOUND`].
+//! lose is stated in migrating.md as a count of pings: [`LOSS_BOUND`].
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};

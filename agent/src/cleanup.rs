@@ -21,7 +21,7 @@ use crate::{
     UsageError,
     cli::CleanupArgs,
     dataplane::{
-        bpffs::PinDir,
+        bpffs::{self, PinDir},
         device::{self, RouteFamily},
         loader,
     },
@@ -57,7 +57,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         if loader::detach_pinned(&pins, name)? {
             info!(program = name, "detached");
         }
-        loader::remove_pin(&pins.prog(name))?;
+        bpffs::remove_pin(&pins.prog(name))?;
     }
     // the clsact filters of the fallback, on the interfaces the last run used
     if let Some(rec) = &rec {
@@ -83,7 +83,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         }
     }
     for name in edgevx_common::maps::ALL {
-        loader::remove_pin(&pins.map(name))?;
+        bpffs::remove_pin(&pins.map(name))?;
     }
     for dir in [pins.root.join("links"), pins.root.join("progs"), pins.maps(), pins.root.clone()] {
         let _ = fs::remove_dir(&dir);

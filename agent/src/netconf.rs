@@ -39,7 +39,7 @@ pub struct NetConf {
 
 /// The IPv6 half of a dual-stack network config. Only the etcd subnet
 /// manager reads the subnet fields (flannel's `CheckNetworkConfig`, see
-/// `source::leases::subnet_range6`); the Kubernetes one takes the node's
+/// `source::subnet_range::subnet_range6`); the Kubernetes one takes the node's
 /// IPv6 pod CIDR as it is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Ipv6Conf {
@@ -427,7 +427,10 @@ mod tests {
             let err = match NetConf::parse(&conf, "x") {
                 Err(e) => e.to_string(),
                 // the etcd subnet ranges are read where leases are taken
-                Ok(parsed) => crate::source::leases::subnet_range(&conf, &parsed).err().unwrap_or_default(),
+                Ok(parsed) => crate::source::subnet_range::subnet_range(&conf, &parsed)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
             };
             let name = field.trim_start_matches("Backend.");
             assert!(err.contains(name), "{field}: {bad} was not refused naming it: {err:?}");

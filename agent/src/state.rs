@@ -13,13 +13,13 @@
 use std::{
     fs::{self, DirBuilder, File, OpenOptions},
     io::{self, Read, Write},
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
 };
 
 use anyhow::{Context, Result};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
@@ -198,7 +198,19 @@ pub struct AgentRecord {
     pub pid: u32,
     /// The IPv6 VTEP of a dual-stack network.
     #[serde(default)]
-    pub v6: Option<crate::run::node6::Record6>,
+    pub v6: Option<Record6>,
+}
+
+/// What the IPv6 VTEP was set up with (in the agent record, for `edgevx
+/// status` and cleanup).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record6 {
+    pub device: String,
+    pub mac: VtepMac,
+    pub public_ip: Ipv6Addr,
+    pub subnet: Ipv6Net,
+    pub network: Ipv6Net,
+    pub mtu: u32,
 }
 
 /// What the IPv4 VTEP (`flannel.<VNI>`) was set up with.

@@ -40,7 +40,7 @@
 //! (`drop_vxlan_tagged`), anything else passes untouched.
 
 use aya_ebpf::{
-    bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, BPF_F_INGRESS, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode},
+    bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, BPF_F_INGRESS, TC_ACT_SHOT, bpf_adj_room_mode},
     helpers::generated::{bpf_redirect, bpf_redirect_peer},
     maps::lpm_trie::Key,
     programs::TcContext,
@@ -56,17 +56,8 @@ use crate::{
     judge6,
     maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS, EDGEVX_PEER_ACCEPT, EDGEVX_PEER_SUBNETS},
     stats, tagged,
+    tunnel::{INNER_ETH_AT, NEXT, TUNNEL_LEN, VXLAN_AT, sub},
 };
-
-/// Not ours: let the next program or the stack have it, unchanged.
-pub(crate) const NEXT: i32 = TC_ACT_UNSPEC;
-
-/// UDP + VXLAN + inner Ethernet, read in one go after the outer IP header;
-/// the inner IPv4 header follows, read on its own (one 50-byte read
-/// overflows the 512-byte BPF stack once inlined).
-pub(crate) const TUNNEL_LEN: usize = UDP_HLEN + VXLAN_HLEN + ETH_HLEN;
-pub(crate) const VXLAN_AT: usize = UDP_HLEN;
-pub(crate) const INNER_ETH_AT: usize = VXLAN_AT + VXLAN_HLEN;
 
 pub fn run(ctx: &TcContext) -> i32 {
     let Some(cfg) = EDGEVX_CONFIG.get(0) else {
@@ -164,15 +155,6 @@ pub fn run(ctx: &TcContext) -> i32 {
     }
     stats::count(Counter::RxHostPackets, Counter::RxHostBytes, inner_len);
     NEXT
-}
-
-/// The `M` bytes at `AT` of a fixed-size array, as a fixed-size array:
-/// no bounds check or copy for the verifier to follow.
-#[inline(always)]
-pub(crate) fn sub<const N: usize, const AT: usize, const M: usize>(b: &[u8; N]) -> &[u8; M] {
-    const { assert!(AT + M <= N) };
-    // SAFETY: in bounds by the assertion above; u8 has alignment 1.
-    unsafe { &*(b.as_ptr().add(AT) as *const [u8; M]) }
 }
 
 /// Whether `inner_src` lies in a subnet programmed for the peer at

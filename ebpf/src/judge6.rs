@@ -42,9 +42,9 @@ use edgevx_common::{
 };
 
 use crate::{
-    decap::{INNER_ETH_AT, NEXT, TUNNEL_LEN, VXLAN_AT, sub},
     maps::EDGEVX_PEER_ACCEPT6,
     stats,
+    tunnel::{INNER_ETH_AT, NEXT, TUNNEL_LEN, VXLAN_AT, sub},
 };
 
 /// The longest extension header chain walked to find a peer's UDP header.

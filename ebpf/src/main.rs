@@ -16,6 +16,7 @@ mod pod_guard;
 mod stats;
 mod tagged;
 mod too_big;
+mod tunnel;
 mod vxlan_port;
 
 use aya_ebpf::{

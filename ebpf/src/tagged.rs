@@ -43,7 +43,7 @@ use edgevx_common::{
     vxlan::{ETH_HLEN, VLAN_HLEN},
 };
 
-use crate::{decap::NEXT, stats, vxlan_port};
+use crate::{stats, tunnel::NEXT, vxlan_port};
 
 /// The most tags walked; a frame with more is dropped. Nothing legitimate
 /// stacks more than two (802.1ad in front of 802.1Q).

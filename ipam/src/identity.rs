@@ -42,11 +42,8 @@ use serde::{Deserialize, Serialize};
 use crate::{
     entry,
     holder::{Holder, LEGACY_IFNAME, ifname_or_legacy},
-    store::{Store, StoreError},
+    store::{PODS_DIR, Store, StoreError},
 };
-
-/// Relative to the store's directory.
-pub const PODS_DIR: &str = ".edgevx/pods";
 
 /// A Kubernetes pod, as CNI_ARGS names it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -6,11 +6,11 @@ use std::{fs, net::IpAddr, path::PathBuf, time::Duration};
 use crate::{
     add,
     env::Attachment,
-    identity::{PODS_DIR, PodRef},
+    identity::PodRef,
     ledger::Ledger,
     range::{Range, RangeSet},
     release,
-    store::Store,
+    store::{PODS_DIR, Store},
 };
 
 struct Dir(PathBuf);

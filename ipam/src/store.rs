@@ -47,6 +47,8 @@ pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 /// This plugin's own subdirectory.
 pub const OWN_DIR: &str = ".edgevx";
 const TMP_DIR: &str = ".edgevx/tmp";
+/// The pod records (identity.rs), relative to the store's directory.
+pub const PODS_DIR: &str = ".edgevx/pods";
 
 /// Test hook: `EDGEVX_IPAM_CRASH_AT=<step>` aborts the process right after
 /// that write, as a power cut would, so tests can show the store it leaves.
@@ -106,7 +108,7 @@ impl Store {
             return Err(StoreError::Io { path: lock_path, source: io::Error::last_os_error() });
         }
         let store = Store { dir: dir.to_path_buf(), _lock: Some(lock), pending: RefCell::new(Vec::new()) };
-        for sub in [OWN_DIR, TMP_DIR, crate::identity::PODS_DIR] {
+        for sub in [OWN_DIR, TMP_DIR, PODS_DIR] {
             let p = dir.join(sub);
             if !p.is_dir() {
                 fs::create_dir_all(&p).map_err(io_at(&p))?;

@@ -3,7 +3,7 @@
 //! cannot read. The bpffs itself belongs to the host (see [`NotBpffs`]).
 use std::{
     ffi::CString,
-    fs,
+    fs, io,
     path::{Path, PathBuf},
 };
 
@@ -130,6 +130,15 @@ pub fn on_bpffs(path: &Path) -> Result<(), NotBpffs> {
 pub fn ensure_dir_on_bpffs(path: &Path) -> Result<()> {
     on_bpffs(path)?;
     fs::create_dir_all(path).with_context(|| format!("cannot create {}", path.display()))
+}
+
+/// Removes a pin; one that is already gone is fine.
+pub fn remove_pin(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("cannot remove pin {}", path.display())),
+    }
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use aya::{
 };
 use tracing::{info, warn};
 
-use crate::dataplane::{bpffs::PinDir, loader::remove_pin};
+use crate::dataplane::bpffs::{PinDir, remove_pin};
 
 /// The guard's name in the eBPF object, and of its link and program pins
 /// whichever variant is loaded.

@@ -19,7 +19,12 @@ use tracing::{info, warn};
 
 use edgevx_common::SCHEMA_VERSION;
 
-use crate::dataplane::{bpffs::PinDir, clsact, device, features::Features, guard};
+use crate::dataplane::{
+    bpffs::{PinDir, remove_pin},
+    clsact, device,
+    features::Features,
+    guard,
+};
 
 /// How the programs sit on their interfaces.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,14 +278,6 @@ pub async fn attached_as(
     match mode {
         AttachMode::Tcx => attached_here(&pins.link(name), iface, kind),
         AttachMode::Clsact => clsact::attached(handle, iface, kind).await,
-    }
-}
-
-pub fn remove_pin(path: &Path) -> Result<()> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("cannot remove pin {}", path.display())),
     }
 }
 

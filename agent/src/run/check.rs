@@ -17,7 +17,7 @@ use crate::{
     cli::RunArgs,
     dataplane::{bpffs, device},
     netconf::NetConf,
-    source::{etcd, kube},
+    source::{etcd_settings::EtcdSettings, kube},
     state::{self, AGENT_FILE, MAC_FILE, PEERS_FILE, StateDir},
 };
 
@@ -25,7 +25,7 @@ use crate::{
 pub(super) enum Source {
     File(PathBuf),
     Kube(::kube::Client),
-    Etcd(etcd::EtcdSettings),
+    Etcd(EtcdSettings),
 }
 
 impl Source {
@@ -124,7 +124,7 @@ async fn choose_source(args: &RunArgs) -> Result<Source> {
     if args.subnet_lease_renew_margin_secs >= args.subnet_lease_ttl {
         return Err(usage("--subnet-lease-renew-margin-secs must be below --subnet-lease-ttl".into()));
     }
-    Ok(Source::Etcd(etcd::EtcdSettings {
+    Ok(Source::Etcd(EtcdSettings {
         endpoints,
         prefix: args.etcd_prefix.trim_end_matches('/').to_string(),
         cafile: args.etcd_cafile.clone(),

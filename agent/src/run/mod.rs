@@ -148,18 +148,32 @@ impl Due {
     }
 }
 
-/// The underlay now, or how it differs from what the dataplane was built
-/// on in a way that needs a restart (its MTU is followed in place).
-async fn underlay_now(c: &Checked, handle: &rtnetlink::Handle) -> std::result::Result<device::Underlay, String> {
+/// How the underlay differs from what the dataplane was built on, in a
+/// way that needs a restart (its MTU is followed in place).
+#[derive(Debug, thiserror::Error)]
+enum UnderlayChanged {
+    #[error("{0:#}")]
+    Unreadable(anyhow::Error),
+    #[error("it was re-created (ifindex {was} -> {now})")]
+    Recreated { was: u32, now: u32 },
+    #[error("its address changed ({} -> {})", shown(.was), shown(.now))]
+    Readdressed { was: Option<std::net::Ipv4Addr>, now: Option<std::net::Ipv4Addr> },
+}
+
+fn shown(a: &Option<std::net::Ipv4Addr>) -> String {
+    a.map_or_else(|| "none".into(), |a| a.to_string())
+}
+
+/// The underlay now, or how it changed.
+async fn underlay_now(
+    c: &Checked,
+    handle: &rtnetlink::Handle,
+) -> std::result::Result<device::Underlay, UnderlayChanged> {
     let was = &c.underlay;
     match device::underlay(handle, &c.iface).await {
-        Err(e) => Err(format!("{e:#}")),
-        Ok(now) if now.index != was.index => Err(format!("it was re-created (ifindex {} -> {})", was.index, now.index)),
-        Ok(now) if now.ipv4 != was.ipv4 => Err(format!(
-            "its address changed ({} -> {})",
-            was.ipv4.map(|a| a.to_string()).unwrap_or_else(|| "none".into()),
-            now.ipv4.map(|a| a.to_string()).unwrap_or_else(|| "none".into())
-        )),
+        Err(e) => Err(UnderlayChanged::Unreadable(e)),
+        Ok(now) if now.index != was.index => Err(UnderlayChanged::Recreated { was: was.index, now: now.index }),
+        Ok(now) if now.ipv4 != was.ipv4 => Err(UnderlayChanged::Readdressed { was: was.ipv4, now: now.ipv4 }),
         Ok(now) => Ok(now),
     }
 }

@@ -8,7 +8,6 @@ use std::{collections::BTreeMap, net::Ipv6Addr};
 use anyhow::{Context, Result};
 use ipnet::Ipv6Net;
 use rtnetlink::Handle;
-use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::{check::Checked, config};
@@ -19,27 +18,14 @@ use crate::{
         peers6::{self, Devices6, Tables6},
         vtep6::{self, Vtep6Spec},
     },
-    mac::VtepMac,
     netconf::NetConf,
     netfilter,
     peer::{OwnNode, Peer},
     reconcile::OnLink,
     source::LocalVtepV6,
-    state::StateDir,
+    state::{Record6, StateDir},
     vtep_mac,
 };
-
-/// What the IPv6 VTEP was set up with (in the agent record, for `edgevx
-/// status` and cleanup).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record6 {
-    pub device: String,
-    pub mac: VtepMac,
-    pub public_ip: Ipv6Addr,
-    pub subnet: Ipv6Net,
-    pub network: Ipv6Net,
-    pub mtu: u32,
-}
 
 /// The IPv6 VTEP once it is up.
 pub(super) struct Side6 {

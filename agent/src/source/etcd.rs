@@ -20,26 +20,13 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use super::{Desired, etcd_tls, leases};
+use super::{Desired, etcd_settings::EtcdSettings, etcd_tls, leases, subnet_range};
 use crate::{
     netconf::NetConf,
     peer::{ClusterView, OwnNode},
     state::StateDir,
     vtep_mac,
 };
-
-#[derive(Clone, Debug)]
-pub struct EtcdSettings {
-    pub endpoints: Vec<String>,
-    pub prefix: String,
-    pub cafile: Option<PathBuf>,
-    pub certfile: Option<PathBuf>,
-    pub keyfile: Option<PathBuf>,
-    /// etcd authentication (`--etcd-username`, `--etcd-password`).
-    pub user: Option<(String, String)>,
-    pub lease_ttl: Duration,
-    pub renew_margin: Duration,
-}
 
 /// What the source needs to know about this node.
 #[derive(Clone, Debug)]
@@ -112,10 +99,10 @@ fn read_config(text: &str, key: &str) -> Result<(NetConf, Ranges), RefusedConfig
         return Err(RefusedConfig(format!("{key}: EnableIPv4: {}", crate::netconf::IPV6_ONLY_ETCD)));
     }
     crate::netfilter::check_backend(conf.nftables).map_err(|e| RefusedConfig(format!("{key}: {e:#}")))?;
-    let v4 = leases::subnet_range(text, &conf).map_err(|e| RefusedConfig(format!("{key}: {e}")))?;
+    let v4 = subnet_range::subnet_range(text, &conf).map_err(|e| RefusedConfig(format!("{key}: {e}")))?;
     let v6 = match &conf.ipv6 {
         None => None,
-        Some(v6) => Some(leases::subnet_range6(v6).map_err(|e| RefusedConfig(format!("{key}: {e}")))?),
+        Some(v6) => Some(subnet_range::subnet_range6(v6).map_err(|e| RefusedConfig(format!("{key}: {e}")))?),
     };
     Ok((conf, Ranges { v4, v6 }))
 }
@@ -123,8 +110,8 @@ fn read_config(text: &str, key: &str) -> Result<(NetConf, Ranges), RefusedConfig
 /// Where our subnets may be: IPv4, and IPv6 in dual-stack.
 #[derive(Clone, Copy, Debug)]
 struct Ranges {
-    v4: leases::SubnetRange,
-    v6: Option<leases::SubnetRange6>,
+    v4: subnet_range::SubnetRange,
+    v6: Option<subnet_range::SubnetRange6>,
 }
 
 impl Ranges {
@@ -280,17 +267,17 @@ impl Session {
     /// preferring what subnet.env says we had, as flannel's `allocateSubnet`.
     async fn acquire(&mut self, me: &LocalNode, all: &BTreeMap<String, (String, i64)>) -> Result<()> {
         let env = std::fs::read_to_string(&me.subnet_file).unwrap_or_default();
-        let (previous, previous6) = (leases::previous_subnet(&env), leases::previous_subnet6(&env));
+        let (previous, previous6) = (subnet_range::previous_subnet(&env), subnet_range::previous_subnet6(&env));
         let keys: Vec<(Ipv4Net, Option<Ipv6Net>)> = all.keys().filter_map(|k| leases::parse_key(k)).collect();
         let mut taken: Vec<Ipv4Net> = keys.iter().map(|(n, _)| *n).collect();
         let mut taken6: Vec<Ipv6Net> = keys.iter().filter_map(|(_, n6)| *n6).collect();
         let range = self.ranges.v4;
         for attempt in 0..10u64 {
-            let Some(subnet) = leases::allocate(range, &taken, previous, now_seed() ^ attempt) else {
+            let Some(subnet) = subnet_range::allocate(range, &taken, previous, now_seed() ^ attempt) else {
                 bail!("no free subnet left in {} between {} and {}", self.conf.network, range.min, range.max);
             };
             let subnet6 = match (self.ranges.v6, &self.conf.ipv6) {
-                (Some(r6), Some(v6)) => match leases::allocate6(r6, &taken6, previous6, now_seed() ^ attempt) {
+                (Some(r6), Some(v6)) => match subnet_range::allocate6(r6, &taken6, previous6, now_seed() ^ attempt) {
                     Some(n6) => Some(n6),
                     None => bail!("no free IPv6 subnet left in {} between {} and {}", v6.network, r6.min, r6.max),
                 },

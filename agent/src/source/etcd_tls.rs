@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use etcd_client::{Certificate, Identity, TlsOptions};
 use rustls::{AlertDescription, CertificateError};
 
-use super::etcd::EtcdSettings;
+use super::etcd_settings::EtcdSettings;
 
 /// The TLS options for `s`, or `None` for plain HTTP. The files are read
 /// at every connection attempt, so renewed certificates are picked up.

@@ -5,6 +5,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::Value;
 
+use super::node_error::{NodeError, parse_ip, parse_ip6};
 use crate::{
     annotations::{ANY_INNER_SOURCE, AnnotationNames},
     mac::VtepMac,
@@ -40,16 +41,16 @@ impl<'a> Annotations<'a> {
     }
 }
 
-fn annotations(node: &Value) -> Result<Annotations<'_>, String> {
+fn annotations(node: &Value) -> Result<Annotations<'_>, NodeError> {
     match node.pointer("/metadata/annotations") {
         None | Some(Value::Null) => Ok(Annotations(None)),
         Some(Value::Object(map)) => {
             if let Some((k, _)) = map.iter().find(|(_, v)| !v.is_string()) {
-                return Err(format!("annotation {k} is not a string"));
+                return Err(NodeError::AnnotationNotAString(k.clone()));
             }
             Ok(Annotations(Some(map)))
         }
-        Some(_) => Err("metadata.annotations is not a map".into()),
+        Some(_) => Err(NodeError::AnnotationsNotAMap),
     }
 }
 
@@ -69,64 +70,57 @@ fn pod_cidr_texts(node: &Value) -> Vec<&str> {
 }
 
 /// The first IPv4 pod CIDR.
-fn pod_cidr(node: &Value) -> Result<Ipv4Net, String> {
+fn pod_cidr(node: &Value) -> Result<Ipv4Net, NodeError> {
     let texts = pod_cidr_texts(node);
     if texts.is_empty() {
-        return Err("pod cidr not assigned (spec.podCIDR and spec.podCIDRs are empty)".into());
+        return Err(NodeError::PodCidrNotAssigned);
     }
     for text in &texts {
         if text.contains(':') {
             continue; // IPv6 half of a dual-stack node
         }
-        let net: Ipv4Net = text.parse().map_err(|_| format!("bad pod CIDR {text:?}"))?;
+        let net: Ipv4Net = text.parse().map_err(|_| NodeError::BadPodCidr(text.to_string()))?;
         if net.trunc() != net {
-            return Err(format!("pod CIDR {text} has host bits set"));
+            return Err(NodeError::PodCidrHostBits(text.to_string()));
         }
         return Ok(net);
     }
-    Err(format!("no IPv4 pod CIDR in {texts:?}"))
+    Err(NodeError::NoIpv4PodCidr(texts.iter().map(|t| t.to_string()).collect()))
 }
 
 /// The first IPv6 pod CIDR, as flannel's `nodeToLease` picks it.
-fn pod_cidr6(node: &Value) -> Result<Ipv6Net, String> {
+fn pod_cidr6(node: &Value) -> Result<Ipv6Net, NodeError> {
     let texts = pod_cidr_texts(node);
     let text = texts
         .iter()
         .find(|t| t.contains(':'))
-        .ok_or_else(|| format!("missing IPv6 address on spec.podCIDRs (IPv6 is on), has {texts:?}"))?;
-    let net: Ipv6Net = text.parse().map_err(|_| format!("bad IPv6 pod CIDR {text:?}"))?;
+        .ok_or_else(|| NodeError::NoIpv6PodCidr(texts.iter().map(|t| t.to_string()).collect()))?;
+    let net: Ipv6Net = text.parse().map_err(|_| NodeError::BadIpv6PodCidr(text.to_string()))?;
     if net.trunc() != net {
-        return Err(format!("IPv6 pod CIDR {text} has host bits set"));
+        return Err(NodeError::Ipv6PodCidrHostBits(text.to_string()));
     }
     Ok(net)
 }
 
 /// The VtepMAC of flannel's vxlan backend data; `what` names the
 /// annotation (`backend-data` or `backend-v6-data`).
-fn vtep_mac(what: &str, backend_data: &str) -> Result<VtepMac, String> {
+fn vtep_mac(what: &'static str, backend_data: &str) -> Result<VtepMac, NodeError> {
     /// The part of flannel's vxlan backend data we read (`VNI` is not used).
     #[derive(serde::Deserialize)]
     struct BackendData<'a> {
         #[serde(rename = "VtepMAC", borrow, default)]
         vtep_mac: Option<std::borrow::Cow<'a, str>>,
     }
-    let data: BackendData = serde_json::from_str(backend_data).map_err(|e| {
+    let data = backend_data.to_string();
+    let parsed: BackendData = serde_json::from_str(backend_data).map_err(|e| {
         if e.is_data() && e.to_string().contains("VtepMAC") {
-            format!("{what} VtepMAC is not a string: {backend_data}")
+            NodeError::MacNotAString { what, data: data.clone() }
         } else {
-            format!("{what} is not JSON ({e}): {backend_data:?}")
+            NodeError::BackendDataNotJson { what, error: e.to_string(), data: data.clone() }
         }
     })?;
-    let mac = data.vtep_mac.ok_or_else(|| format!("{what} has no VtepMAC: {backend_data}"))?;
-    mac.parse().map_err(|e| format!("{what} has a bad VtepMAC: {e}"))
-}
-
-fn parse_ip(what: &str, text: &str) -> Result<Ipv4Addr, String> {
-    text.parse().map_err(|_| format!("bad {what} {text:?} (want an IPv4 address)"))
-}
-
-fn parse_ip6(what: &str, text: &str) -> Result<Ipv6Addr, String> {
-    text.parse().map_err(|_| format!("bad {what} {text:?} (want an IPv6 address)"))
+    let mac = parsed.vtep_mac.ok_or_else(|| NodeError::NoMac { what, data: data.clone() })?;
+    mac.parse().map_err(|error| NodeError::BadMac { what, error })
 }
 
 /// This node's addresses as its own Node publishes them: no peer may claim one.
@@ -137,7 +131,7 @@ struct OwnIps {
 }
 
 impl Rules<'_> {
-    fn peer(&self, name: &str, node: &Value, own_ips: &OwnIps) -> Result<Verdict, String> {
+    fn peer(&self, name: &str, node: &Value, own_ips: &OwnIps) -> Result<Verdict, NodeError> {
         let ann = annotations(node)?;
         let n = self.names;
         if ann.get(&n.subnet_manager) != Some("true") {
@@ -169,8 +163,9 @@ impl Rules<'_> {
             },
             // IPv6-only: that half is the whole peer
             None => {
-                super::peer_record::check6(half6.public_ip, half6.subnet, network6, &own_ips.v6)
-                    .map_err(|e| format!("public-ipv6 annotation or IPv6 pod CIDR: {e}"))?;
+                super::peer_record::check6(half6.public_ip, half6.subnet, network6, &own_ips.v6).map_err(
+                    |problem| NodeError::Record { parts: "public-ipv6 annotation or IPv6 pod CIDR", problem },
+                )?;
                 (Some(half6), None)
             }
         };
@@ -178,37 +173,36 @@ impl Rules<'_> {
     }
 
     /// A peer's IPv4 half; every part is required and must parse.
-    fn peer4(&self, ann: &Annotations, node: &Value, network: Ipv4Net, own_ips: &OwnIps) -> Result<PeerV4, String> {
+    fn peer4(&self, ann: &Annotations, node: &Value, network: Ipv4Net, own_ips: &OwnIps) -> Result<PeerV4, NodeError> {
         let n = self.names;
-        let data = ann.get(&n.backend_data).ok_or_else(|| format!("no {} annotation", n.backend_data))?;
+        let data = ann.get(&n.backend_data).ok_or_else(|| NodeError::NoAnnotation(n.backend_data.clone()))?;
         let vtep_mac = vtep_mac("backend-data", data)?;
         // public-ip-overwrite is what the node's own agent publishes as public-ip
         let public_ip = match (ann.get(&n.public_ip_overwrite), ann.get(&n.public_ip)) {
             (Some(o), _) if !o.is_empty() => parse_ip("public-ip-overwrite", o)?,
             (_, Some(p)) => parse_ip("public-ip", p)?,
-            (_, None) => return Err(format!("no {} annotation", n.public_ip)),
+            (_, None) => return Err(NodeError::NoAnnotation(n.public_ip.clone())),
         };
         let subnet = pod_cidr(node)?;
         super::peer_record::check(public_ip, subnet, network, &own_ips.v4)
-            .map_err(|e| format!("public-ip annotation or pod CIDR: {e}"))?;
+            .map_err(|problem| NodeError::Record { parts: "public-ip annotation or pod CIDR", problem })?;
         Ok(PeerV4 { subnet, public_ip, vtep_mac })
     }
 
     /// A peer's IPv6 half; every part is required and must parse.
-    fn peer6(&self, ann: &Annotations, node: &Value) -> Result<PeerV6, String> {
+    fn peer6(&self, ann: &Annotations, node: &Value) -> Result<PeerV6, NodeError> {
         let n = self.names;
         let public_ip = match (ann.get(&n.public_ipv6_overwrite), ann.get(&n.public_ipv6)) {
             (Some(o), _) if !o.is_empty() => parse_ip6("public-ipv6-overwrite", o)?,
             (_, Some(p)) => parse_ip6("public-ipv6", p)?,
-            (_, None) => return Err(format!("no {} annotation (IPv6 is on)", n.public_ipv6)),
+            (_, None) => return Err(NodeError::NoIpv6Annotation(n.public_ipv6.clone())),
         };
-        let data =
-            ann.get(&n.backend_v6_data).ok_or_else(|| format!("no {} annotation (IPv6 is on)", n.backend_v6_data))?;
+        let data = ann.get(&n.backend_v6_data).ok_or_else(|| NodeError::NoIpv6Annotation(n.backend_v6_data.clone()))?;
         let vtep_mac = vtep_mac("backend-v6-data", data)?;
         Ok(PeerV6 { subnet: pod_cidr6(node)?, public_ip, vtep_mac })
     }
 
-    fn own(&self, node: &Value) -> Result<OwnNode, String> {
+    fn own(&self, node: &Value) -> Result<OwnNode, NodeError> {
         let ann = annotations(node)?;
         let mut own = OwnNode {
             subnet: None,
@@ -221,7 +215,7 @@ impl Rules<'_> {
         if let Some(network) = self.network {
             let subnet = pod_cidr(node)?;
             if !network.contains(&subnet) {
-                return Err(format!("pod CIDR {subnet} is outside the network {network}"));
+                return Err(NodeError::OutsideNetwork { subnet, network });
             }
             own.subnet = Some(subnet);
             own.published_mac = ann.get(&self.names.backend_data).and_then(|d| vtep_mac("backend-data", d).ok());
@@ -233,13 +227,11 @@ impl Rules<'_> {
         if let Some(network6) = self.network6 {
             let subnet6 = pod_cidr6(node)?;
             if !network6.contains(&subnet6) {
-                // flannel's AcquireLease words it so
-                return Err(format!(
-                    "subnet {:?} specified in the flannel net config doesn't contain {:?} IPv6 PodCIDR of the {:?} node",
-                    network6.to_string(),
-                    subnet6.to_string(),
-                    self.own_name
-                ));
+                return Err(NodeError::Ipv6OutsideNetwork {
+                    network: network6,
+                    subnet: subnet6,
+                    node: self.own_name.to_string(),
+                });
             }
             own.subnet6 = Some(subnet6);
             own.published_mac6 = ann.get(&self.names.backend_v6_data).and_then(|d| vtep_mac("backend-v6-data", d).ok());
@@ -307,7 +299,7 @@ impl Rules<'_> {
                     view.peers.push(p)
                 }
                 Ok(Verdict::Ignored(reason)) => view.ignored.push(Rejection { node: name.into(), reason }),
-                Err(reason) => view.rejected.push(Rejection { node: name.into(), reason }),
+                Err(reason) => view.rejected.push(Rejection { node: name.into(), reason: reason.to_string() }),
             }
         }
         view

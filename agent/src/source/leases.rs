@@ -1,6 +1,6 @@
-//! flannel's etcd layout, as pure functions: subnet keys, lease values, the
-//! network config's subnet range, and subnet allocation.
-//! (flannel pkg/subnet/subnet.go, pkg/subnet/config.go, pkg/lease/lease.go)
+//! flannel's etcd layout, as pure functions: subnet keys, lease values, and
+//! the peers the leases make (flannel pkg/subnet/subnet.go,
+//! pkg/lease/lease.go). The subnet range and allocation: subnet_range.rs.
 use std::{
     collections::BTreeMap,
     net::{Ipv4Addr, Ipv6Addr},
@@ -10,10 +10,9 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::peer_record;
+use super::peer_record::{self, RecordProblem};
 use crate::{
-    mac::VtepMac,
-    netconf::{Ipv6Conf, NetConf},
+    mac::{MacError, VtepMac},
     peer::{ClusterView, Peer, PeerV4, PeerV6, Rejection},
 };
 
@@ -119,23 +118,45 @@ pub struct LeaseV6 {
     pub vtep_mac: Option<VtepMac>,
 }
 
+/// Why a lease is not a peer: the rejection's reason in the view.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("key {0:?} is not <a.b.c.d>-<len> or <a.b.c.d>-<len>&<ipv6>-<len>")]
+    BadKey(String),
+    #[error("lease is not JSON ({0})")]
+    NotJson(serde_json::Error),
+    #[error("lease has no PublicIP")]
+    NoPublicIp,
+    #[error("bad {0} {1:?}")]
+    BadAddress(&'static str, String),
+    #[error("{0} is not a string: {1}")]
+    NotAString(&'static str, Value),
+    #[error("bad {0}: {1}")]
+    BadMac(&'static str, MacError),
+    #[error("lease has no BackendData.VtepMAC")]
+    NoVtepMac,
+    #[error("lease has an IPv6 subnet but no {0}")]
+    Ipv6HalfLacks(&'static str),
+    #[error(transparent)]
+    Record(#[from] RecordProblem),
+}
+
 /// The VtepMAC at `pointer`; `name` says which in errors.
-fn mac_at(v: &Value, pointer: &str, name: &str) -> Result<Option<VtepMac>, String> {
+fn mac_at(v: &Value, pointer: &str, name: &'static str) -> Result<Option<VtepMac>, LeaseError> {
     match v.pointer(pointer) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::String(m)) => m.parse().map(Some).map_err(|e| format!("bad {name}: {e}")),
-        Some(other) => Err(format!("{name} is not a string: {other}")),
+        Some(Value::String(m)) => m.parse().map(Some).map_err(|e| LeaseError::BadMac(name, e)),
+        Some(other) => Err(LeaseError::NotAString(name, other.clone())),
     }
 }
 
 /// Reads a lease; with `ipv6` its IPv6 half too (a key without one gives
 /// `v6: None`, as flannel's etcd registry handles each family apart).
-pub fn parse_lease(key: &str, value: &str, ipv6: bool) -> Result<Lease, String> {
-    let (subnet, subnet6) =
-        parse_key(key).ok_or_else(|| format!("key {key:?} is not <a.b.c.d>-<len> or <a.b.c.d>-<len>&<ipv6>-<len>"))?;
-    let v: Value = serde_json::from_str(value).map_err(|e| format!("lease is not JSON ({e})"))?;
-    let ip = v.get("PublicIP").and_then(Value::as_str).ok_or("lease has no PublicIP")?;
-    let public_ip: Ipv4Addr = ip.parse().map_err(|_| format!("bad PublicIP {ip:?}"))?;
+pub fn parse_lease(key: &str, value: &str, ipv6: bool) -> Result<Lease, LeaseError> {
+    let (subnet, subnet6) = parse_key(key).ok_or_else(|| LeaseError::BadKey(key.to_string()))?;
+    let v: Value = serde_json::from_str(value).map_err(LeaseError::NotJson)?;
+    let ip = v.get("PublicIP").and_then(Value::as_str).ok_or(LeaseError::NoPublicIp)?;
+    let public_ip: Ipv4Addr = ip.parse().map_err(|_| LeaseError::BadAddress("PublicIP", ip.to_string()))?;
     let backend_type = v.get("BackendType").and_then(Value::as_str).unwrap_or("").to_string();
     let vtep_mac = mac_at(&v, "/BackendData/VtepMAC", "VtepMAC")?;
     let v6 = match subnet6.filter(|_| ipv6) {
@@ -143,8 +164,10 @@ pub fn parse_lease(key: &str, value: &str, ipv6: bool) -> Result<Lease, String> 
         Some(subnet) => {
             let public_ip = match v.get("PublicIPv6") {
                 None | Some(Value::Null) => None,
-                Some(Value::String(ip)) => Some(ip.parse().map_err(|_| format!("bad PublicIPv6 {ip:?}"))?),
-                Some(other) => return Err(format!("PublicIPv6 is not a string: {other}")),
+                Some(Value::String(ip)) => {
+                    Some(ip.parse().map_err(|_| LeaseError::BadAddress("PublicIPv6", ip.to_string()))?)
+                }
+                Some(other) => return Err(LeaseError::NotAString("PublicIPv6", other.clone())),
             };
             Some(LeaseV6 {
                 subnet,
@@ -182,7 +205,7 @@ impl Reader {
         for (key, value) in leases {
             let reject = |reason: String| Rejection { node: key.clone(), reason };
             match parse_lease(key, value, self.network6.is_some()) {
-                Err(reason) => view.rejected.push(reject(reason)),
+                Err(reason) => view.rejected.push(reject(reason.to_string())),
                 Ok(l) if Some(l.subnet) == self.own => {}
                 Ok(l) if l.backend_type != "vxlan" => {
                     view.ignored.push(reject(format!("backend type {:?} is not \"vxlan\"", l.backend_type)))
@@ -192,7 +215,7 @@ impl Reader {
                         view.partial.extend(partial.map(reject));
                         view.peers.push(p)
                     }
-                    Err(reason) => view.rejected.push(reject(reason)),
+                    Err(reason) => view.rejected.push(reject(reason.to_string())),
                 },
             }
         }
@@ -200,13 +223,13 @@ impl Reader {
     }
 
     /// A lease's peer, and why its IPv6 half was left out, if it was.
-    fn peer(&self, key: &str, value: &str, l: Lease) -> Result<(Peer, Option<String>), String> {
-        peer_record::check(l.public_ip, l.subnet, self.network, &[self.own_ip]).map_err(|e| e.to_string())?;
-        let vtep_mac = l.vtep_mac.ok_or("lease has no BackendData.VtepMAC")?;
+    fn peer(&self, key: &str, value: &str, l: Lease) -> Result<(Peer, Option<String>), LeaseError> {
+        peer_record::check(l.public_ip, l.subnet, self.network, &[self.own_ip])?;
+        let vtep_mac = l.vtep_mac.ok_or(LeaseError::NoVtepMac)?;
         let (v6, partial) = match (l.v6, self.network6) {
             (Some(v6), Some(network6)) => {
-                let public_ip = v6.public_ip.ok_or("lease has an IPv6 subnet but no PublicIPv6")?;
-                let mac = v6.vtep_mac.ok_or("lease has an IPv6 subnet but no BackendV6Data.VtepMAC")?;
+                let public_ip = v6.public_ip.ok_or(LeaseError::Ipv6HalfLacks("PublicIPv6"))?;
+                let mac = v6.vtep_mac.ok_or(LeaseError::Ipv6HalfLacks("BackendV6Data.VtepMAC"))?;
                 let own6: Vec<Ipv6Addr> = self.own_ip6.into_iter().collect();
                 match peer_record::checked_half6(
                     PeerV6 { subnet: v6.subnet, public_ip, vtep_mac: mac },
@@ -214,7 +237,7 @@ impl Reader {
                     &own6,
                 ) {
                     Ok(v6) => (Some(v6), None),
-                    Err(why) => (None, Some(why)),
+                    Err(why) => (None, Some(why.to_string())),
                 }
             }
             _ => (None, None),
@@ -235,174 +258,9 @@ fn lease_allows_any_inner_source(value: &str) -> bool {
     serde_json::from_str::<Value>(value).is_ok_and(|v| v.get(ANY_INNER_SOURCE_FIELD) == Some(&Value::Bool(true)))
 }
 
-/// The subnet range of a network config (flannel's CheckNetworkConfig defaults).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SubnetRange {
-    pub len: u8,
-    pub min: Ipv4Addr,
-    pub max: Ipv4Addr,
-}
-
-pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange, String> {
-    let v: Value = serde_json::from_str(config).map_err(|e| format!("network config is not JSON ({e})"))?;
-    let net = conf.network;
-    // 0 is flannel's "unset" (a Go uint's zero value), so it means the default
-    let len = match v.get("SubnetLen") {
-        None | Some(Value::Null) => 0,
-        Some(l) => l
-            .as_u64()
-            .and_then(|l| u8::try_from(l).ok())
-            .filter(|l| *l <= 32)
-            .ok_or_else(|| format!("SubnetLen {l} is not a prefix length from 1 to 32 (or 0 for the default)"))?,
-    };
-    let len = match len {
-        0 if net.prefix_len() <= 22 => 24,
-        0 => net.prefix_len() + 2,
-        l => l,
-    };
-    if len < net.prefix_len() || len > 30 {
-        return Err(format!("SubnetLen {len} does not fit Network {net} (max 30)"));
-    }
-    let size = 1u32 << (32 - len);
-    let first = u32::from(net.network());
-    let count = 1u32 << (len - net.prefix_len());
-    let addr = |key: &str, default: u32| -> Result<Ipv4Addr, String> {
-        match v.get(key).and_then(Value::as_str) {
-            None => Ok(Ipv4Addr::from(default)),
-            Some(s) => {
-                let a: Ipv4Addr = s.parse().map_err(|_| format!("{key} {s:?} is not an IPv4 address"))?;
-                if a.is_unspecified() {
-                    return Ok(Ipv4Addr::from(default)); // flannel's "unset" (ip.IP4(0))
-                }
-                if u32::from(a) % size != 0 || !net.contains(&a) {
-                    return Err(format!("{key} {a} is not a /{len} inside {net}"));
-                }
-                Ok(a)
-            }
-        }
-    };
-    let min = addr("SubnetMin", first + if count > 1 { size } else { 0 })?;
-    let max = addr("SubnetMax", first + (count - 1) * size)?;
-    Ok(SubnetRange { len, min, max })
-}
-
-/// Picks a free subnet: `previous` if it is free and in range, else the
-/// first free of a random rotation of the range (flannel picks at random
-/// among free subnets, so nodes starting together rarely collide).
-pub fn allocate(range: SubnetRange, taken: &[Ipv4Net], previous: Option<Ipv4Net>, seed: u64) -> Option<Ipv4Net> {
-    let free = |n: &Ipv4Net| !taken.iter().any(|t| t.contains(&n.network()) || n.contains(&t.network()));
-    let in_range = |n: &Ipv4Net| n.prefix_len() == range.len && n.network() >= range.min && n.network() <= range.max;
-    if let Some(p) = previous.filter(|p| in_range(p) && free(p)) {
-        return Some(p);
-    }
-    let size = 1u32 << (32 - range.len);
-    let count = (u32::from(range.max) - u32::from(range.min)) / size + 1;
-    let start = (seed % count as u64) as u32;
-    (0..count)
-        .map(|i| Ipv4Addr::from(u32::from(range.min) + ((start + i) % count) * size))
-        .filter_map(|a| Ipv4Net::new(a, range.len).ok())
-        .find(free)
-}
-
-/// FLANNEL_SUBNET from a subnet.env (`10.244.5.1/24` -> `10.244.5.0/24`).
-pub fn previous_subnet(subnet_env: &str) -> Option<Ipv4Net> {
-    let line = subnet_env.lines().find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))?;
-    line.trim().parse::<Ipv4Net>().ok().map(|n| n.trunc())
-}
-
-/// The IPv6 subnet range of a dual-stack network config, with flannel's
-/// `CheckNetworkConfig` defaults and its error messages word for word.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SubnetRange6 {
-    pub len: u8,
-    pub min: Ipv6Addr,
-    pub max: Ipv6Addr,
-}
-
-impl SubnetRange6 {
-    /// flannel's `isIPv6SubnetConfigCompat`: our old IPv6 subnet may stay.
-    pub fn fits(&self, net: Ipv6Net) -> bool {
-        net.prefix_len() == self.len && net.network() >= self.min && net.network() <= self.max
-    }
-}
-
-pub fn subnet_range6(v6: &Ipv6Conf) -> Result<SubnetRange6, String> {
-    let net = v6.network;
-    let len = match v6.subnet_len {
-        Some(l) if l > 126 => return Err("SubnetLen must be less than /127".into()),
-        Some(l) if l < net.prefix_len() + 2 => {
-            return Err("network must be able to accommodate at least four subnets".into());
-        }
-        Some(l) => l,
-        None if net.prefix_len() > 124 => {
-            return Err("IPv6Network is too small. Minimum useful network prefix is /124".into());
-        }
-        None if net.prefix_len() <= 62 => 64,
-        None => net.prefix_len() + 2,
-    };
-    let size = 1u128 << (128 - len);
-    let first = u128::from(net.network());
-    let last = u128::from(net.broadcast());
-    let min = match v6.subnet_min {
-        None => Ipv6Addr::from(first + size),
-        Some(a) if !net.contains(&a) => return Err("IPv6SubnetMin is not in the range of the IPv6Network".into()),
-        Some(a) => a,
-    };
-    let max = match v6.subnet_max {
-        // the next network's address minus one subnet
-        None => Ipv6Addr::from(last - size + 1),
-        Some(a) if !net.contains(&a) => return Err("IPv6SubnetMax is not in the range of the IPv6Network".into()),
-        Some(a) => a,
-    };
-    if u128::from(min) % size != 0 {
-        return Err(format!("IPv6SubnetMin is not on a SubnetLen boundary: {min}"));
-    }
-    if u128::from(max) % size != 0 {
-        return Err(format!("IPv6SubnetMax is not on a SubnetLen boundary: {max}"));
-    }
-    Ok(SubnetRange6 { len, min, max })
-}
-
-/// Picks a free IPv6 subnet as flannel's `allocateSubnet` does: `previous`
-/// if it fits and is free, else one at random among the first 100 free
-/// subnets from the range's start.
-pub fn allocate6(range: SubnetRange6, taken: &[Ipv6Net], previous: Option<Ipv6Net>, seed: u64) -> Option<Ipv6Net> {
-    let free = |n: &Ipv6Net| !taken.iter().any(|t| t.contains(&n.network()) || n.contains(&t.network()));
-    if let Some(p) = previous.filter(|p| range.fits(*p) && free(p)) {
-        return Some(p);
-    }
-    let size = 1u128 << (128 - range.len);
-    let (min, max) = (u128::from(range.min), u128::from(range.max));
-    let mut candidates = Vec::new();
-    let mut at = Some(min);
-    while let Some(a) = at.filter(|a| *a <= max && candidates.len() < 100) {
-        let Ok(n) = Ipv6Net::new(Ipv6Addr::from(a), range.len) else { break };
-        let overlap = taken.iter().find(|t| t.contains(&n.network()) || n.contains(&t.network()));
-        if overlap.is_none() {
-            candidates.push(n);
-        }
-        // past this candidate, or past a bigger taken subnet in one step: a
-        // lease key with a short prefix must not make this walk 2^64 steps
-        let last = overlap.map_or(0, |t| u128::from(t.broadcast())).max(a + (size - 1));
-        at = last.checked_add(1);
-    }
-    candidates.get((seed % candidates.len().max(1) as u64) as usize).copied()
-}
-
-/// FLANNEL_IPV6_SUBNET from a subnet.env (`fd00:10:244:5::1/64` ->
-/// `fd00:10:244:5::/64`, as Go's `net.ParseCIDR` masks it).
-pub fn previous_subnet6(subnet_env: &str) -> Option<Ipv6Net> {
-    let line = subnet_env.lines().find_map(|l| l.strip_prefix("FLANNEL_IPV6_SUBNET="))?;
-    line.trim().parse::<Ipv6Net>().ok().map(|n| n.trunc())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn conf(net: &str) -> NetConf {
-        NetConf { network: net.parse().unwrap(), ..NetConf::default() }
-    }
 
     /// Node 198.18.0.1 / fd00:198:18::1 in 10.244.0.0/16, IPv4 only.
     fn reader(own: Option<&str>) -> Reader {
@@ -505,54 +363,6 @@ mod tests {
             let r = rejected.iter().find(|r| r.node == key).unwrap_or_else(|| panic!("{ip} not rejected"));
             assert!(r.reason.contains(reason), "{ip}: {}", r.reason);
         }
-    }
-
-    #[test]
-    fn subnet_len_outside_1_to_32_is_refused_not_truncated() {
-        let net = conf("10.0.0.0/8");
-        // 280 as u8 would be 24: a plausible length nobody asked for
-        for bad in ["280", "33", "-1", "24.5", "\"24\""] {
-            let e = subnet_range(&format!(r#"{{"SubnetLen":{bad}}}"#), &net).unwrap_err();
-            assert!(e.contains("SubnetLen") && e.contains("1 to 32"), "{bad}: {e}");
-        }
-        assert_eq!(subnet_range(r#"{"SubnetLen":null}"#, &net).unwrap().len, 24);
-        assert_eq!(subnet_range(r#"{"SubnetLen":0}"#, &net).unwrap().len, 24, "flannel's unset");
-        assert_eq!(subnet_range(r#"{"SubnetLen":20}"#, &net).unwrap().len, 20);
-        // in 1-32 but not within flannel's bounds: refused as before
-        assert!(subnet_range(r#"{"SubnetLen":31}"#, &net).unwrap_err().contains("max 30"));
-    }
-
-    #[test]
-    fn subnet_range_defaults_follow_flannel() {
-        let r = subnet_range(r#"{"Network":"10.244.0.0/16"}"#, &conf("10.244.0.0/16")).unwrap();
-        assert_eq!((r.len, r.min, r.max), (24, "10.244.1.0".parse().unwrap(), "10.244.255.0".parse().unwrap()));
-        let r = subnet_range(r#"{"Network":"10.1.0.0/24"}"#, &conf("10.1.0.0/24")).unwrap();
-        assert_eq!(r.len, 26);
-        assert!(subnet_range(r#"{"SubnetMin":"10.244.1.7"}"#, &conf("10.244.0.0/16")).is_err());
-        // 0.0.0.0 is flannel's "unset": the defaults
-        assert_eq!(
-            subnet_range(r#"{"SubnetMin":"0.0.0.0","SubnetMax":"0.0.0.0"}"#, &conf("10.244.0.0/16")),
-            subnet_range("{}", &conf("10.244.0.0/16"))
-        );
-    }
-
-    #[test]
-    fn allocation_prefers_previous_then_any_free() {
-        let r = subnet_range("{}", &conf("10.244.0.0/22")).unwrap(); // /24s: .1, .2, .3 usable
-        let taken: Vec<Ipv4Net> = vec!["10.244.1.0/24".parse().unwrap()];
-        let prev: Ipv4Net = "10.244.3.0/24".parse().unwrap();
-        assert_eq!(allocate(r, &taken, Some(prev), 0), Some(prev));
-        assert_eq!(
-            allocate(r, &taken, Some("10.244.1.0/24".parse().unwrap()), 0),
-            Some("10.244.2.0/24".parse().unwrap())
-        );
-        let full: Vec<Ipv4Net> =
-            ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"].iter().map(|s| s.parse().unwrap()).collect();
-        assert_eq!(allocate(r, &full, None, 7), None);
-        assert_eq!(
-            previous_subnet("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.5.1/24\n"),
-            Some("10.244.5.0/24".parse().unwrap())
-        );
     }
 
     #[test]
@@ -668,88 +478,5 @@ mod tests {
                 assert!(r.reason.contains(reason), "{key}: {}", r.reason);
             }
         }
-    }
-
-    fn range6(conf: &str) -> Result<SubnetRange6, String> {
-        let c = NetConf::parse(conf, "x").unwrap();
-        subnet_range6(&c.ipv6.unwrap())
-    }
-
-    #[test]
-    fn ipv6_subnet_range_follows_flannels_check_network_config() {
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"}"#).unwrap();
-        assert_eq!(
-            (r.len, r.min.to_string(), r.max.to_string()),
-            (64, "fd00:10:244:1::".into(), "fd00:10:244:ff::".into())
-        );
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/62"}"#).unwrap();
-        assert_eq!(r.len, 64, "/62 still gets /64s");
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/63"}"#).unwrap();
-        assert_eq!(r.len, 65, "beyond /62: prefix + 2");
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00::/124"}"#).unwrap();
-        assert_eq!((r.len, r.min.to_string(), r.max.to_string()), (126, "fd00::4".into(), "fd00::c".into()));
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"::/0"}"#).unwrap();
-        assert_eq!(r.max.to_string(), "ffff:ffff:ffff:ffff::", "no overflow at /0");
-        let errors = [
-            (r#""IPv6Network":"fd00::/125""#, "IPv6Network is too small. Minimum useful network prefix is /124"),
-            (r#""IPv6Network":"fd00::/56","IPv6SubnetLen":127"#, "SubnetLen must be less than /127"),
-            (
-                r#""IPv6Network":"fd00::/56","IPv6SubnetLen":57"#,
-                "network must be able to accommodate at least four subnets",
-            ),
-            (
-                r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd01::""#,
-                "IPv6SubnetMin is not in the range of the IPv6Network",
-            ),
-            (
-                r#""IPv6Network":"fd00::/56","IPv6SubnetMax":"fd01::""#,
-                "IPv6SubnetMax is not in the range of the IPv6Network",
-            ),
-            (
-                r#""IPv6Network":"fd00::/56","IPv6SubnetMin":"fd00:0:0:1::1""#,
-                "IPv6SubnetMin is not on a SubnetLen boundary: fd00:0:0:1::1",
-            ),
-            (
-                r#""IPv6Network":"fd00::/56","IPv6SubnetMax":"fd00:0:0:2:8000::""#,
-                "IPv6SubnetMax is not on a SubnetLen boundary: fd00:0:0:2:8000::",
-            ),
-        ];
-        for (keys, want) in errors {
-            assert_eq!(range6(&format!(r#"{{"EnableIPv6":true,{keys}}}"#)), Err(want.to_string()), "{keys}");
-        }
-        let r = range6(
-            r#"{"EnableIPv6":true,"IPv6Network":"fd00::/56","IPv6SubnetLen":60,"IPv6SubnetMin":"fd00:0:0:20::"}"#,
-        )
-        .unwrap();
-        assert_eq!((r.len, r.min.to_string(), r.max.to_string()), (60, "fd00:0:0:20::".into(), "fd00:0:0:f0::".into()));
-    }
-
-    #[test]
-    fn ipv6_allocation_prefers_previous_then_a_free_one_of_the_first_100() {
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"}"#).unwrap();
-        let net = |s: &str| -> Ipv6Net { s.parse().unwrap() };
-        let taken = vec![net("fd00:10:244:1::/64"), net("fd00:10:244:3::/64")];
-        assert_eq!(allocate6(r, &taken, Some(net("fd00:10:244:9::/64")), 0), Some(net("fd00:10:244:9::/64")));
-        // taken, outside the range or of another length: not reused
-        for bad in ["fd00:10:244:3::/64", "fd00:10:244::/64", "fd00:10:244:9::/80", "fd00:99::/64"] {
-            let n = allocate6(r, &taken, Some(net(bad)), 0).unwrap();
-            assert!(r.fits(n) && !taken.contains(&n) && n != net(bad), "{bad} -> {n}");
-        }
-        assert_eq!(allocate6(r, &taken, None, 0), Some(net("fd00:10:244:2::/64")));
-        assert_eq!(allocate6(r, &taken, None, 1), Some(net("fd00:10:244:4::/64")));
-        // a wide lease covers many subnets
-        let all: Vec<Ipv6Net> = vec![net("fd00:10:244::/56")];
-        assert_eq!(allocate6(r, &all, None, 3), None);
-        // one taken subnet covering 2^48 candidates is skipped in one step
-        // (walked one by one, this would not end)
-        let wide =
-            SubnetRange6 { len: 64, min: "fd00::".parse().unwrap(), max: "fd00:ffff:ffff:ffff::".parse().unwrap() };
-        assert_eq!(allocate6(wide, &[net("fd00::/16")], None, 0), None);
-        assert_eq!(allocate6(wide, &[net("fd00::/17")], None, 0), Some(net("fd00:8000::/64")));
-        assert_eq!(
-            previous_subnet6("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_IPV6_SUBNET=fd00:10:244:5::1/64\n"),
-            Some(net("fd00:10:244:5::/64"))
-        );
-        assert_eq!(previous_subnet6("FLANNEL_SUBNET=10.244.5.1/24\n"), None);
     }
 }

@@ -3,12 +3,15 @@
 //! else; none of them touches the dataplane. A source sends only what it
 //! read in full, so an unreachable control plane never looks like "no peers".
 pub mod etcd;
+pub mod etcd_settings;
 pub mod etcd_tls;
 pub mod flannel_rules;
 pub mod kube;
 pub mod leases;
+pub mod node_error;
 pub mod nodes_file;
 pub mod peer_record;
+pub mod subnet_range;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 

@@ -105,11 +105,14 @@ pub fn checked_half6(
     v6: crate::peer::PeerV6,
     network: Ipv6Net,
     own: &[Ipv6Addr],
-) -> Result<crate::peer::PeerV6, String> {
-    check6(v6.public_ip, v6.subnet, network, own)
-        .map(|()| v6)
-        .map_err(|e| format!("IPv6 half not used, IPv4 half kept: {e}"))
+) -> Result<crate::peer::PeerV6, HalfLeftOut> {
+    check6(v6.public_ip, v6.subnet, network, own).map(|()| v6).map_err(HalfLeftOut)
 }
+
+/// Why a peer's IPv6 half is left out while its IPv4 half is kept.
+#[derive(Debug, thiserror::Error)]
+#[error("IPv6 half not used, IPv4 half kept: {0}")]
+pub struct HalfLeftOut(pub RecordProblem);
 
 #[cfg(test)]
 mod tests {

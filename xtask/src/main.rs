@@ -61,7 +61,11 @@ enum Job {
     },
     /// Build the book (docs/) into target/book: the flag reference written from the binary,
     /// then every link and path checked.
-    Docs,
+    Docs {
+        /// Do not rewrite the flag reference (CI: the unit tests check it).
+        #[arg(long)]
+        check: bool,
+    },
     /// Run every cargo-fuzz target (fuzz/) for N seconds each, from its seed corpus in fuzz/seeds.
     Fuzz {
         /// Seconds of fuzzing per target (the build comes on top).
@@ -121,7 +125,7 @@ fn main() -> ExitCode {
         Job::Test { filter, kernel, ci } => test::run(filter.as_deref(), kernel.as_deref(), ci),
         Job::Image { arch: Some(platforms) } => image::build_for(platforms).map(|_| ()),
         Job::Image { arch: None } => image::Arch::host().and_then(image::build).map(|_| ()),
-        Job::Docs => packages::ensure_build().and_then(|_| docs::build()).map(|_| ()),
+        Job::Docs { check } => packages::ensure_build().and_then(|_| docs::build(check)).map(|_| ()),
         Job::Fuzz { seconds } => fuzz::run(seconds),
         Job::Seccomp => seccomp::write(),
         Job::Demo => demo::run(),

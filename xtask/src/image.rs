@@ -592,6 +592,19 @@ mod tests {
     }
 
     #[test]
+    fn the_arm64_loaders_list_under_qemu_gives_paths_as_on_a_node() -> Result<()> {
+        // `ld-linux-aarch64.so.1 --list` under `qemu-aarch64-static -L ROOT`: the
+        // loader is found under ROOT, and named by the path the program asks for
+        let out = "\t (0x0000005502850000)\n\tlibc.so.6 => /lib/aarch64-linux-gnu/libc.so.6 (0x1)\n\
+                   \t/lib/ld-linux-aarch64.so.1 => /cache/root/lib/ld-linux-aarch64.so.1 (0x2)\n";
+        assert_eq!(
+            parse_ldd(out)?,
+            vec![PathBuf::from("/lib/aarch64-linux-gnu/libc.so.6"), PathBuf::from("/lib/ld-linux-aarch64.so.1")]
+        );
+        Ok(())
+    }
+
+    #[test]
     fn a_library_ldd_cannot_find_is_an_error_naming_it() {
         let err = parse_ldd("\tlibgone.so.1 => not found\n").err().map(|e| e.to_string());
         assert_eq!(err.as_deref(), Some("libgone.so.1 is not found"));

@@ -1,7 +1,7 @@
 //! Building the eBPF object and the agent that embeds it.
 use std::{path::PathBuf, process::Command};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::{exec, toolchain::Tools};
 
@@ -89,4 +89,24 @@ pub fn testpeer() -> Result<()> {
             .args(["build", "--release", "--locked", "--package", "edgevx-tests", "--bin", "edgevx-testpeer"])
             .current_dir(exec::workspace_root()),
     )
+}
+
+/// Builds the e2e test binary (for `target`, the host's when `None`) and
+/// returns its path: cargo names it with a hash, so it is read from cargo's
+/// JSON messages.
+pub fn e2e_binary(target: Option<&str>, env: &[(&str, std::ffi::OsString)]) -> Result<PathBuf> {
+    let mut cmd = Command::new("cargo");
+    cmd.args(["test", "--release", "--locked", "-p", "edgevx-tests", "--test", "e2e", "--no-run"])
+        .args(["--message-format", "json"])
+        .current_dir(exec::workspace_root())
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    if let Some(target) = target {
+        cmd.args(["--target", target]);
+    }
+    let out = exec::output(&mut cmd)?;
+    out.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "e2e")
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .with_context(|| format!("cargo built no e2e test binary for {}", target.unwrap_or("this machine")))
 }

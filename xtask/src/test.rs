@@ -1,7 +1,7 @@
 //! `cargo xtask test`: unit tests, then the privileged tests one at a time.
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::{build, exec, image, kernels, packages, seccomp, toolchain, unpacked, vm, vm_arm64};
 
@@ -102,7 +102,7 @@ fn in_vm(filter: Option<&str>, kernel: &str, ci: bool) -> Result<()> {
         bail!("the kernel matrix boots VMs and runs the namespace tests in them: it needs root");
     }
     let root = exec::workspace_root();
-    let test_binary = e2e_binary(&tools)?;
+    let test_binary = build::e2e_binary(None, &[("PATH", tools.path_env())])?;
     let binary = test_binary.display().to_string();
     let mut command = vec!["sh".to_string(), "-c".to_string()];
     let prog_tests = format!("{binary} --test-threads=1 prog_test_run");
@@ -122,22 +122,6 @@ fn in_vm(filter: Option<&str>, kernel: &str, ci: bool) -> Result<()> {
         path_env: tools.path_env(),
         job: "tests",
     })
-}
-
-/// Builds the e2e test binary and returns its path (cargo names it with a hash).
-fn e2e_binary(tools: &toolchain::Tools) -> Result<std::path::PathBuf> {
-    let out = exec::output(
-        Command::new("cargo")
-            .args(["test", "--release", "--locked", "-p", "edgevx-tests", "--test", "e2e", "--no-run"])
-            .args(["--message-format", "json"])
-            .current_dir(exec::workspace_root())
-            .env("PATH", tools.path_env()),
-    )?;
-    out.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "e2e")
-        .find_map(|m| m["executable"].as_str().map(std::path::PathBuf::from))
-        .context("cargo built no e2e test binary")
 }
 
 fn quote(s: &str) -> String {

@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{exec, image::Arch, kernels, packages, sysroot};
+use crate::{build, exec, image::Arch, kernels, packages, sysroot};
 
 /// The tests the arm64 guest runs by default: every prog test.
 pub const TESTS: &[&str] = &["prog_test_run::", "prog_test_run_v6::"];
@@ -41,7 +41,10 @@ pub fn run(kernel: &str, filters: &[&str]) -> Result<()> {
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
 
-    let tests = e2e_binary()?;
+    // static (musl): the initramfs has no loader; built with the image's cross C compiler
+    let env: Vec<(&str, std::ffi::OsString)> =
+        Arch::Arm64.musl_env()?.into_iter().map(|(k, v)| (k, v.into())).collect();
+    let tests = build::e2e_binary(Some("aarch64-unknown-linux-musl"), &env)?;
     let busybox = sysroot::ensure(Arch::Arm64.oci())?.join("bin/busybox");
     let object = root.join("target/bpfel-unknown-none/release/edgevx");
     let initrd = initramfs(&out, &busybox, &tests, &object, filters)?;
@@ -80,24 +83,6 @@ pub fn run(kernel: &str, filters: &[&str]) -> Result<()> {
         Some(code) => bail!("the tests failed in the arm64 guest (status {code}): {}", out.join("tests.log").display()),
         None => bail!("the arm64 guest ended without a test status: {}", console.display()),
     }
-}
-
-/// The test binary for aarch64-unknown-linux-musl (static: the initramfs
-/// has no loader), built with the cross C compiler the image uses.
-fn e2e_binary() -> Result<PathBuf> {
-    let arch = Arch::Arm64;
-    let out = exec::output(
-        Command::new("cargo")
-            .args(["test", "--release", "--locked", "-p", "edgevx-tests", "--test", "e2e", "--no-run"])
-            .args(["--target", "aarch64-unknown-linux-musl", "--message-format", "json"])
-            .current_dir(exec::workspace_root())
-            .envs(arch.musl_env()?),
-    )?;
-    out.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "e2e")
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .context("cargo built no arm64 e2e test binary")
 }
 
 /// The initramfs (an uncompressed newc cpio, written by the host's busybox):

@@ -1,5 +1,8 @@
 //! A network namespace that is deleted when dropped.
-use std::process::{Command, Output};
+use std::{
+    io::Write,
+    process::{Command, Output, Stdio},
+};
 
 use anyhow::{Context, Result, bail};
 
@@ -10,12 +13,42 @@ pub struct Netns {
 }
 
 impl Netns {
+    /// A new namespace with `lo` up.
     pub fn new(name: &str) -> Result<Self> {
-        let _ = Command::new("ip").args(["netns", "del", name]).output();
-        sh(&["ip", "netns", "add", name])?;
-        let ns = Netns { name: name.to_string() };
+        let ns = Self::bare(name)?;
         ns.ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
+    }
+
+    /// A new namespace with `lo` still down, for a caller whose first
+    /// [`Netns::batch`] brings it up: under TCG every process start costs
+    /// most of a second, so the topology is built with as few as it can.
+    pub fn bare(name: &str) -> Result<Self> {
+        // a namespace left over from a killed run of the same name
+        if std::path::Path::new("/run/netns").join(name).exists() {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
+        sh(&["ip", "netns", "add", name])?;
+        Ok(Netns { name: name.to_string() })
+    }
+
+    /// `ip -n NAME -batch -`: one `ip` for many commands, each line one
+    /// (`link set lo up`, ...). ip names the line that failed.
+    pub fn batch(&self, lines: &[String]) -> Result<()> {
+        let mut child = Command::new("ip")
+            .args(["-n", &self.name, "-batch", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot run ip -batch in {}", self.name))?;
+        let script = lines.join("\n") + "\n";
+        child.stdin.take().context("ip -batch has no stdin")?.write_all(script.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!("ip -batch in {} failed: {}\n{script}", self.name, String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(())
     }
 
     /// `ip -n NAME ARGS...`

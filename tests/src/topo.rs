@@ -98,29 +98,11 @@ impl Host {
 
     /// The same with `local` as its source address (a node renumbered).
     pub fn kernel_vtep_at(&self, mac: &str, ip: &str) -> Result<()> {
-        self.ns.ip(&[
-            "link",
-            "add",
-            "flannel.1",
-            "address",
-            mac,
-            "mtu",
-            POD_MTU,
-            "type",
-            "vxlan",
-            "id",
-            "1",
-            "dev",
-            "eth0",
-            "local",
-            ip,
-            "dstport",
-            "8472",
-            "nolearning",
-        ])?;
-        self.ns.ip(&["addr", "add", &format!("10.244.{}.0/32", self.i), "dev", "flannel.1"])?;
-        self.ns.ip(&["link", "set", "flannel.1", "up"])?;
-        Ok(())
+        self.ns.batch(&[
+            format!("link add flannel.1 address {mac} mtu {POD_MTU} type vxlan id 1 dev eth0 local {ip} dstport 8472 nolearning"),
+            format!("addr add 10.244.{}.0/32 dev flannel.1", self.i),
+            "link set flannel.1 up".into(),
+        ])
     }
 
     /// What flanneld installs for a remote lease, in its order: arp, fdb, route.
@@ -170,9 +152,8 @@ impl Cluster {
         let dir = std::env::temp_dir().join(&tag);
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir)?;
-        let switch = Netns::new(&format!("{tag}sw"))?;
-        switch.ip(&["link", "add", "br0", "type", "bridge"])?;
-        switch.ip(&["link", "set", "br0", "up"])?;
+        let switch = Netns::bare(&format!("{tag}sw"))?;
+        switch.batch(&["link set lo up".into(), "link add br0 type bridge".into(), "link set br0 up".into()])?;
         let mut c = Cluster { tag, dir, switch, hosts: Vec::new() };
         for i in 1..=n {
             let h = c.make_host(i)?;
@@ -204,33 +185,41 @@ impl Cluster {
 
     fn make_host(&self, i: u8) -> Result<Host> {
         let (ns, dir) = self.make_node(i)?;
-        let pod = Netns::new(&format!("{}p{i}", self.tag))?;
-        ns.ip(&["link", "add", "cni0", "mtu", POD_MTU, "type", "bridge"])?;
-        ns.ip(&["addr", "add", &format!("10.244.{i}.1/24"), "dev", "cni0"])?;
-        ns.ip(&["link", "set", "cni0", "up"])?;
+        let pod = Netns::bare(&format!("{}p{i}", self.tag))?;
         let veth = format!("veth{i}");
         sh(&[
             "ip", "link", "add", "eth0", "netns", &pod.name, "mtu", POD_MTU, "type", "veth", "peer", "name", &veth,
             "netns", &ns.name, "mtu", POD_MTU,
         ])?;
-        ns.ip(&["link", "set", &veth, "master", "cni0", "up"])?;
-        pod.ip(&["addr", "add", &format!("{}/24", pod_ip(i)), "dev", "eth0"])?;
-        pod.ip(&["link", "set", "eth0", "up"])?;
-        pod.ip(&["route", "add", "default", "via", &format!("10.244.{i}.1")])?;
+        ns.batch(&[
+            format!("link add cni0 mtu {POD_MTU} type bridge"),
+            format!("addr add 10.244.{i}.1/24 dev cni0"),
+            "link set cni0 up".into(),
+            format!("link set {veth} master cni0 up"),
+        ])?;
+        pod.batch(&[
+            "link set lo up".into(),
+            format!("addr add {}/24 dev eth0", pod_ip(i)),
+            "link set eth0 up".into(),
+            format!("route add default via 10.244.{i}.1"),
+        ])?;
         Ok(Host { i, ns, pod, dir, bpffs: None })
     }
 
     /// Node `i`'s namespace on the switch (`eth0`, 198.18.0.<i>/24,
     /// forwarding on) and its directory: a node before any pod exists.
     fn make_node(&self, i: u8) -> Result<(Netns, PathBuf)> {
-        let ns = Netns::new(&format!("{}n{i}", self.tag))?;
+        let ns = Netns::bare(&format!("{}n{i}", self.tag))?;
         let dir = self.dir.join(node_name(i));
         fs::create_dir_all(&dir)?;
         self.plug(&ns, &format!("sw{i}"))?;
-        // a NIC keeps its MAC across reboots; so does this one
-        ns.ip(&["link", "set", "eth0", "address", &format!("02:00:c6:12:00:{i:02x}")])?;
-        ns.ip(&["addr", "add", &format!("{}/24", underlay_ip(i)), "dev", "eth0"])?;
-        ns.ip(&["link", "set", "eth0", "up"])?;
+        ns.batch(&[
+            "link set lo up".into(),
+            // a NIC keeps its MAC across reboots; so does this one
+            format!("link set eth0 address 02:00:c6:12:00:{i:02x}"),
+            format!("addr add {}/24 dev eth0", underlay_ip(i)),
+            "link set eth0 up".into(),
+        ])?;
         ns.sysctl("net.ipv4.ip_forward", "1")?;
         Ok((ns, dir))
     }

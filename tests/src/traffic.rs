@@ -133,7 +133,11 @@ impl Peer {
     ) -> Result<u32> {
         let to_ip: IpAddr = to_ip.into();
         let (c, s) = (count.to_string(), size.to_string());
-        let (mut rx, mut out) = self.listen(to, &["udp-recv", "5202", &c, &s, "2000"])?;
+        // the receiver gives up after this long without a datagram; the
+        // first comes only once the sender's process has started, which under
+        // TCG (a matrix guest) takes seconds, so it is waited for patiently
+        let idle = crate::patience(std::time::Duration::from_secs(2)).as_millis().to_string();
+        let (mut rx, mut out) = self.listen(to, &["udp-recv", "5202", &c, &s, &idle])?;
         from.run(&[self.bin(), "udp-send", &to_ip.to_string(), "5202", &c, &s])?;
         let mut got = String::new();
         out.read_line(&mut got)?;

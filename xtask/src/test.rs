@@ -10,7 +10,7 @@ pub const IMAGE_ARCHIVE_ENV: &str = "EDGEVX_IMAGE_ARCHIVE";
 
 pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
     if let Some(kernel) = kernel {
-        return in_vm(filter, kernel, ci);
+        return in_vms(filter, kernel, ci);
     }
     packages::ensure_image()?;
     let (tools, ipam) = prepare()?;
@@ -87,36 +87,116 @@ fn prepare() -> Result<(toolchain::Tools, std::path::PathBuf)> {
     Ok((tools, ipam))
 }
 
-/// The e2e tests inside a VM booting `kernel` (see `vm.rs`); with no
-/// filter, the edge set [`vm::EDGE_TESTS`], with `ci` CI's share of it:
-/// every prog test and [`vm::CI_TESTS`]. Unit tests and the image tests
-/// stay with the native run: neither depends on the kernel.
-fn in_vm(filter: Option<&str>, kernel: &str, ci: bool) -> Result<()> {
+/// The e2e tests inside VMs booting `kernels` (a comma-separated list; see
+/// `vm.rs`); with no filter, the edge set [`vm::EDGE_TESTS`], with `ci`
+/// CI's share of it: every prog test and [`vm::CI_TESTS`]. Unit tests and
+/// the image tests stay with the native run: neither depends on the kernel.
+///
+/// Everything is built and fetched first, one kernel after the other; then
+/// the guests boot at once, the machine's CPUs shared out among them, but
+/// never fewer than [`GUEST_CPUS`] each. Under TCG a guest's tests are
+/// mostly a chain of process starts, one after the other, so two kernels
+/// side by side on two cores take about as long as the slower one alone.
+fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
+    let names: Vec<&str> = kernels.split(',').map(str::trim).filter(|k| !k.is_empty()).collect();
+    if names.is_empty() {
+        bail!("--kernel {kernels:?} names no kernel");
+    }
+    for (i, name) in names.iter().enumerate() {
+        kernels::spec(name)?;
+        if names[..i].contains(name) {
+            bail!("--kernel {kernels:?} names {name} twice");
+        }
+    }
     packages::ensure_vm()?;
     let (tools, ipam) = prepare()?;
-    if kernels::spec(kernel)?.arch == "arm64" {
-        // every prog test, with --ci too: the arm64 guest runs nothing else
-        return vm_arm64::run(kernel, &filter.map_or_else(|| vm_arm64::TESTS.to_vec(), |f| vec![f]));
+    let mut guests = Vec::new();
+    for name in &names {
+        guests.push(if kernels::spec(name)?.arch == "arm64" {
+            // every prog test, with --ci too: the arm64 guest runs nothing else
+            let filters = filter.map_or_else(|| vm_arm64::TESTS.to_vec(), |f| vec![f]);
+            Guest::Arm64(vm_arm64::prepare(name, &filters)?)
+        } else {
+            Guest::Native(vm::prepare(&native_run(name, filter, ci, &tools, &ipam)?)?)
+        });
     }
+    let cpus = (vm::host_cpus() / guests.len()).max(GUEST_CPUS);
+    let failed: Vec<String> = std::thread::scope(|s| {
+        let running: Vec<_> = guests.into_iter().map(|g| (g.name(), s.spawn(move || g.boot(cpus)))).collect();
+        running
+            .into_iter()
+            .filter_map(|(name, h)| match h.join() {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(format!("{name}: {e:#}")),
+                Err(_) => Some(format!("{name}: its runner panicked")),
+            })
+            .collect()
+    });
+    if !failed.is_empty() {
+        bail!("the kernel matrix failed on {} of {} kernels:\n  {}", failed.len(), names.len(), failed.join("\n  "));
+    }
+    Ok(())
+}
+
+/// The fewest virtual CPUs a guest gets: the prog tests send from two CPUs
+/// (the outer IP ID counter shared by every CPU), and a guest with one would
+/// fail them.
+const GUEST_CPUS: usize = 2;
+
+/// A guest of the matrix, ready to boot.
+enum Guest {
+    /// An amd64 kernel under virtme-ng, with this machine's root.
+    Native(vm::Prepared),
+    /// An arm64 kernel in qemu-system-aarch64, with an initramfs.
+    Arm64(vm_arm64::Prepared),
+}
+
+impl Guest {
+    fn name(&self) -> &'static str {
+        match self {
+            Guest::Native(g) => g.name(),
+            Guest::Arm64(g) => g.name(),
+        }
+    }
+
+    fn boot(self, cpus: usize) -> Result<()> {
+        match self {
+            Guest::Native(g) => g.boot(cpus),
+            Guest::Arm64(g) => g.boot(cpus),
+        }
+    }
+}
+
+/// What an amd64 guest runs: the e2e binary built here, with the native
+/// run's environment.
+fn native_run<'a>(
+    kernel: &'a str,
+    filter: Option<&str>,
+    ci: bool,
+    tools: &toolchain::Tools,
+    ipam: &std::path::Path,
+) -> Result<vm::Run<'a>> {
     if !is_root() {
         bail!("the kernel matrix boots VMs and runs the namespace tests in them: it needs root");
     }
     let root = exec::workspace_root();
     let test_binary = build::e2e_binary(None, &[("PATH", tools.path_env())])?;
     let binary = test_binary.display().to_string();
-    let mut command = vec!["sh".to_string(), "-c".to_string()];
     let prog_tests = format!("{binary} --test-threads=1 prog_test_run");
-    command.push(match (filter, ci) {
+    let command = match (filter, ci) {
         (Some(f), _) => format!("{binary} --test-threads=1 {}", quote(f)),
-        (None, true) => format!("{prog_tests} && {binary} --test-threads=1 --exact {}", vm::CI_TESTS.join(" ")),
+        (None, true) => {
+            let share = vm::ci_tests(kernels::spec(kernel)?);
+            format!("{prog_tests} && {binary} --test-threads=1 --exact {}", share.join(" "))
+        }
         (None, false) => format!("{binary} --test-threads=1 {}", vm::EDGE_TESTS.join(" ")),
-    });
-    vm::run(&vm::Run {
+    };
+    Ok(vm::Run {
         kernel,
-        command,
+        command: vec!["sh".to_string(), "-c".to_string(), command],
         env: vec![
             ("EDGEVX_BIN".into(), root.join("target/release/edgevx")),
-            ("EDGEVX_IPAM_BIN".into(), ipam),
+            ("EDGEVX_IPAM_BIN".into(), ipam.to_path_buf()),
             ("EDGEVX_EBPF_OBJECT".into(), root.join("target/bpfel-unknown-none/release/edgevx")),
         ],
         path_env: tools.path_env(),

@@ -29,9 +29,19 @@ const LIMIT: Duration = Duration::from_secs(40 * 60);
 
 const STATUS: &str = "EDGEVX-STATUS";
 
-/// Boots `kernel` (an arm64 entry of the matrix) and runs the tests matching
-/// `filters` (libtest filters) in it; results in `target/vm/<kernel>/`.
-pub fn run(kernel: &str, filters: &[&str]) -> Result<()> {
+/// An arm64 guest ready to boot: its kernel fetched, its initramfs written.
+pub struct Prepared {
+    name: &'static str,
+    vmlinuz: PathBuf,
+    description: String,
+    initrd: PathBuf,
+    out: PathBuf,
+}
+
+/// Fetches `kernel` (an arm64 entry of the matrix), builds the test binary
+/// and the initramfs that runs the tests matching `filters` (libtest
+/// filters); results go to `target/vm/<kernel>/`.
+pub fn prepare(kernel: &str, filters: &[&str]) -> Result<Prepared> {
     let spec = kernels::spec(kernel)?;
     packages::ensure_cross()?;
     packages::ensure_vm()?;
@@ -48,40 +58,54 @@ pub fn run(kernel: &str, filters: &[&str]) -> Result<()> {
     let busybox = sysroot::ensure(Arch::Arm64.oci())?.join("bin/busybox");
     let object = root.join("target/bpfel-unknown-none/release/edgevx");
     let initrd = initramfs(&out, &busybox, &tests, &object, filters)?;
+    let description = format!("{} ({})", fetched.release, fetched.package);
+    Ok(Prepared { name: spec.name, vmlinuz: fetched.vmlinuz, description, initrd, out })
+}
 
-    eprintln!("xtask: booting {} ({}) under qemu-system-aarch64 (TCG)", fetched.release, fetched.package);
-    let console = out.join("console.log");
-    let started = Instant::now();
-    let mut child = Command::new("qemu-system-aarch64")
-        .args(["-M", "virt", "-cpu", "max", "-smp", "2", "-m", "2G", "-nographic", "-no-reboot"])
-        .arg("-kernel")
-        .arg(&fetched.vmlinuz)
-        .arg("-initrd")
-        .arg(&initrd)
-        .args(["-append", "console=ttyAMA0 rdinit=/init panic=-1 quiet"])
-        .stdin(Stdio::null())
-        .stdout(fs::File::create(&console)?)
-        .stderr(fs::File::create(out.join("qemu-stderr.log"))?)
-        .spawn()
-        .context("cannot start qemu-system-aarch64")?;
-    let exit = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
+impl Prepared {
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Boots the guest with `cpus` virtual CPUs and waits for its tests.
+    pub fn boot(self, cpus: usize) -> Result<()> {
+        let Prepared { vmlinuz, description, initrd, out, .. } = self;
+        eprintln!("xtask: booting {description} under qemu-system-aarch64 (TCG, {cpus} CPUs)");
+        let console = out.join("console.log");
+        let started = Instant::now();
+        let mut child = Command::new("qemu-system-aarch64")
+            .args(["-M", "virt", "-cpu", "max", "-smp", &cpus.to_string(), "-m", "2G", "-nographic", "-no-reboot"])
+            .arg("-kernel")
+            .arg(&vmlinuz)
+            .arg("-initrd")
+            .arg(&initrd)
+            .args(["-append", "console=ttyAMA0 rdinit=/init panic=-1 quiet"])
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&console)?)
+            .stderr(fs::File::create(out.join("qemu-stderr.log"))?)
+            .spawn()
+            .context("cannot start qemu-system-aarch64")?;
+        let exit = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if started.elapsed() > LIMIT {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("the arm64 guest did not finish in {} minutes: {}", LIMIT.as_secs() / 60, console.display());
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        };
+        let text = String::from_utf8_lossy(&fs::read(&console)?).into_owned();
+        fs::write(out.join("tests.log"), &text)?;
+        eprintln!("xtask: the arm64 guest ran for {:.0} s ({exit})", started.elapsed().as_secs_f64());
+        match status_of(&text) {
+            Some(0) => Ok(()),
+            Some(code) => {
+                bail!("the tests failed in the arm64 guest (status {code}): {}", out.join("tests.log").display())
+            }
+            None => bail!("the arm64 guest ended without a test status: {}", console.display()),
         }
-        if started.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("the arm64 guest did not finish in {} minutes: {}", LIMIT.as_secs() / 60, console.display());
-        }
-        std::thread::sleep(Duration::from_secs(2));
-    };
-    let text = String::from_utf8_lossy(&fs::read(&console)?).into_owned();
-    fs::write(out.join("tests.log"), &text)?;
-    eprintln!("xtask: the arm64 guest ran for {:.0} s ({exit})", started.elapsed().as_secs_f64());
-    match status_of(&text) {
-        Some(0) => Ok(()),
-        Some(code) => bail!("the tests failed in the arm64 guest (status {code}): {}", out.join("tests.log").display()),
-        None => bail!("the arm64 guest ended without a test status: {}", console.display()),
     }
 }
 

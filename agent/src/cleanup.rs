@@ -22,9 +22,9 @@ use crate::{
     cli::CleanupArgs,
     dataplane::{
         bpffs::{self, PinDir},
-        device::{self, RouteFamily},
-        loader,
+        device, loader, routes,
     },
+    family::Family,
     peer::Peer,
     state::{AGENT_FILE, AgentRecord, MAC_FILE, PEERS_FILE, StateDir},
 };
@@ -129,7 +129,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         (None, _) => {}
     }
     // our firewall chains, whatever flags the last run had
-    match crate::netfilter::Firewall::new() {
+    match crate::netfilter::Firewall::new::<ipnet::Ipv4Net>() {
         Ok(fw) => {
             if fw.remove_all().context("cannot remove the firewall rules")? {
                 info!("removed edgevx's iptables chains");
@@ -138,7 +138,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         Err(e) => info!("no iptables here, so no firewall rules to remove: {e:#}"),
     }
     // whatever the record says (a dual-stack run may have left them without one)
-    match crate::netfilter::Firewall::new6() {
+    match crate::netfilter::Firewall::new::<ipnet::Ipv6Net>() {
         Ok(fw) => {
             if fw.remove_all().context("cannot remove the IPv6 firewall rules")? {
                 info!("removed edgevx's ip6tables chains");
@@ -170,10 +170,10 @@ fn ends6(peers: &[Peer]) -> Vec<(Ipv6Net, Ipv6Addr)> {
 }
 
 /// The DirectRouting routes into `network` on the underlay `iface` (see
-/// [`device::MainTable::direct`]) that are ours: through one of the peers'
+/// [`routes::MainTable::direct`]) that are ours: through one of the peers'
 /// addresses or to one of their subnets (`ends`, in the same family). Pod
 /// subnet → public IP, and the underlay's ifindex.
-async fn direct_routes<N: RouteFamily>(
+async fn direct_routes<N: Family>(
     handle: &Handle,
     iface: &str,
     network: N,
@@ -182,14 +182,14 @@ async fn direct_routes<N: RouteFamily>(
     let Some(link) = device::link_by_name(handle, iface).await? else {
         return Ok((0, BTreeMap::new())); // no underlay, so no routes through it
     };
-    let table = device::MainTable::<N>::read(handle).await?;
+    let table = routes::MainTable::<N>::read(handle).await?;
     let ours = |(dst, gw): &(N, N::Addr)| ends.iter().any(|(subnet, ip)| ip == gw || subnet == dst);
     Ok((link.header.index, table.direct(link.header.index, network).filter(ours).collect()))
 }
 
 /// `ip [-6] route del SUBNET via PUBLIC_IP dev eth0` for each of our
 /// DirectRouting routes into `network`.
-async fn remove_direct_routes<N: RouteFamily>(
+async fn remove_direct_routes<N: Family>(
     handle: &Handle,
     iface: &str,
     network: N,
@@ -197,7 +197,7 @@ async fn remove_direct_routes<N: RouteFamily>(
 ) -> Result<usize> {
     let (underlay, routes) = direct_routes(handle, iface, network, ends).await?;
     for (subnet, gw) in &routes {
-        device::direct_route_del(handle, underlay, *subnet, *gw).await?;
+        routes::direct_route_del(handle, underlay, *subnet, *gw).await?;
     }
     Ok(routes.len())
 }
@@ -243,7 +243,7 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
     // ARP is on, a packet still taking our route for the Network would wait
     // for an answer about the VTEP gateway that never comes, and be lost
     for (p, _) in &peers {
-        device::route_replace(handle, index, p.subnet).await?;
+        routes::route_replace(handle, index, p.subnet).await?;
     }
     // toggling NOARP flushes every neighbour on the device, permanent ones too:
     // note flanneld's entries first, and write them back right after (a packet
@@ -283,7 +283,7 @@ async fn hand_over(handle: &Handle, rec: &AgentRecord, state: &StateDir) -> Resu
         }
     }
     // then away with our single route for the Network: nothing uses it any more
-    device::route_del(handle, index, v4.network, Some(crate::reconcile::VTEP_GATEWAY)).await?;
+    routes::route_del(handle, index, v4.network, Some(crate::reconcile::VTEP_GATEWAY)).await?;
     info!(device = %v4.vtep_device, peers = peers.len(), direct = direct_peers.len(), arp_kept = flanneld.len(), arp_added = arp.len() - flanneld.len(),
         fdb_added = fdb, "the kernel has flanneld's arp and fdb entries and routes for every peer (or its direct route)");
     Ok(Some(index))

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::{
     cli::StatusArgs,
-    dataplane::{bpffs::PinDir, clsact, device, loader, maps::Maps},
+    dataplane::{bpffs::PinDir, clsact, loader, maps::Maps, routes},
     metrics::startup::STARTUP_FILE,
     reconcile::{CAPACITY_FILE, Fill},
     state::StateDir,
@@ -40,7 +40,7 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     };
     let programmed = maps.as_ref().map(|m| m.subnets()).transpose()?.unwrap_or_default();
     let accepted = maps.as_ref().map(|m| m.accepted()).transpose()?.unwrap_or_default();
-    let direct = rec.v4.as_ref().map(|v4| device::direct_routes_blocking(&rec.iface, v4.network)).unwrap_or_default();
+    let direct = rec.v4.as_ref().map(|v4| routes::direct_routes_blocking(&rec.iface, v4.network)).unwrap_or_default();
     let accepted6 = maps.as_ref().and_then(|m| m.accept6_entries().ok()).unwrap_or_default();
     // what the agent's last pass found; the capacity itself is read from the maps
     let fill: Option<Fill> = state.load_json(CAPACITY_FILE).ok().flatten();

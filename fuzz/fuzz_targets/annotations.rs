@@ -59,7 +59,7 @@ fuzz_target!(|data: &[u8]| {
             }
             match (&p.v6, &d.conf.ipv6) {
                 (Some(v6), Some(c6)) => {
-                    assert!(peer_record::check6(v6.public_ip, v6.subnet, c6.network, &[]).is_ok(), "{p:?}")
+                    assert!(peer_record::check(v6.public_ip, v6.subnet, c6.network, &[]).is_ok(), "{p:?}")
                 }
                 (None, None) => {}
                 // dual-stack: a peer without its IPv6 half is one `partial` names

@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
             match (p.v6, network6) {
                 (Some(v6), Some(n6)) => {
                     let own6: Vec<_> = own_ip6.into_iter().collect();
-                    assert!(peer_record::check6(v6.public_ip, v6.subnet, n6, &own6).is_ok(), "{p:?}");
+                    assert!(peer_record::check(v6.public_ip, v6.subnet, n6, &own6).is_ok(), "{p:?}");
                 }
                 (Some(_), None) => panic!("an IPv6 half with IPv6 off: {p:?}"),
                 (None, _) => {}

@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
             }
             assert!(p.v6.is_none() || d.conf.ipv6.is_some(), "an IPv6 half with IPv6 off: {p:?}");
             if let (Some(v6), Some(c6)) = (&p.v6, &d.conf.ipv6) {
-                assert!(peer_record::check6(v6.public_ip, v6.subnet, c6.network, &[]).is_ok(), "{p:?}");
+                assert!(peer_record::check(v6.public_ip, v6.subnet, c6.network, &[]).is_ok(), "{p:?}");
                 assert_eq!(v6.subnet.trunc(), v6.subnet, "{p:?}");
             }
         }

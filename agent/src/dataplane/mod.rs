@@ -11,4 +11,5 @@ pub mod maps;
 pub mod own_addrs;
 pub mod peers;
 pub mod peers6;
+pub mod routes;
 pub mod vtep6;

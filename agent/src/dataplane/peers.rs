@@ -10,8 +10,8 @@ use rtnetlink::Handle;
 
 use crate::{
     dataplane::{
-        device,
         maps::{self, Maps},
+        routes,
     },
     reconcile::{Accept, Contents, Dataplane, OnLink, Tunnel},
 };
@@ -27,7 +27,7 @@ pub struct Programmed<'a> {
 
 impl Dataplane for Programmed<'_> {
     async fn observe(&mut self) -> Result<Contents> {
-        let table = device::MainTable::read(self.handle).await?;
+        let table = routes::MainTable::read(self.handle).await?;
         let subnets: BTreeMap<Ipv4Net, Tunnel> = self
             .maps
             .subnets()?
@@ -56,16 +56,16 @@ impl Dataplane for Programmed<'_> {
     }
 
     async fn on_link(&mut self) -> Result<OnLink> {
-        let table = device::MainTable::read(self.handle).await?;
+        let table = routes::MainTable::read(self.handle).await?;
         Ok(OnLink::new(table.hops(self.underlay_index), self.network))
     }
 
     async fn put_direct(&mut self, subnet: Ipv4Net, public_ip: Ipv4Addr) -> Result<()> {
-        device::direct_route_put(self.handle, self.underlay_index, subnet, public_ip).await
+        routes::direct_route_put(self.handle, self.underlay_index, subnet, public_ip).await
     }
 
     async fn del_direct(&mut self, subnet: Ipv4Net, public_ip: Ipv4Addr) -> Result<()> {
-        device::direct_route_del(self.handle, self.underlay_index, subnet, public_ip).await
+        routes::direct_route_del(self.handle, self.underlay_index, subnet, public_ip).await
     }
 
     async fn put_accept(&mut self, ip: Ipv4Addr, a: Accept) -> Result<()> {
@@ -77,11 +77,11 @@ impl Dataplane for Programmed<'_> {
     }
 
     async fn put_route(&mut self, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> Result<()> {
-        device::route_put(self.handle, self.vtep_index, dst, gateway).await
+        routes::route_put(self.handle, self.vtep_index, dst, gateway).await
     }
 
     async fn del_route(&mut self, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> Result<()> {
-        device::route_del(self.handle, self.vtep_index, dst, gateway).await
+        routes::route_del(self.handle, self.vtep_index, dst, gateway).await
     }
 
     async fn del_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {

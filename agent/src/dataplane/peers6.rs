@@ -31,7 +31,7 @@ use rtnetlink::{
 };
 
 use crate::{
-    dataplane::{device, maps::Accept6},
+    dataplane::{maps::Accept6, routes},
     mac::VtepMac,
     peer::Peer,
     reconcile::OnLink,
@@ -48,7 +48,7 @@ pub struct Tables6 {
     /// Routes through the device: peer v6 subnet → gateway (its base).
     pub routes: BTreeMap<Ipv6Net, Ipv6Addr>,
     /// DirectRouting's routes through the underlay: peer v6 subnet → its
-    /// public IPv6. What counts as one is in [`device::MainTable::direct`],
+    /// public IPv6. What counts as one is in [`routes::MainTable::direct`],
     /// and [`observe6`] keeps those of programmed peers.
     pub direct: BTreeMap<Ipv6Net, Ipv6Addr>,
 }
@@ -135,7 +135,7 @@ fn dst_of(n: &NeighbourMessage) -> Option<Ipv6Addr> {
 pub async fn observe6(
     handle: &Handle,
     at: Devices6,
-    table: &device::MainTable<Ipv6Net>,
+    table: &routes::MainTable<Ipv6Net>,
     network: Ipv6Net,
     accepted: &BTreeMap<Ipv6Addr, Accept6>,
 ) -> Result<Tables6> {
@@ -249,7 +249,7 @@ pub async fn apply6(handle: &Handle, at: Devices6, have: &Tables6, want: &Tables
     }
     for (net, gw) in &want.routes {
         if let Some(public_ip) = have.direct.get(net) {
-            note(device::direct_route_del(handle, at.underlay, *net, *public_ip).await, &mut done.removed);
+            note(routes::direct_route_del(handle, at.underlay, *net, *public_ip).await, &mut done.removed);
         }
         if have.routes.get(net) != Some(gw) {
             let r = handle
@@ -264,13 +264,13 @@ pub async fn apply6(handle: &Handle, at: Devices6, have: &Tables6, want: &Tables
     }
     for (net, gw) in &want.direct {
         if have.direct.get(net) != Some(gw) {
-            note(device::direct_route_put(handle, at.underlay, *net, *gw).await, &mut done.written);
+            note(routes::direct_route_put(handle, at.underlay, *net, *gw).await, &mut done.written);
         }
     }
     // (those now through the device went above)
     let unwanted = |net: &&Ipv6Net| !want.direct.contains_key(*net) && !want.routes.contains_key(*net);
     for (net, gw) in have.direct.iter().filter(|(net, _)| unwanted(net)) {
-        note(device::direct_route_del(handle, at.underlay, *net, *gw).await, &mut done.removed);
+        note(routes::direct_route_del(handle, at.underlay, *net, *gw).await, &mut done.removed);
     }
     for (net, gw) in have.routes.iter().filter(|(net, _)| !want.routes.contains_key(net)) {
         let r = match handle.route().del(route6(index, *net, *gw)).execute().await {

@@ -7,6 +7,7 @@ use anyhow::{Context, Result, anyhow};
 use tracing::{info, warn};
 
 use super::plan::{ALL, Chain, RuleSet, jump_rule};
+use crate::family::Family;
 
 /// The host's iptables, through the `iptables` crate.
 pub struct Firewall {
@@ -18,19 +19,11 @@ fn err(what: String) -> impl FnOnce(Box<dyn std::error::Error>) -> anyhow::Error
 }
 
 impl Firewall {
-    /// Fails, naming the binary, where `iptables` cannot be run.
-    pub fn new() -> Result<Self> {
-        Self::for_family(false)
-    }
-
-    /// `ip6tables`, for the IPv6 half of a dual-stack node.
-    pub fn new6() -> Result<Self> {
-        Self::for_family(true)
-    }
-
-    fn for_family(v6: bool) -> Result<Self> {
-        let binary = if v6 { "ip6tables" } else { "iptables" };
-        let mut ipt = iptables::new(v6).map_err(err(format!("cannot run {binary} (is it installed?)")))?;
+    /// The firewall of family `N` (`iptables` or `ip6tables`); fails,
+    /// naming the binary, where it cannot be run.
+    pub fn new<N: Family>() -> Result<Self> {
+        let binary = N::IPTABLES;
+        let mut ipt = iptables::new(N::V6).map_err(err(format!("cannot run {binary} (is it installed?)")))?;
         // never reverse-resolve addresses: without DNS (an edge node cut off
         // from the cloud) a plain `iptables -L` blocks for seconds or forever
         ipt.set_numeric(true);

@@ -1,6 +1,6 @@
 //! What the rules are: a pure function of the network, our subnet and the
 //! options, so the same input always gives the same rules in the same order.
-use ipnet::{Ipv4Net, Ipv6Net};
+use crate::family::Family;
 
 /// kube-proxy's masquerade mark (`--masquerade-bit` 14): traffic it marks is
 /// masqueraded by kube-proxy itself, so flannel's chain lets it pass.
@@ -47,65 +47,43 @@ pub struct RuleSet {
 
 /// The rules for `network` (the cluster's pod Network), `subnet` (this
 /// node's pod subnet) and `vxlan_port`: the broadcast and multicast guard
-/// always, flannel's masquerade and forward rules when asked.
-pub fn plan(network: Ipv4Net, subnet: Ipv4Net, vxlan_port: u16, ip_masq: bool, forward: bool) -> RuleSet {
-    let family =
-        Family { network: network.to_string(), subnet: subnet.to_string(), multicast: "224.0.0.0/4", v6: false };
-    family.plan(vxlan_port, ip_masq, forward)
-}
-
-/// The same rules for the IPv6 half of a dual-stack node, for `ip6tables`
-/// (flannel's `MasqIP6Rules` and its IPv6 forward rules): IPv6 has no
-/// broadcast, and its multicast is ff00::/8.
-pub fn plan6(network: Ipv6Net, subnet: Ipv6Net, vxlan_port: u16, ip_masq: bool, forward: bool) -> RuleSet {
-    let family = Family { network: network.to_string(), subnet: subnet.to_string(), multicast: "ff00::/8", v6: true };
-    family.plan(vxlan_port, ip_masq, forward)
-}
-
-/// One address family's networks, as the rules spell them.
-struct Family {
-    network: String,
-    subnet: String,
-    multicast: &'static str,
-    v6: bool,
-}
-
-impl Family {
-    fn plan(&self, vxlan_port: u16, ip_masq: bool, forward: bool) -> RuleSet {
-        let mut chains = vec![vxlan_guard(vxlan_port, self.v6)];
-        let (n, s, m) = (&self.network, &self.subnet, self.multicast);
-        if ip_masq {
-            chains.push(Chain {
-                table: "nat",
-                name: MASQ_CHAIN,
-                parent: "POSTROUTING",
-                jump_first: true,
-                rules: vec![
-                    // kube-proxy masquerades what it marked; doing it twice breaks
-                    // checksums on older kernels (flannel#1279, kubernetes#88986)
-                    format!("-m mark --mark {KUBE_PROXY_MARK} -j RETURN"),
-                    // pod to pod keeps its source, on this node and across nodes
-                    format!("-s {n} -d {n} -j RETURN"),
-                    // traffic from outside to our pods arrives as it was sent
-                    format!("! -s {n} -d {s} -j RETURN"),
-                    // pods to anywhere outside the Network, except multicast
-                    format!("-s {n} ! -d {m} -j MASQUERADE --random-fully"),
-                    // the host (or a NodePort client) towards remote pods
-                    format!("! -s {n} -d {n} -j MASQUERADE --random-fully"),
-                ],
-            });
-        }
-        if forward {
-            chains.push(Chain {
-                table: "filter",
-                name: FWD_CHAIN,
-                parent: "FORWARD",
-                jump_first: false,
-                rules: vec![format!("-s {n} -j ACCEPT"), format!("-d {n} -j ACCEPT")],
-            });
-        }
-        RuleSet { chains }
+/// always, flannel's masquerade and forward rules when asked. For IPv6, for
+/// `ip6tables`, the same (flannel's `MasqIP6Rules` and its IPv6 forward
+/// rules): IPv6 has no broadcast, and its multicast is ff00::/8.
+pub fn plan<N: Family>(network: N, subnet: N, vxlan_port: u16, ip_masq: bool, forward: bool) -> RuleSet {
+    let mut chains = vec![vxlan_guard(vxlan_port, N::V6)];
+    let (n, s, m) = (network.to_string(), subnet.to_string(), N::MULTICAST);
+    if ip_masq {
+        chains.push(Chain {
+            table: "nat",
+            name: MASQ_CHAIN,
+            parent: "POSTROUTING",
+            jump_first: true,
+            rules: vec![
+                // kube-proxy masquerades what it marked; doing it twice breaks
+                // checksums on older kernels (flannel#1279, kubernetes#88986)
+                format!("-m mark --mark {KUBE_PROXY_MARK} -j RETURN"),
+                // pod to pod keeps its source, on this node and across nodes
+                format!("-s {n} -d {n} -j RETURN"),
+                // traffic from outside to our pods arrives as it was sent
+                format!("! -s {n} -d {s} -j RETURN"),
+                // pods to anywhere outside the Network, except multicast
+                format!("-s {n} ! -d {m} -j MASQUERADE --random-fully"),
+                // the host (or a NodePort client) towards remote pods
+                format!("! -s {n} -d {n} -j MASQUERADE --random-fully"),
+            ],
+        });
     }
+    if forward {
+        chains.push(Chain {
+            table: "filter",
+            name: FWD_CHAIN,
+            parent: "FORWARD",
+            jump_first: false,
+            rules: vec![format!("-s {n} -j ACCEPT"), format!("-d {n} -j ACCEPT")],
+        });
+    }
+    RuleSet { chains }
 }
 
 /// `filter/EDGEVX-INPUT`, jumped to first from INPUT: VXLAN sent to a
@@ -138,6 +116,7 @@ fn vxlan_guard(port: u16, v6: bool) -> Chain {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ipnet::{Ipv4Net, Ipv6Net};
 
     fn net(s: &str) -> Ipv4Net {
         s.parse().unwrap()
@@ -206,7 +185,7 @@ mod tests {
     #[test]
     fn the_ipv6_twins_spell_ipv6_networks_and_have_no_broadcast() {
         let net6 = |s: &str| -> Ipv6Net { s.parse().unwrap() };
-        let set = plan6(net6("fd00:10:244::/56"), net6("fd00:10:244:1::/64"), 8472, true, true);
+        let set = plan(net6("fd00:10:244::/56"), net6("fd00:10:244:1::/64"), 8472, true, true);
         assert_eq!(set.chains[0].rules, ["-p udp -m udp --dport 8472 -m addrtype --dst-type MULTICAST -j DROP"]);
         let masq = set.chains.iter().find(|c| c.name == MASQ_CHAIN).unwrap();
         assert_eq!(

@@ -25,7 +25,7 @@ mod select;
 
 pub use apply::{Dataplane, Outcome, apply};
 pub use capacity::{CAPACITY_FILE, Fill, Nag, Say, fit};
-pub use on_link::{Hop, OnLink, Prefix};
+pub use on_link::{Hop, OnLink};
 pub use plan::{Accept, Changes, Contents, Tunnel, VTEP_GATEWAY, diff, plan};
 pub use select::{claiming_ours, select};
 

@@ -1,61 +1,9 @@
 //! Which peers are on one of our directly connected underlay subnets: the
 //! kernel's fact that DirectRouting decides by, in either family. Pure: the
 //! dataplane reads the routes, this answers for each public IP.
-use std::{
-    fmt::{Debug, Display},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-};
+use ipnet::Ipv4Net;
 
-use ipnet::{Ipv4Net, Ipv6Net};
-
-/// A destination prefix of one address family (`Ipv4Net` or `Ipv6Net`):
-/// what the on-link test and the routes DirectRouting writes need of it.
-pub trait Prefix: Copy + Ord + Debug + Display {
-    type Addr: Copy + Ord + Debug + Display + Into<IpAddr>;
-    /// `addr/len`, `None` when `len` is too long for the family.
-    fn with_len(addr: Self::Addr, len: u8) -> Option<Self>;
-    /// The address of `addr` when it is of this family.
-    fn of(addr: IpAddr) -> Option<Self::Addr>;
-    /// The family's `0.0.0.0` or `::` (a route without a destination).
-    fn unspecified() -> Self::Addr;
-    fn network_addr(&self) -> Self::Addr;
-    fn prefix_length(&self) -> u8;
-    /// `addr` lies within.
-    fn holds(&self, addr: &Self::Addr) -> bool;
-    /// `other` lies within.
-    fn covers(&self, other: &Self) -> bool;
-}
-
-macro_rules! prefix {
-    ($net:ty, $addr:ty, $variant:ident) => {
-        impl Prefix for $net {
-            type Addr = $addr;
-            fn with_len(addr: $addr, len: u8) -> Option<Self> {
-                <$net>::new(addr, len).ok()
-            }
-            fn of(addr: IpAddr) -> Option<$addr> {
-                if let IpAddr::$variant(a) = addr { Some(a) } else { None }
-            }
-            fn unspecified() -> $addr {
-                <$addr>::UNSPECIFIED
-            }
-            fn network_addr(&self) -> $addr {
-                self.network()
-            }
-            fn prefix_length(&self) -> u8 {
-                self.prefix_len()
-            }
-            fn holds(&self, addr: &$addr) -> bool {
-                self.contains(addr)
-            }
-            fn covers(&self, other: &Self) -> bool {
-                self.contains(other)
-            }
-        }
-    };
-}
-prefix!(Ipv4Net, Ipv4Addr, V4);
-prefix!(Ipv6Net, Ipv6Addr, V6);
+use crate::family::Family;
 
 /// One route of the main table, as far as reaching a peer is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,7 +31,7 @@ impl<N> Default for OnLink<N> {
     }
 }
 
-impl<N: Prefix> OnLink<N> {
+impl<N: Family> OnLink<N> {
     /// Keeps the routes that are not within `network` (the pod routes, ours
     /// among them, never decide how a peer's public IP is reached).
     pub fn new(mut hops: Vec<Hop<N>>, network: N) -> Self {
@@ -105,6 +53,7 @@ impl<N: Prefix> OnLink<N> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ipnet::{Ipv4Net, Ipv6Net};
 
     fn hop(dst: &str, direct: bool) -> Hop {
         Hop { dst: dst.parse().unwrap(), direct }

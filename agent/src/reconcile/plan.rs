@@ -43,7 +43,7 @@ pub struct Contents {
     pub routes: BTreeMap<Ipv4Net, Option<Ipv4Addr>>,
     /// DirectRouting's routes in the main table through the underlay: a
     /// peer's pod subnet → its public IP (`SUBNET via PUBLIC_IP dev eth0`).
-    /// What counts as one is in [`crate::dataplane::device::MainTable::direct`].
+    /// What counts as one is in [`crate::dataplane::routes::MainTable::direct`].
     pub direct: BTreeMap<Ipv4Net, Ipv4Addr>,
 }
 

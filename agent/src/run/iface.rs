@@ -26,7 +26,7 @@ use rtnetlink::{
     },
 };
 
-use crate::dataplane::device;
+use crate::dataplane::{device, routes};
 
 /// What the flags ask for.
 #[derive(Clone, Debug, Default)]
@@ -250,8 +250,10 @@ pub async fn choose(handle: &Handle, want: &Wanted<'_>) -> Result<Chosen, IfaceE
     }
     // flanneld exits when no interface owns the public IP; edgevx keeps the
     // default route's interface, for a public IP that is NATed in front of the node
-    let name =
-        device::default_route_iface(handle).await.map_err(IfaceError::Netlink)?.ok_or(IfaceError::NoDefaultRoute)?;
+    let name = routes::default_route_iface::<ipnet::Ipv4Net>(handle)
+        .await
+        .map_err(IfaceError::Netlink)?
+        .ok_or(IfaceError::NoDefaultRoute)?;
     links
         .iter()
         .find(|l| l.name == name)

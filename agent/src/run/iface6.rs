@@ -21,7 +21,7 @@ use regex::Regex;
 use rtnetlink::Handle;
 
 use super::iface::{IfaceError, Link, Wanted};
-use crate::dataplane::device;
+use crate::dataplane::routes;
 
 /// The chosen underlay and its IPv6 address (flannel's `IfaceV6Addr`: the
 /// default public IPv6).
@@ -92,8 +92,10 @@ pub async fn choose6(handle: &Handle, want: &Wanted<'_>, public_ipv6: Option<Ipv
         return Ok(c);
     }
     // as with IPv4, a public IPv6 no interface owns keeps the default route's interface
-    let name =
-        device::default_route_iface6(handle).await.map_err(IfaceError::Netlink)?.ok_or(IfaceError::NoDefaultRoute6)?;
+    let name = routes::default_route_iface::<ipnet::Ipv6Net>(handle)
+        .await
+        .map_err(IfaceError::Netlink)?
+        .ok_or(IfaceError::NoDefaultRoute6)?;
     links
         .iter()
         .find(|l| l.name == name)

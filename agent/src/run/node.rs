@@ -182,7 +182,7 @@ pub(super) async fn bring_up(
     let firewall = match &plan4 {
         Some(p) => {
             // always: the broadcast and multicast VXLAN guard is in the rule set whatever the flags
-            let firewall = netfilter::Firewall::new()?;
+            let firewall = netfilter::Firewall::new::<Ipv4Net>()?;
             firewall
                 .apply(&netfilter::plan(conf.network, p.subnet, conf.port, c.args.ip_masq, forward_rules))
                 .context("cannot install the firewall rules")?;
@@ -293,7 +293,14 @@ fn prepare4(c: &Checked, conf: &NetConf, own: &OwnNode, state: &StateDir, underl
 /// or flanneld's) would take IPv4 VXLAN and route the IPv4 pod network
 /// that nothing programs, so it goes, and our iptables chains with it.
 async fn remove_leftovers4(handle: &Handle, vni: u32) -> Result<()> {
-    super::node6::remove_family(handle, &device::vtep_name(vni), netfilter::Firewall::new(), "IPv4", "iptables").await
+    super::node6::remove_family(
+        handle,
+        &device::vtep_name(vni),
+        netfilter::Firewall::new::<Ipv4Net>(),
+        "IPv4",
+        "iptables",
+    )
+    .await
 }
 
 impl Node {

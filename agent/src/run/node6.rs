@@ -16,6 +16,7 @@ use crate::{
         device::{self, Underlay},
         maps::{Accept6, Maps},
         peers6::{self, Devices6, Tables6},
+        routes,
         vtep6::{self, Vtep6Spec},
     },
     netconf::NetConf,
@@ -108,9 +109,9 @@ pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan6, handle: 
     let (mac, public_ip) = (spec.mac, spec.local);
     let index = vtep6::ensure_vtep6(handle, &spec).await?;
     vtep6::ensure_address6(handle, index, subnet).await?;
-    let firewall = netfilter::Firewall::new6()?;
+    let firewall = netfilter::Firewall::new::<Ipv6Net>()?;
     firewall
-        .apply(&netfilter::plan6(network, subnet, conf.port, ip_masq, forward))
+        .apply(&netfilter::plan(network, subnet, conf.port, ip_masq, forward))
         .context("cannot install the IPv6 firewall rules")?;
     info!(device = %spec.name, %mac, %public_ip, %subnet, mtu = spec.mtu, "IPv6 VTEP ready");
     let record = Record6 { device: spec.name, mac, public_ip, subnet, network, mtu: spec.mtu };
@@ -121,7 +122,7 @@ pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan6, handle: 
 /// (ours or flanneld's) would take IPv6 VXLAN that nothing judges, so it
 /// goes, and our ip6tables chains with it.
 pub(super) async fn remove_leftovers(handle: &Handle, vni: u32) -> Result<()> {
-    remove_family(handle, &vtep6::vtep6_name(vni), netfilter::Firewall::new6(), "IPv6", "ip6tables").await
+    remove_family(handle, &vtep6::vtep6_name(vni), netfilter::Firewall::new::<Ipv6Net>(), "IPv6", "ip6tables").await
 }
 
 /// What an earlier run left for a `family` the network config now has off:
@@ -251,7 +252,7 @@ impl Side6 {
         direct_routing: bool,
     ) -> Result<(Tables6, OnLink<Ipv6Net>)> {
         let network = self.record.network;
-        let table = device::MainTable::<Ipv6Net>::read(handle).await?;
+        let table = routes::MainTable::<Ipv6Net>::read(handle).await?;
         let have = peers6::observe6(handle, at, &table, network, accepted).await?;
         let on_link = if direct_routing { OnLink::new(table.hops(at.underlay), network) } else { OnLink::default() };
         Ok((have, on_link))
@@ -278,7 +279,7 @@ impl Side6 {
     /// Re-asserts the IPv6 firewall chains.
     pub(super) fn enforce_rules(&self, port: u16, ip_masq: bool, forward: bool) {
         let r = &self.record;
-        if let Err(e) = self.firewall.apply(&netfilter::plan6(r.network, r.subnet, port, ip_masq, forward)) {
+        if let Err(e) = self.firewall.apply(&netfilter::plan(r.network, r.subnet, port, ip_masq, forward)) {
             warn!("cannot restore the IPv6 firewall rules: {e:#}");
         }
     }

@@ -163,9 +163,9 @@ impl Rules<'_> {
             },
             // IPv6-only: that half is the whole peer
             None => {
-                super::peer_record::check6(half6.public_ip, half6.subnet, network6, &own_ips.v6).map_err(
-                    |problem| NodeError::Record { parts: "public-ipv6 annotation or IPv6 pod CIDR", problem },
-                )?;
+                super::peer_record::check(half6.public_ip, half6.subnet, network6, &own_ips.v6).map_err(|problem| {
+                    NodeError::Record { parts: "public-ipv6 annotation or IPv6 pod CIDR", problem }
+                })?;
                 (Some(half6), None)
             }
         };

@@ -1,9 +1,12 @@
 //! The checks every peer record gets, whichever source it came from: a
 //! Kubernetes Node (`flannel_rules.rs`) or an etcd lease (`leases.rs`).
-//! One function per family, so the two sources never drift apart.
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+//! One function for both families, so neither the sources nor the
+//! families drift apart.
+use std::net::{IpAddr, Ipv6Addr};
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv6Net};
+
+use crate::family::Family;
 
 /// Why a record cannot be a peer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -18,86 +21,26 @@ pub enum RecordProblem {
     Outside { subnet: IpNet, network: IpNet },
 }
 
-/// What kind of address `ip` is, if no VTEP can have it.
-fn not_unicast(ip: Ipv4Addr) -> Option<&'static str> {
-    if ip.octets()[0] == 0 {
-        Some("0.0.0.0/8, \"this network\"")
-    } else if ip.is_loopback() {
-        Some("loopback")
-    } else if ip.is_multicast() {
-        Some("multicast")
-    } else if ip.is_broadcast() {
-        Some("broadcast")
-    } else if ip.is_link_local() {
-        // one link only; 169.254.1.1 is also the VTEP's on-link gateway
-        Some("link-local, 169.254.0.0/16")
-    } else if ip.octets()[0] >= 240 {
-        Some("reserved, 240.0.0.0/4")
-    } else {
-        None
-    }
-}
-
-/// What kind of IPv6 address `ip` is, if no VTEP can have it. A link-local
-/// address is reachable only on one link and the kernel would need a scope
-/// for it, so a peer's `flannel-v6` device could not send to it.
-fn not_unicast6(ip: Ipv6Addr) -> Option<&'static str> {
-    if ip.is_unspecified() {
-        Some("unspecified")
-    } else if ip.is_loopback() {
-        Some("loopback")
-    } else if ip.is_multicast() {
-        Some("multicast")
-    } else if ip.segments()[0] & 0xffc0 == 0xfe80 {
-        Some("link-local, fe80::/10")
-    } else if ip.to_ipv4_mapped().is_some() {
-        // never on the wire as IPv6: the kernel would send it as IPv4
-        Some("IPv4-mapped, ::ffff:0:0/96; give the IPv4 address as public-ip")
-    } else if ip.segments()[..6] == [0; 6] {
-        Some("IPv4-compatible, ::/96 (deprecated)")
-    } else {
-        None
-    }
-}
-
 /// A peer's public IP and subnet, as both sources must check them. `own`
 /// lists this node's addresses as the source knows them: a record that
 /// claims one would send our own traffic back to us.
-pub fn check(public_ip: Ipv4Addr, subnet: Ipv4Net, network: Ipv4Net, own: &[Ipv4Addr]) -> Result<(), RecordProblem> {
-    if let Some(kind) = not_unicast(public_ip) {
+pub fn check<N: Family>(public_ip: N::Addr, subnet: N, network: N, own: &[N::Addr]) -> Result<(), RecordProblem> {
+    if let Some(kind) = N::not_unicast(public_ip) {
         return Err(RecordProblem::NotUnicast(public_ip.into(), kind));
     }
     if own.contains(&public_ip) {
         return Err(RecordProblem::Ours(public_ip.into()));
     }
-    if network.contains(&public_ip) {
+    if network.holds(&public_ip) {
         return Err(RecordProblem::InNetwork { ip: public_ip.into(), network: network.into() });
     }
-    if !network.contains(&subnet) {
+    if !network.covers(&subnet) {
         return Err(RecordProblem::Outside { subnet: subnet.into(), network: network.into() });
     }
     Ok(())
 }
 
-/// [`check`] for a peer's IPv6 half (`public-ipv6` or `PublicIPv6`, and its
-/// IPv6 subnet against `IPv6Network`).
-pub fn check6(public_ip: Ipv6Addr, subnet: Ipv6Net, network: Ipv6Net, own: &[Ipv6Addr]) -> Result<(), RecordProblem> {
-    if let Some(kind) = not_unicast6(public_ip) {
-        return Err(RecordProblem::NotUnicast(public_ip.into(), kind));
-    }
-    if own.contains(&public_ip) {
-        return Err(RecordProblem::Ours(public_ip.into()));
-    }
-    if network.contains(&public_ip) {
-        return Err(RecordProblem::InNetwork { ip: public_ip.into(), network: network.into() });
-    }
-    if !network.contains(&subnet) {
-        return Err(RecordProblem::Outside { subnet: subnet.into(), network: network.into() });
-    }
-    Ok(())
-}
-
-/// A peer's IPv6 half, kept if [`check6`] passes. flannel skips a peer
+/// A peer's IPv6 half, kept if [`check`] passes. flannel skips a peer
 /// only when a part is missing or does not parse, and would program a half
 /// that fails these checks; so only the half is dropped (`Err` says why)
 /// and the peer's IPv4 half still carries traffic.
@@ -106,7 +49,7 @@ pub fn checked_half6(
     network: Ipv6Net,
     own: &[Ipv6Addr],
 ) -> Result<crate::peer::PeerV6, HalfLeftOut> {
-    check6(v6.public_ip, v6.subnet, network, own).map(|()| v6).map_err(HalfLeftOut)
+    check(v6.public_ip, v6.subnet, network, own).map(|()| v6).map_err(HalfLeftOut)
 }
 
 /// Why a peer's IPv6 half is left out while its IPv4 half is kept.
@@ -117,6 +60,9 @@ pub struct HalfLeftOut(pub RecordProblem);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
+
+    use ipnet::{Ipv4Net, Ipv6Net};
 
     #[test]
     fn refuses_what_no_peer_can_be() {
@@ -157,15 +103,15 @@ mod tests {
             ("::198.18.0.1", "IPv4-compatible"),
         ];
         for (bad, kind) in cases {
-            let e = check6(bad.parse().unwrap(), sub, net, &[me]).unwrap_err();
+            let e = check(bad.parse().unwrap(), sub, net, &[me]).unwrap_err();
             assert!(matches!(e, RecordProblem::NotUnicast(..)) && e.to_string().contains(kind), "{bad}: {e}");
         }
-        assert_eq!(check6(me, sub, net, &[me]), Err(RecordProblem::Ours(me.into())));
-        let e = check6("fd00:10:244:1::1".parse().unwrap(), sub, net, &[me]).unwrap_err();
+        assert_eq!(check(me, sub, net, &[me]), Err(RecordProblem::Ours(me.into())));
+        let e = check("fd00:10:244:1::1".parse().unwrap(), sub, net, &[me]).unwrap_err();
         assert!(matches!(e, RecordProblem::InNetwork { .. }), "our cni0's IPv6 address: {e}");
-        let e = check6("fd00:198:18::2".parse().unwrap(), "fd00:99::/64".parse().unwrap(), net, &[me]).unwrap_err();
+        let e = check("fd00:198:18::2".parse().unwrap(), "fd00:99::/64".parse().unwrap(), net, &[me]).unwrap_err();
         assert_eq!(e.to_string(), "subnet fd00:99::/64 is outside the network fd00:10:244::/56");
-        assert_eq!(check6("fd00:198:18::2".parse().unwrap(), sub, net, &[me]), Ok(()));
-        assert_eq!(check6("fec0::2".parse().unwrap(), sub, net, &[me]), Ok(()), "fec0::/10 is not link-local");
+        assert_eq!(check("fd00:198:18::2".parse().unwrap(), sub, net, &[me]), Ok(()));
+        assert_eq!(check("fec0::2".parse().unwrap(), sub, net, &[me]), Ok(()), "fec0::/10 is not link-local");
     }
 }

@@ -1,0 +1,239 @@
+//! Bringing the dataplane up, once: subnet.env first (restore first), the
+//! programs loaded, the VTEP devices, the config map, the firewall, and the
+//! record `edgevx status` and the next start read.
+use std::{net::Ipv4Addr, time::Instant};
+
+use anyhow::{Context, Result};
+use edgevx_common::maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_ENCAP_NO_L2_ETH, FLAG_STRICT_INNER_SOURCE};
+use ipnet::Ipv4Net;
+use rtnetlink::Handle;
+use tracing::{info, warn};
+
+use super::Node;
+use crate::{
+    dataplane::{bpffs, device, features::Features, loader, maps::Maps},
+    metrics::startup::{Milestone, Startup},
+    netconf::NetConf,
+    netfilter,
+    peer::OwnNode,
+    reconcile::Nag,
+    run::check::Checked,
+    state::{AgentRecord, Record4, StateDir},
+    subnet_env, vtep_mac,
+};
+
+pub(in crate::run) async fn bring_up(
+    c: &Checked,
+    conf: &NetConf,
+    own: OwnNode,
+    state: &StateDir,
+    handle: &Handle,
+    startup: &Startup,
+) -> Result<Node> {
+    // the underlay now: its MTU (or IPv6 address) may have changed since the start-up checks
+    let underlay = device::underlay(handle, &c.iface).await.unwrap_or_else(|_| c.underlay.clone());
+    let underlay_mtu = underlay.mtu;
+    let plan4 = prepare4(c, conf, &own, state, underlay_mtu)?;
+    let plan6 = crate::run::node6::prepare6(c, conf, &own, state, &underlay)?;
+    let mtu = crate::run::config::vtep_mtu(conf, underlay_mtu);
+    if plan4.is_some() {
+        crate::run::mtu::warn_if_capped(conf, underlay_mtu, mtu);
+    }
+    // IPv6-only: the pods' MTU is the IPv6 VTEP's
+    let mtu = match (&plan4, &plan6) {
+        (None, Some(p6)) => p6.mtu(),
+        _ => mtu,
+    };
+    // restore first: subnet.env before anything else, so the CNI adds pods at
+    // once (after a reboot /run is empty); it says only what is decided by now
+    subnet_env::write(
+        &c.args.subnet_file,
+        plan4.as_ref().map(|p| (conf.network, p.subnet)),
+        plan6.as_ref().map(|p| p.subnet_env()),
+        mtu,
+        c.args.ip_masq,
+    )
+    .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
+    startup.reached(Milestone::SubnetEnv, Instant::now());
+    bpffs::ensure_dir_on_bpffs(&c.args.paths.bpffs)?;
+    let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
+    let features = Features::probe();
+    info!(
+        check_mtu = features.check_mtu,
+        atomic_fetch = features.atomic_fetch,
+        tcx = features.tcx,
+        "kernel features probed"
+    );
+    let ebpf = loader::load(&pins, &features)?;
+
+    let vtep_index = match &plan4 {
+        Some(p) => {
+            let index = device::ensure_vtep(handle, &p.spec).await?;
+            device::ensure_address(handle, index, p.subnet, conf.network).await?;
+            startup.reached(Milestone::VtepUp, Instant::now());
+            Some(index)
+        }
+        None => {
+            remove_leftovers4(handle, conf.vni).await?;
+            None
+        }
+    };
+
+    let mut maps = Maps::open(&pins)?;
+    let bypass = c.args.bypass_netfilter;
+    // a kernel without the flag (before 5.13) is asked again without it, per packet
+    let legacy_encap = c.args.legacy_encap;
+    if legacy_encap && plan4.is_some() {
+        info!("encapsulating without BPF_F_ADJ_ROOM_ENCAP_L2_ETH (--legacy-encap)");
+    }
+    if bypass {
+        if let Some(found) = netfilter::kube_proxy_present() {
+            warn!(
+                %found,
+                "--bypass-netfilter is on, but kube-proxy's packet rules are on this node: replies to Service \
+                 traffic from other nodes lose their reverse NAT, and conntrack sees only one direction of pod \
+                 flows (kube-proxy's ctstate INVALID drop then drops them). Turn it off unless pod traffic has \
+                 no packet-level NAT or policy"
+            );
+        }
+    }
+    // the pods learned by an earlier run may sit on a bridge our program is
+    // not attached to yet; they come back at the first learning pass
+    maps.sync_local_pods(&Default::default())?;
+    if plan6.is_none() {
+        crate::run::node6::remove_leftovers(handle, conf.vni).await?;
+    }
+    maps.set_config(&DataplaneConfig {
+        vni: conf.vni,
+        // all zero in an IPv6-only network: no IPv4 VXLAN is ours, decap refuses every one
+        local_ip: plan4.as_ref().map_or([0; 4], |p| p.spec.local.octets()),
+        vtep_mac: plan4.as_ref().map_or([0; 6], |p| p.spec.mac.0),
+        port: conf.port,
+        flags: if bypass { FLAG_BYPASS_NETFILTER } else { 0 }
+            | if c.args.strict_inner_source { FLAG_STRICT_INNER_SOURCE } else { 0 }
+            | if legacy_encap { FLAG_ENCAP_NO_L2_ETH } else { 0 },
+        vtep_ifindex: vtep_index.unwrap_or(0),
+        underlay_ifindex: c.underlay.index,
+        // all zero: IPv6 off, IPv6 VXLAN is not judged
+        public_ip6: plan6.as_ref().map_or([0; 16], |p| p.public_ip().octets()),
+    })?;
+    // only now that the programs judge IPv6 VXLAN: the device's socket
+    let v6 = match plan6 {
+        Some(p) => {
+            let v6 = crate::run::node6::bring_up6(c, conf, p, handle).await?;
+            // IPv6-only: this is the VTEP (dual-stack: flannel.<VNI> was first)
+            startup.reached(Milestone::VtepUp, Instant::now());
+            Some(v6)
+        }
+        None => None,
+    };
+
+    let forward_rules = c.args.iptables_forward_rules;
+    let firewall = match &plan4 {
+        Some(p) => {
+            // always: the broadcast and multicast VXLAN guard is in the rule set whatever the flags
+            let firewall = netfilter::Firewall::new::<Ipv4Net>()?;
+            firewall
+                .apply(&netfilter::plan(conf.network, p.subnet, conf.port, c.args.ip_masq, forward_rules))
+                .context("cannot install the firewall rules")?;
+            Some(firewall)
+        }
+        None => None,
+    };
+
+    let v4 = plan4.map(|p| Record4 {
+        vtep_device: p.spec.name,
+        vtep_mac: p.spec.mac,
+        public_ip: p.spec.local,
+        subnet: p.subnet,
+        network: conf.network,
+    });
+    let record = AgentRecord {
+        node: c.node.clone(),
+        iface: c.iface.clone(),
+        v4,
+        vni: conf.vni,
+        port: conf.port,
+        mtu,
+        bypass_netfilter: bypass,
+        ip_masq: c.args.ip_masq,
+        attach: match c.args.tc_attach.as_str() {
+            "tcx" => loader::AttachMode::Tcx,
+            "clsact" => loader::AttachMode::Clsact,
+            _ => loader::AttachMode::for_kernel(&features),
+        },
+        pod_bridge: c.args.pod_bridge.clone(),
+        subnet_file: c.args.subnet_file.clone(),
+        pid: std::process::id(),
+        v6: v6.as_ref().map(|s| s.record.clone()),
+    };
+    state.save_agent(&record)?;
+    if let Some(r) = &record.v4 {
+        info!(device = %r.vtep_device, mac = %r.vtep_mac, public_ip = %r.public_ip, subnet = %r.subnet, mtu,
+            bypass_netfilter = bypass, ip_masq = c.args.ip_masq, "VTEP ready");
+    }
+    Ok(Node {
+        handle: handle.clone(),
+        vtep_index,
+        underlay_index: c.underlay.index,
+        own,
+        record,
+        pending: Some(ebpf),
+        loaded: None,
+        bridge: None,
+        firewall,
+        forward_rules,
+        pins,
+        accepted: Vec::new(),
+        observed: None,
+        on_link: None,
+        off_underlay_seen: maps.counter(edgevx_common::counters::Counter::DropVxlanOffUnderlay).ok(),
+        maps,
+        v6,
+        fill: None,
+        nag: Nag::default(),
+        own_addrs: Default::default(),
+        first_peer_at: None,
+    })
+}
+
+/// What `flannel.<VNI>` will be (`None` in an IPv6-only network). Chooses
+/// and saves its MAC.
+struct Plan4 {
+    spec: device::VtepSpec,
+    subnet: Ipv4Net,
+}
+
+fn prepare4(c: &Checked, conf: &NetConf, own: &OwnNode, state: &StateDir, underlay_mtu: u32) -> Result<Option<Plan4>> {
+    if !conf.ipv4 {
+        return Ok(None);
+    }
+    let subnet = own.subnet.context("this node has no IPv4 pod CIDR (spec.podCIDRs, or the etcd lease)")?;
+    let (mac, _) = vtep_mac::choose(own.published_mac, state)?;
+    let public_ip: Ipv4Addr =
+        crate::run::config::public_ip(c.args.public_ip, own.node_public_ip, &c.underlay).context("no public IP")?;
+    let spec = device::VtepSpec {
+        name: device::vtep_name(conf.vni),
+        vni: conf.vni,
+        port: conf.port,
+        local: public_ip,
+        underlay_index: c.underlay.index,
+        mac,
+        mtu: crate::run::config::vtep_mtu(conf, underlay_mtu),
+    };
+    Ok(Some(Plan4 { spec, subnet }))
+}
+
+/// In an IPv6-only network: a `flannel.<VNI>` left by an earlier run (ours
+/// or flanneld's) would take IPv4 VXLAN and route the IPv4 pod network
+/// that nothing programs, so it goes, and our iptables chains with it.
+async fn remove_leftovers4(handle: &Handle, vni: u32) -> Result<()> {
+    crate::run::node6::remove_family(
+        handle,
+        &device::vtep_name(vni),
+        netfilter::Firewall::new::<Ipv4Net>(),
+        "IPv4",
+        "iptables",
+    )
+    .await
+}

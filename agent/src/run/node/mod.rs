@@ -1,0 +1,194 @@
+//! The dataplane of a running agent: brought up once (`bring_up.rs`), then
+//! kept equal to the desired view by passes (`pass.rs`: peers; `pods.rs`:
+//! local pods) and checked against the kernel (here: intact, rules,
+//! readdress).
+mod bring_up;
+mod pass;
+mod pods;
+
+pub(super) use bring_up::bring_up;
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use aya::programs::TcAttachType;
+use rtnetlink::Handle;
+use tracing::{info, warn};
+
+use crate::{
+    dataplane::{bpffs, device, loader, maps::Maps, own_addrs},
+    netfilter,
+    peer::{OwnNode, Peer},
+    reconcile::{self, Fill, Nag},
+    source::{LocalVtep, LocalVtepV4},
+    state::{AgentRecord, StateDir},
+    subnet_env,
+};
+
+/// The dataplane once it is up.
+pub(super) struct Node {
+    /// The loaded programs until they are attached: only after the maps
+    /// hold every peer, so taking over from flanneld (or from an older
+    /// edgevx) never sends a packet to an empty table.
+    pub(super) pending: Option<aya::Ebpf>,
+    /// The loaded programs once attached: the bridge program is attached
+    /// later, whenever the pod bridge (re)appears.
+    pub(super) loaded: Option<aya::Ebpf>,
+    /// The pod bridge's ifindex while our program is attached to it.
+    pub(super) bridge: Option<u32>,
+    /// The IPv4 firewall chains (`None` in an IPv6-only network).
+    pub(super) firewall: Option<netfilter::Firewall>,
+    pub(super) forward_rules: bool,
+    pub(super) pins: bpffs::PinDir,
+    pub(super) handle: Handle,
+    pub(super) maps: Maps,
+    /// `flannel.<VNI>`'s ifindex (`None` in an IPv6-only network).
+    pub(super) vtep_index: Option<u32>,
+    pub(super) underlay_index: u32,
+    pub(super) own: OwnNode,
+    pub(super) record: AgentRecord,
+    /// The peers the last pass chose (for the metrics and the peer list).
+    pub(super) accepted: Vec<Peer>,
+    /// What the last pass left in the kernel, when every write of it went
+    /// through. A new view is diffed against it, so an edit costs no read
+    /// back of 10,000 map entries; a resync, a route event or a failed write
+    /// drops it, and the next pass reads the kernel again.
+    pub(super) observed: Option<reconcile::Contents>,
+    /// Which peers are on-link, read with `observed` and dropped with it
+    /// (DirectRouting only).
+    on_link: Option<reconcile::OnLink>,
+    /// `drop_vxlan_off_underlay` when last looked at (`warn_off_underlay`).
+    pub(super) off_underlay_seen: Option<u64>,
+    /// `flannel-v6.<VNI>` when IPv6 is on.
+    pub(super) v6: Option<super::node6::Side6>,
+    /// The capacity and what the last pass left out, as last saved for
+    /// `edgevx status` (`None` until the first pass saves it).
+    fill: Option<Fill>,
+    /// When a view beyond the capacity is logged again.
+    nag: Nag,
+    /// This node's addresses, read with the kernel's contents (no peer may claim one).
+    own_addrs: own_addrs::OwnAddrs,
+    /// When the first peer's entries went in (or a pass found them in already).
+    pub(super) first_peer_at: Option<Instant>,
+}
+
+/// `selected` cut to `capacity` (see [`reconcile::fit`]), and the figures.
+fn fit(selected: Vec<Peer>, capacity: usize, established: impl Fn(&Peer) -> bool) -> (Vec<Peer>, Fill) {
+    let wanted = selected.len();
+    let (kept, left_out) = reconcile::fit(selected, capacity, established);
+    (kept, Fill { capacity, wanted, not_programmed: left_out.len() })
+}
+
+/// subnet.env as `r` says: both families' lines, or one family's.
+pub(super) fn write_subnet_env(r: &AgentRecord) -> Result<()> {
+    let v4 = r.v4.as_ref().map(|v4| (v4.network, v4.subnet));
+    let v6 = r.v6.as_ref().map(|v6| (v6.network, v6.subnet));
+    subnet_env::write(&r.subnet_file, v4, v6, r.mtu, r.ip_masq)
+        .with_context(|| format!("cannot write {}", r.subnet_file.display()))
+}
+
+impl Node {
+    /// Attaches (or swaps in) the programs, then drops what flanneld left on
+    /// the VTEP: per-peer arp and fdb entries, now unused.
+    pub(super) async fn attach(&mut self) -> Result<()> {
+        let Some(mut ebpf) = self.pending.take() else { return Ok(()) };
+        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
+        if let Some(v4) = &r.v4 {
+            loader::attach_as(mode, &mut ebpf, pins, loader::ENCAP, &v4.vtep_device, TcAttachType::Egress)?;
+        }
+        // IPv6-only too: it judges the IPv6 VXLAN flannel-v6.<VNI> takes in
+        loader::attach_as(mode, &mut ebpf, pins, loader::DECAP, &r.iface, TcAttachType::Ingress)?;
+        self.loaded = Some(ebpf); // the pinned links (or filters) keep the programs; the pinned maps keep their state
+        for old in self.pins.other_versions() {
+            loader::retire(&old)?;
+        }
+        if let Some(index) = self.vtep_index {
+            device::set_noarp(&self.handle, index).await?;
+            match device::flush_static_neighbours(&self.handle, index).await? {
+                0 => {}
+                n => info!(entries = n, "removed arp/fdb entries left on the VTEP (adopted from flanneld)"),
+            }
+        }
+        let r = &self.record;
+        match &r.v4 {
+            Some(v4) => {
+                info!(device = %v4.vtep_device, iface = %r.iface, mac = %v4.vtep_mac, public_ip = %v4.public_ip,
+                subnet = %v4.subnet, bypass_netfilter = r.bypass_netfilter, attach = r.attach.name(), "dataplane up")
+            }
+            None => info!(device = r.v6.as_ref().map(|v6| v6.device.as_str()), iface = %r.iface,
+                attach = r.attach.name(), "dataplane up (IPv6-only)"),
+        }
+        Ok(())
+    }
+
+    /// What this node publishes about itself (annotations, etcd lease).
+    pub(super) fn local_vtep(&self) -> LocalVtep {
+        let r = &self.record;
+        LocalVtep {
+            vni: r.vni,
+            v4: r.v4.as_ref().map(|v4| LocalVtepV4 { mac: v4.vtep_mac, public_ip: v4.public_ip, subnet: v4.subnet }),
+            v6: self.v6.as_ref().map(|s| s.local()),
+        }
+    }
+
+    /// Whether the VTEP devices and the attached programs are still there:
+    /// `Ok(false)` when the kernel says one is gone. An error means the
+    /// kernel could not be asked (the agent out of descriptors or memory):
+    /// that says nothing about the dataplane, which stays as it is.
+    pub(super) async fn intact(&self) -> Result<bool> {
+        if self.pending.is_some() {
+            return Ok(true); // not attached yet
+        }
+        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
+        if let (Some(v4), Some(index)) = (&r.v4, self.vtep_index) {
+            let vtep = device::link_by_name(&self.handle, &v4.vtep_device).await?;
+            if vtep.is_none_or(|l| l.header.index != index)
+                || !loader::attached_as(mode, &self.handle, pins, loader::ENCAP, &v4.vtep_device, TcAttachType::Egress)
+                    .await?
+            {
+                return Ok(false);
+            }
+        }
+        if let Some(v6) = &self.v6 {
+            if !v6.intact(&self.handle).await? {
+                return Ok(false);
+            }
+        }
+        loader::attached_as(mode, &self.handle, pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await
+    }
+
+    /// Re-asserts our firewall chains (someone may have flushed them).
+    pub(super) fn enforce_rules(&self) {
+        let r = &self.record;
+        if let (Some(fw), Some(v4)) = (&self.firewall, &r.v4) {
+            let rules = netfilter::plan(v4.network, v4.subnet, r.port, r.ip_masq, self.forward_rules);
+            if let Err(e) = fw.apply(&rules) {
+                warn!("cannot restore the firewall rules: {e:#}");
+            }
+        }
+        if let Some(v6) = &self.v6 {
+            v6.enforce_rules(r.port, r.ip_masq, self.forward_rules);
+        }
+    }
+}
+
+pub(super) async fn readdress(n: &mut Node, own: &OwnNode, state: &StateDir) -> Result<()> {
+    if let (Some(index), Some(v4), Some(subnet)) = (n.vtep_index, n.record.v4.as_mut(), own.subnet) {
+        device::ensure_address(&n.handle, index, subnet, v4.network).await?;
+        if let Some(fw) = &n.firewall {
+            let rules = netfilter::plan(v4.network, subnet, n.record.port, n.record.ip_masq, n.forward_rules);
+            fw.apply(&rules).context("cannot update the firewall rules")?;
+        }
+        v4.subnet = subnet;
+    }
+    if let (Some(v6), Some(subnet6)) = (&mut n.v6, own.subnet6) {
+        if v6.record.subnet != subnet6 {
+            crate::dataplane::vtep6::ensure_address6(&n.handle, v6.index, subnet6).await?;
+            v6.record.subnet = subnet6;
+            n.record.v6 = Some(v6.record.clone());
+        }
+    }
+    write_subnet_env(&n.record)?;
+    n.own = own.clone();
+    state.save_agent(&n.record)
+}

@@ -22,7 +22,7 @@ use crate::KERNEL_MAC;
 
 /// Peers in the view beyond the capacity.
 const OVER: u32 = 100;
-/// The error's words (agent/src/run/node.rs).
+/// The error's words (agent/src/run/node/pass.rs).
 const ERROR: &str = "peers in the view are not programmed";
 
 /// The node names in the status's peer list, and whether all of them are in the dataplane.

@@ -102,22 +102,32 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
     if names.is_empty() {
         bail!("--kernel {kernels:?} names no kernel");
     }
-    for (i, name) in names.iter().enumerate() {
-        kernels::spec(name)?;
-        if names[..i].contains(name) {
+    let mut specs: Vec<&kernels::Spec> = Vec::new();
+    for name in &names {
+        let spec = kernels::spec(name)?;
+        if specs.iter().any(|s| s.name == spec.name) {
             bail!("--kernel {kernels:?} names {name} twice");
         }
+        specs.push(spec);
     }
     packages::ensure_vm()?;
     let (tools, ipam) = prepare()?;
+    // the amd64 guests all run the one e2e binary built here
+    let native = match specs.iter().any(|s| s.arch != "arm64") {
+        true => Some(native_binary(&tools)?),
+        false => None,
+    };
     let mut guests = Vec::new();
-    for name in &names {
-        guests.push(if kernels::spec(name)?.arch == "arm64" {
-            // every prog test, with --ci too: the arm64 guest runs nothing else
-            let filters = filter.map_or_else(|| vm_arm64::TESTS.to_vec(), |f| vec![f]);
-            Guest::Arm64(vm_arm64::prepare(name, &filters)?)
-        } else {
-            Guest::Native(vm::prepare(&native_run(name, filter, ci, &tools, &ipam)?)?)
+    for spec in specs {
+        guests.push(match &native {
+            Some(binary) if spec.arch != "arm64" => {
+                Guest::Native(vm::prepare(&native_run(spec, binary, filter, ci, &tools, &ipam))?)
+            }
+            _ => {
+                // every prog test, with --ci too: the arm64 guest runs nothing else
+                let filters = filter.map_or_else(|| vm_arm64::TESTS.to_vec(), |f| vec![f]);
+                Guest::Arm64(vm_arm64::prepare(spec.name, &filters)?)
+            }
         });
     }
     let cpus = (vm::host_cpus() / guests.len()).max(GUEST_CPUS);
@@ -167,32 +177,37 @@ impl Guest {
     }
 }
 
-/// What an amd64 guest runs: the e2e binary built here, with the native
-/// run's environment.
-fn native_run<'a>(
-    kernel: &'a str,
+/// The e2e binary the amd64 guests run, built here; they run namespace
+/// tests, which need root.
+fn native_binary(tools: &toolchain::Tools) -> Result<String> {
+    if !is_root() {
+        bail!("the kernel matrix boots VMs and runs the namespace tests in them: it needs root");
+    }
+    Ok(build::e2e_binary(None, &[("PATH", tools.path_env())])?.display().to_string())
+}
+
+/// What an amd64 guest runs: the e2e `binary`, with the native run's
+/// environment.
+fn native_run(
+    spec: &'static kernels::Spec,
+    binary: &str,
     filter: Option<&str>,
     ci: bool,
     tools: &toolchain::Tools,
     ipam: &std::path::Path,
-) -> Result<vm::Run<'a>> {
-    if !is_root() {
-        bail!("the kernel matrix boots VMs and runs the namespace tests in them: it needs root");
-    }
+) -> vm::Run<'static> {
     let root = exec::workspace_root();
-    let test_binary = build::e2e_binary(None, &[("PATH", tools.path_env())])?;
-    let binary = test_binary.display().to_string();
     let prog_tests = format!("{binary} --test-threads=1 prog_test_run");
     let command = match (filter, ci) {
         (Some(f), _) => format!("{binary} --test-threads=1 {}", quote(f)),
         (None, true) => {
-            let share = vm::ci_tests(kernels::spec(kernel)?);
+            let share = vm::ci_tests(spec);
             format!("{prog_tests} && {binary} --test-threads=1 --exact {}", share.join(" "))
         }
         (None, false) => format!("{binary} --test-threads=1 {}", vm::EDGE_TESTS.join(" ")),
     };
-    Ok(vm::Run {
-        kernel,
+    vm::Run {
+        kernel: spec.name,
         command: vec!["sh".to_string(), "-c".to_string(), command],
         env: vec![
             ("EDGEVX_BIN".into(), root.join("target/release/edgevx")),
@@ -201,7 +216,7 @@ fn native_run<'a>(
         ],
         path_env: tools.path_env(),
         job: "tests",
-    })
+    }
 }
 
 fn quote(s: &str) -> String {

@@ -216,6 +216,7 @@ fn native_run(
         ],
         path_env: tools.path_env(),
         job: "tests",
+        hot: [vec![ipam.to_path_buf()], vm::workspace_binaries()].concat(),
     }
 }
 

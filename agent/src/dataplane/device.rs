@@ -1,17 +1,13 @@
-//! The VTEP device, set up the way flannel sets it up (its routes are
-//! `routes.rs`):
-//! `flannel.<VNI>` is a kernel VXLAN device (nolearning, our VNI, port and
-//! source address) carrying our MAC and `<subnet network>/32`, with one route
-//! for the whole Network through it (flanneld adds one per remote subnet). Unlike flannel it gets no fdb and no arp
-//! entries: the TC program on its egress encapsulates from the BPF maps.
-//! It is NOARP, so the kernel never tries to resolve the on-link gateways.
+//! The links edgevx reads and sets by name or index: the underlay as the
+//! agent needs it, a device's MAC, MTU and VXLAN attributes, NOARP, and
+//! the flush of an adopted VTEP's static entries (the VTEPs themselves are
+//! `vtep.rs`, their routes `routes.rs`).
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
 use rtnetlink::{
-    Handle, LinkUnspec, LinkVxlan,
+    Handle, LinkUnspec,
     packet_route::{
         AddressFamily,
         address::{AddressAttribute, AddressFlags, AddressScope},
@@ -19,8 +15,6 @@ use rtnetlink::{
         neighbour::NeighbourState,
     },
 };
-
-use crate::mac::VtepMac;
 
 /// The index of `iface` in this network namespace, `None` when there is no
 /// such interface. Any other failure is an error, not an absence: the
@@ -52,22 +46,6 @@ pub struct Underlay {
     /// A global IPv6 address is there but still tentative (duplicate
     /// address detection runs): `ipv6` will have it in a moment.
     pub ipv6_tentative: bool,
-}
-
-/// What `flannel.<VNI>` must look like.
-#[derive(Clone, Debug)]
-pub struct VtepSpec {
-    pub name: String,
-    pub vni: u32,
-    pub port: u16,
-    pub local: Ipv4Addr,
-    pub underlay_index: u32,
-    pub mac: VtepMac,
-    pub mtu: u32,
-}
-
-pub fn vtep_name(vni: u32) -> String {
-    format!("flannel.{vni}")
 }
 
 /// `ip link show NAME`, or `None` if it does not exist.
@@ -144,73 +122,6 @@ pub(crate) fn is_vxlan(link: &LinkMessage) -> bool {
     })
 }
 
-/// flannel's "compatible" check: VNI, lower device, source, port. MAC, MTU
-/// and flags are fixed in place instead.
-fn compatible(link: &LinkMessage, spec: &VtepSpec) -> bool {
-    let Some(info) = vxlan_info(link).filter(|_| is_vxlan(link)) else {
-        return false;
-    };
-    let has = |want: &InfoVxlan| info.iter().any(|i| i == want);
-    has(&InfoVxlan::Id(spec.vni))
-        && has(&InfoVxlan::Link(spec.underlay_index))
-        && has(&InfoVxlan::Local(spec.local))
-        && has(&InfoVxlan::Port(spec.port))
-        && !info.iter().any(|i| matches!(i, InfoVxlan::CollectMetadata(true)))
-}
-
-/// Creates or adopts the VTEP device; returns its ifindex.
-/// `ip link add flannel.1 type vxlan id 1 dev eth0 local A dstport 8472 nolearning`,
-/// then `ip link set flannel.1 address MAC mtu M arp off up`.
-pub async fn ensure_vtep(handle: &Handle, spec: &VtepSpec) -> Result<u32> {
-    if let Some(link) = link_by_name(handle, &spec.name).await? {
-        if compatible(&link, spec) {
-            let index = link.header.index;
-            // Touch only what differs: setting even the same MAC flushes the
-            // device's neighbours, and NOARP (set_noarp, after the programs are
-            // attached) would too; an adopted flannel.1 still forwards with them.
-            let mut msg = LinkUnspec::new_with_index(index);
-            if link_mac(&link).as_deref() != Some(&spec.mac.0[..]) {
-                msg = msg.address(spec.mac.0.to_vec());
-            }
-            if link_mtu(&link) != Some(spec.mtu) {
-                msg = msg.mtu(spec.mtu);
-            }
-            let msg = msg.up().build();
-            handle.link().set(msg).execute().await.with_context(|| format!("cannot configure {}", spec.name))?;
-            verify_mac(handle, spec).await?;
-            no_router_advertisements(&spec.name);
-            return Ok(index);
-        }
-        tracing::warn!(device = %spec.name, "existing device does not match the configuration; recreating it");
-        handle.link().del(link.header.index).execute().await.with_context(|| format!("cannot delete {}", spec.name))?;
-    }
-    let msg = LinkVxlan::new(&spec.name, spec.vni)
-        .dev(spec.underlay_index)
-        .local(spec.local)
-        .port(spec.port)
-        .learning(false)
-        .address(spec.mac.0.to_vec())
-        .mtu(spec.mtu)
-        .arp(false)
-        .up()
-        .build();
-    handle.link().add(msg).execute().await.with_context(|| format!("cannot create {}", spec.name))?;
-    verify_mac(handle, spec).await?;
-    let link =
-        link_by_name(handle, &spec.name).await?.with_context(|| format!("{} vanished after creation", spec.name))?;
-    no_router_advertisements(&spec.name);
-    Ok(link.header.index)
-}
-
-/// `accept_ra 0` on the IPv4 VTEP too, as flannel's `newVXLANDevice` sets
-/// it on every VXLAN device, and like flannel without failing: a host with
-/// IPv6 disabled has no such setting.
-fn no_router_advertisements(device: &str) {
-    if let Err(e) = super::vtep6::no_router_advertisements(device) {
-        tracing::debug!(device, "accept_ra not set: {e:#}");
-    }
-}
-
 pub(crate) fn link_mac(link: &LinkMessage) -> Option<Vec<u8>> {
     link.attributes.iter().find_map(|a| if let LinkAttribute::Address(m) = a { Some(m.clone()) } else { None })
 }
@@ -229,16 +140,6 @@ pub async fn set_mtu(handle: &Handle, index: u32, mtu: u32) -> Result<()> {
 pub async fn set_noarp(handle: &Handle, index: u32) -> Result<()> {
     let msg = LinkUnspec::new_with_index(index).arp(false).build();
     handle.link().set(msg).execute().await.context("cannot set NOARP on the VTEP")
-}
-
-/// udev or systemd may rewrite a new device's MAC (flannel#1795): check.
-async fn verify_mac(handle: &Handle, spec: &VtepSpec) -> Result<()> {
-    let link = link_by_name(handle, &spec.name).await?.with_context(|| format!("{} does not exist", spec.name))?;
-    let actual = link_mac(&link);
-    if actual.as_deref() != Some(&spec.mac.0[..]) {
-        bail!("{} has MAC {:02x?}, not {}: something rewrote it (udev MACAddressPolicy?)", spec.name, actual, spec.mac);
-    }
-    Ok(())
 }
 
 /// Removes the permanent arp entries and the fdb entries on the VTEP: a
@@ -261,37 +162,6 @@ pub async fn flush_static_neighbours(handle: &Handle, index: u32) -> Result<usiz
         handle.neighbours().del(n).execute().await.context("cannot delete a neighbour entry on the VTEP")?;
     }
     Ok(count)
-}
-
-/// `<subnet network>/32` on the device, and no other address inside `network`.
-pub async fn ensure_address(handle: &Handle, index: u32, subnet: Ipv4Net, network: Ipv4Net) -> Result<()> {
-    let want = subnet.network();
-    let mut have_it = false;
-    let mut addrs = handle.address().get().set_link_index_filter(index).execute();
-    let mut stale = Vec::new();
-    while let Some(msg) = addrs.try_next().await.context("cannot list VTEP addresses")? {
-        let ip = msg
-            .attributes
-            .iter()
-            .find_map(|a| if let AddressAttribute::Address(IpAddr::V4(ip)) = a { Some(*ip) } else { None });
-        match ip {
-            Some(ip) if ip == want && msg.header.prefix_len == 32 => have_it = true,
-            Some(ip) if network.contains(&ip) => stale.push(msg),
-            _ => {}
-        }
-    }
-    for msg in stale {
-        handle.address().del(msg).execute().await.context("cannot remove a stale VTEP address")?;
-    }
-    if !have_it {
-        handle
-            .address()
-            .add(index, IpAddr::V4(want), 32)
-            .execute()
-            .await
-            .with_context(|| format!("cannot add {want}/32 to the VTEP"))?;
-    }
-    Ok(())
 }
 
 /// `ip link del NAME`, if it exists.

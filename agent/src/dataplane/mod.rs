@@ -12,4 +12,4 @@ pub mod own_addrs;
 pub mod peers;
 pub mod peers6;
 pub mod routes;
-pub mod vtep6;
+pub mod vtep;

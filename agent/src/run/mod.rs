@@ -7,13 +7,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::time::sleep_until;
-
 use anyhow::{Context, Result};
+use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::{mpsc, watch},
     task::JoinHandle,
+    time::sleep_until,
 };
 use tracing::{debug, error, info, warn};
 
@@ -93,9 +93,10 @@ fn start_source(
         ],
         Source::Etcd(settings) => {
             let me = etcd::LocalNode {
-                public_ip: config::public_ip(c.args.public_ip, None, &c.underlay).unwrap_or(Ipv4Addr::UNSPECIFIED),
+                public_ip: config::public_ip::<Ipv4Net>(c.args.public_ip, None, &c.underlay)
+                    .unwrap_or(Ipv4Addr::UNSPECIFIED),
                 // used only if etcd's config turns IPv6 on
-                public_ipv6: config::public_ipv6(c.args.public_ipv6, None, &c.underlay),
+                public_ipv6: config::public_ip::<Ipv6Net>(c.args.public_ipv6, None, &c.underlay),
                 iface: c.iface.clone(),
                 state: state.clone(),
                 subnet_file: c.args.subnet_file.clone(),

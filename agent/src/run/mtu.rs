@@ -35,7 +35,7 @@ impl Node {
         // IPv6-only: subnet.env follows the IPv6 VTEP
         let want = match (&self.record.v4, self.vtep_index) {
             (Some(v4), Some(index)) => {
-                let want = super::config::vtep_mtu(conf, underlay_mtu);
+                let want = super::config::vtep_mtu::<ipnet::Ipv4Net>(conf, underlay_mtu);
                 let link = device::link_by_name(&self.handle, &v4.vtep_device)
                     .await?
                     .with_context(|| format!("{} is gone", v4.vtep_device))?;

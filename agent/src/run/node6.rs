@@ -17,7 +17,7 @@ use crate::{
         maps::{Accept6, Maps},
         peers6::{self, Devices6, Tables6},
         routes,
-        vtep6::{self, Vtep6Spec},
+        vtep::{self, VtepSpec},
     },
     netconf::NetConf,
     netfilter,
@@ -47,7 +47,7 @@ pub(super) struct Side6 {
 /// programs must know our public IPv6 (and so judge IPv6 VXLAN) before a
 /// socket for it exists.
 pub(super) struct Plan6 {
-    spec: Vtep6Spec,
+    spec: VtepSpec<Ipv6Net>,
     subnet: Ipv6Net,
     network: Ipv6Net,
 }
@@ -82,21 +82,22 @@ pub(super) fn prepare6(
         .subnet6
         .context("IPv6 is on (EnableIPv6), but this node has no IPv6 pod CIDR (spec.podCIDRs, or the etcd lease)")?;
     let (mac, _) = vtep_mac::choose_v6(own.published_mac6, state)?;
-    let public_ip = config::public_ipv6(c.args.public_ipv6, own.node_public_ipv6, underlay).with_context(|| {
-        format!(
-            "IPv6 is on (EnableIPv6), but {} has no usable global IPv6 address: add one, or give \
+    let public_ip =
+        config::public_ip::<Ipv6Net>(c.args.public_ipv6, own.node_public_ipv6, underlay).with_context(|| {
+            format!(
+                "IPv6 is on (EnableIPv6), but {} has no usable global IPv6 address: add one, or give \
              --public-ipv6 (or the node-public-ipv6 annotation)",
-            c.iface
-        )
-    })?;
-    let spec = Vtep6Spec {
-        name: vtep6::vtep6_name(conf.vni),
+                c.iface
+            )
+        })?;
+    let spec = VtepSpec {
+        name: vtep::vtep_name::<Ipv6Net>(conf.vni),
         vni: conf.vni,
         port: conf.port,
         local: public_ip,
         underlay_index: c.underlay.index,
         mac,
-        mtu: config::vtep6_mtu(conf, underlay.mtu),
+        mtu: config::vtep_mtu::<Ipv6Net>(conf, underlay.mtu),
     };
     Ok(Some(Plan6 { spec, subnet, network: v6.network }))
 }
@@ -107,8 +108,8 @@ pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan6, handle: 
     let (ip_masq, forward) = (c.args.ip_masq, c.args.iptables_forward_rules);
     let Plan6 { spec, subnet, network } = plan;
     let (mac, public_ip) = (spec.mac, spec.local);
-    let index = vtep6::ensure_vtep6(handle, &spec).await?;
-    vtep6::ensure_address6(handle, index, subnet).await?;
+    let index = vtep::ensure_vtep(handle, &spec).await?;
+    vtep::ensure_address(handle, index, subnet, network).await?;
     let firewall = netfilter::Firewall::new::<Ipv6Net>()?;
     firewall
         .apply(&netfilter::plan(network, subnet, conf.port, ip_masq, forward))
@@ -122,7 +123,8 @@ pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan6, handle: 
 /// (ours or flanneld's) would take IPv6 VXLAN that nothing judges, so it
 /// goes, and our ip6tables chains with it.
 pub(super) async fn remove_leftovers(handle: &Handle, vni: u32) -> Result<()> {
-    remove_family(handle, &vtep6::vtep6_name(vni), netfilter::Firewall::new::<Ipv6Net>(), "IPv6", "ip6tables").await
+    remove_family(handle, &vtep::vtep_name::<Ipv6Net>(vni), netfilter::Firewall::new::<Ipv6Net>(), "IPv6", "ip6tables")
+        .await
 }
 
 /// What an earlier run left for a `family` the network config now has off:
@@ -266,7 +268,7 @@ impl Side6 {
 
     /// Keeps the device's MTU at what the underlay's now allows.
     pub(super) async fn follow_mtu(&mut self, handle: &Handle, conf: &NetConf, underlay_mtu: u32) -> Result<()> {
-        let want = config::vtep6_mtu(conf, underlay_mtu);
+        let want = config::vtep_mtu::<Ipv6Net>(conf, underlay_mtu);
         let link = device::link_by_name(handle, &self.record.device).await?;
         if link.as_ref().and_then(device::link_mtu) != Some(want) {
             device::set_mtu(handle, self.index, want).await?;

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use super::Node;
 use crate::{
-    dataplane::{bpffs, device, features::Features, loader, maps::Maps},
+    dataplane::{bpffs, device, features::Features, loader, maps::Maps, vtep},
     metrics::startup::{Milestone, Startup},
     netconf::NetConf,
     netfilter,
@@ -35,7 +35,7 @@ pub(in crate::run) async fn bring_up(
     let underlay_mtu = underlay.mtu;
     let plan4 = prepare4(c, conf, &own, state, underlay_mtu)?;
     let plan6 = crate::run::node6::prepare6(c, conf, &own, state, &underlay)?;
-    let mtu = crate::run::config::vtep_mtu(conf, underlay_mtu);
+    let mtu = crate::run::config::vtep_mtu::<Ipv4Net>(conf, underlay_mtu);
     if plan4.is_some() {
         crate::run::mtu::warn_if_capped(conf, underlay_mtu, mtu);
     }
@@ -68,8 +68,8 @@ pub(in crate::run) async fn bring_up(
 
     let vtep_index = match &plan4 {
         Some(p) => {
-            let index = device::ensure_vtep(handle, &p.spec).await?;
-            device::ensure_address(handle, index, p.subnet, conf.network).await?;
+            let index = vtep::ensure_vtep(handle, &p.spec).await?;
+            vtep::ensure_address(handle, index, p.subnet, conf.network).await?;
             startup.reached(Milestone::VtepUp, Instant::now());
             Some(index)
         }
@@ -200,7 +200,7 @@ pub(in crate::run) async fn bring_up(
 /// What `flannel.<VNI>` will be (`None` in an IPv6-only network). Chooses
 /// and saves its MAC.
 struct Plan4 {
-    spec: device::VtepSpec,
+    spec: vtep::VtepSpec<Ipv4Net>,
     subnet: Ipv4Net,
 }
 
@@ -211,15 +211,16 @@ fn prepare4(c: &Checked, conf: &NetConf, own: &OwnNode, state: &StateDir, underl
     let subnet = own.subnet.context("this node has no IPv4 pod CIDR (spec.podCIDRs, or the etcd lease)")?;
     let (mac, _) = vtep_mac::choose(own.published_mac, state)?;
     let public_ip: Ipv4Addr =
-        crate::run::config::public_ip(c.args.public_ip, own.node_public_ip, &c.underlay).context("no public IP")?;
-    let spec = device::VtepSpec {
-        name: device::vtep_name(conf.vni),
+        crate::run::config::public_ip::<Ipv4Net>(c.args.public_ip, own.node_public_ip, &c.underlay)
+            .context("no public IP")?;
+    let spec = vtep::VtepSpec {
+        name: vtep::vtep_name::<Ipv4Net>(conf.vni),
         vni: conf.vni,
         port: conf.port,
         local: public_ip,
         underlay_index: c.underlay.index,
         mac,
-        mtu: crate::run::config::vtep_mtu(conf, underlay_mtu),
+        mtu: crate::run::config::vtep_mtu::<Ipv4Net>(conf, underlay_mtu),
     };
     Ok(Some(Plan4 { spec, subnet }))
 }
@@ -230,7 +231,7 @@ fn prepare4(c: &Checked, conf: &NetConf, own: &OwnNode, state: &StateDir, underl
 async fn remove_leftovers4(handle: &Handle, vni: u32) -> Result<()> {
     crate::run::node6::remove_family(
         handle,
-        &device::vtep_name(vni),
+        &vtep::vtep_name::<Ipv4Net>(vni),
         netfilter::Firewall::new::<Ipv4Net>(),
         "IPv4",
         "iptables",

@@ -16,7 +16,7 @@ use rtnetlink::Handle;
 use tracing::{info, warn};
 
 use crate::{
-    dataplane::{bpffs, device, loader, maps::Maps, own_addrs},
+    dataplane::{bpffs, device, loader, maps::Maps, own_addrs, vtep},
     netfilter,
     peer::{OwnNode, Peer},
     reconcile::{self, Fill, Nag},
@@ -174,7 +174,7 @@ impl Node {
 
 pub(super) async fn readdress(n: &mut Node, own: &OwnNode, state: &StateDir) -> Result<()> {
     if let (Some(index), Some(v4), Some(subnet)) = (n.vtep_index, n.record.v4.as_mut(), own.subnet) {
-        device::ensure_address(&n.handle, index, subnet, v4.network).await?;
+        vtep::ensure_address(&n.handle, index, subnet, v4.network).await?;
         if let Some(fw) = &n.firewall {
             let rules = netfilter::plan(v4.network, subnet, n.record.port, n.record.ip_masq, n.forward_rules);
             fw.apply(&rules).context("cannot update the firewall rules")?;
@@ -183,7 +183,7 @@ pub(super) async fn readdress(n: &mut Node, own: &OwnNode, state: &StateDir) -> 
     }
     if let (Some(v6), Some(subnet6)) = (&mut n.v6, own.subnet6) {
         if v6.record.subnet != subnet6 {
-            crate::dataplane::vtep6::ensure_address6(&n.handle, v6.index, subnet6).await?;
+            vtep::ensure_address(&n.handle, v6.index, subnet6, v6.record.network).await?;
             v6.record.subnet = subnet6;
             n.record.v6 = Some(v6.record.clone());
         }

@@ -1,0 +1,344 @@
+//! What the loop runs: the agent's state between events, and its jobs.
+//! Each answers with the [`Asks`] for what should run next; the loop in
+//! `mod.rs` only schedules them.
+use std::{sync::Arc, time::Instant};
+
+use anyhow::Result;
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+use super::{
+    RETRY_AFTER, SETTLE,
+    check::{Checked, Source},
+    node::{Node, bring_up, readdress},
+    schedule::{Asks, Job},
+    warned::Warned,
+};
+use crate::{
+    dataplane::device,
+    events::kernel::KernelEvent,
+    metrics::{
+        LoopReport, Stage,
+        startup::{Milestone, STARTUP_FILE},
+    },
+    peer::ClusterView,
+    source::{Desired, LocalVtep},
+    state::StateDir,
+};
+
+/// Where the view in force came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Origin {
+    /// The source sent it (the control plane is reachable).
+    Source,
+    /// The cached last good view, restored while the source is unreachable.
+    Cache,
+}
+
+/// The state of the dataplane.
+enum Phase {
+    /// Nothing is set up yet: no usable view, or bring-up failed (retried).
+    Down,
+    /// The VTEP, the maps and the programs are up.
+    Up(Box<Node>),
+}
+
+/// The agent between events.
+pub(super) struct Agent<'a> {
+    c: &'a Checked,
+    handle: rtnetlink::Handle,
+    state: StateDir,
+    report: Arc<LoopReport>,
+    /// What this node publishes (the Kubernetes source writes it).
+    local: watch::Sender<Option<LocalVtep>>,
+    phase: Phase,
+    desired: Option<Desired>,
+    origin: Origin,
+    /// Whether the view in force has been cached since it arrived.
+    cached: bool,
+    warned: Warned,
+    /// Whether a pass has run, so restoring from the cache has been tried
+    /// and the source may start.
+    pub(super) restore_tried: bool,
+}
+
+impl<'a> Agent<'a> {
+    /// The agent before its first pass; `restored` is the cached view it
+    /// starts from, if any.
+    pub(super) fn new(
+        c: &'a Checked,
+        handle: rtnetlink::Handle,
+        state: StateDir,
+        report: Arc<LoopReport>,
+        local: watch::Sender<Option<LocalVtep>>,
+        restored: Option<Desired>,
+    ) -> Self {
+        let origin = if restored.is_some() { Origin::Cache } else { Origin::Source };
+        Agent {
+            c,
+            handle,
+            state,
+            report,
+            local,
+            phase: Phase::Down,
+            restore_tried: restored.is_none(),
+            cached: restored.is_some(),
+            desired: restored,
+            origin,
+            warned: Warned::default(),
+        }
+    }
+
+    /// A view from the source. An identical one (a heartbeat of an
+    /// unrelated Node) does nothing at all.
+    pub(super) fn on_view(&mut self, d: Desired) -> Asks {
+        self.report.view_from_source();
+        if self.origin == Origin::Cache {
+            info!(source = self.c.source.name(), "control plane reachable again; reconciling");
+            self.origin = Origin::Source;
+        }
+        if self.desired.as_ref() == Some(&d) {
+            return Asks::nothing();
+        }
+        log_view(&d.view, &mut self.warned);
+        self.desired = Some(d);
+        self.cached = false;
+        Asks::run(Job::Pass, std::time::Duration::ZERO)
+    }
+
+    /// A change in the kernel: which job it calls for, after the burst
+    /// settles.
+    pub(super) fn on_kernel(&mut self, ev: KernelEvent) -> Asks {
+        let Phase::Up(n) = &mut self.phase else { return Asks::nothing() };
+        // with DirectRouting, the underlay's routes are ours too, or say what is on-link
+        let direct = self.desired.as_ref().is_some_and(|d| d.conf.direct_routing);
+        // the IPv6 VTEP's routes, neighbours and fdb entries are ours too
+        let vtep6 = n.v6.as_ref().map(|s| s.index);
+        let ours = |oif: Option<u32>| oif.is_some() && (oif == n.vtep_index || oif == vtep6);
+        let underlay = self.c.underlay.index;
+        match ev {
+            KernelEvent::Route { oif, .. } if ours(oif) || (direct && oif == Some(underlay)) => {
+                n.observed = None;
+                Asks::run(Job::Pass, SETTLE)
+            }
+            KernelEvent::Neighbour { index } if Some(index) == vtep6 => {
+                n.observed = None;
+                Asks::run(Job::Pass, SETTLE)
+            }
+            KernelEvent::Link { index, .. } | KernelEvent::Address { index } if index == underlay => {
+                Asks::run(Job::Check, SETTLE)
+            }
+            KernelEvent::Link { index, .. } if Some(index) == n.vtep_index || Some(index) == vtep6 => {
+                Asks::run(Job::Check, SETTLE)
+            }
+            KernelEvent::Link { .. } | KernelEvent::Neighbour { .. } => Asks::run(Job::Learn, SETTLE),
+            _ => Asks::nothing(),
+        }
+    }
+
+    /// The safety net: read the kernel back, whatever we think it holds.
+    pub(super) fn resync(&mut self) -> Asks {
+        if let Phase::Up(n) = &mut self.phase {
+            n.observed = None;
+        }
+        Asks::everything()
+    }
+
+    /// Runs `job`. An error is one the agent cannot go on from.
+    pub(super) async fn run(&mut self, job: Job) -> Result<Asks> {
+        Ok(match job {
+            Job::Check => self.check().await?,
+            Job::Learn => {
+                if let Phase::Up(n) = &mut self.phase {
+                    n.learn_pods().await;
+                }
+                Asks::nothing()
+            }
+            Job::Pass => {
+                self.restore_tried = true;
+                self.pass().await
+            }
+        })
+    }
+
+    /// The underlay, the VTEP's MTU and MAC, and whether the VTEP and the
+    /// programs are still there.
+    async fn check(&mut self) -> Result<Asks> {
+        let c = self.c;
+        let underlay = match underlay_now(c, &self.handle).await {
+            Ok(u) => u,
+            Err(what) => anyhow::bail!(
+                "the underlay {} changed: {what}; exiting so that the supervisor restarts edgevx on the new \
+                 underlay (the dataplane stays in place meanwhile)",
+                c.iface
+            ),
+        };
+        let Phase::Up(n) = &mut self.phase else { return Ok(Asks::nothing()) };
+        let mut asks = Asks::nothing();
+        n.warn_off_underlay();
+        if let Some(d) = &self.desired {
+            if let Err(e) = n.follow_mtu(&d.conf, underlay.mtu, &self.state).await {
+                warn!("cannot bring the VTEP's MTU in line with the underlay's, retrying: {e:#}");
+                asks = asks.and(Job::Check, RETRY_AFTER);
+            }
+        }
+        if let Err(e) = n.keep_macs().await {
+            warn!("cannot put the VTEP's MAC back, retrying: {e:#}");
+            asks = asks.and(Job::Check, RETRY_AFTER);
+        }
+        match n.intact().await {
+            Ok(true) => {}
+            Ok(false) => {
+                // someone deleted the VTEP or detached a program: build it all again
+                warn!("the VTEP device or an attached program is gone; rebuilding the dataplane");
+                self.report.rebuilding();
+                self.phase = Phase::Down;
+                asks = asks.and(Job::Pass, std::time::Duration::ZERO);
+            }
+            // EMFILE, ENOMEM: the agent's trouble, not the dataplane's, which stays
+            Err(e) => {
+                warn!("cannot check the VTEP device and the attached programs, leaving them as they are: {e:#}");
+                asks = asks.and(Job::Check, RETRY_AFTER);
+            }
+        }
+        Ok(asks)
+    }
+
+    /// The reconcile pass: the dataplane brought up or re-addressed as the
+    /// view says, then the peers, the rules, the attach and the local pods.
+    async fn pass(&mut self) -> Asks {
+        let retry = Asks::run(Job::Pass, RETRY_AFTER);
+        let (c, report) = (self.c, self.report.clone());
+        let Some(d) = self.desired.as_ref() else { return Asks::nothing() };
+        let Some(own) = d.view.own.clone() else { return Asks::nothing() };
+        let pass = Instant::now();
+        match &mut self.phase {
+            Phase::Down => match bring_up(c, &d.conf, own, &self.state, &self.handle, &report.startup).await {
+                Ok(n) => {
+                    self.local.send_replace(Some(n.local_vtep()));
+                    self.phase = Phase::Up(Box::new(n));
+                }
+                Err(e) => {
+                    error!("cannot bring up the dataplane, retrying: {e:#}");
+                    report.pass_failed(Stage::BringUp, pass);
+                    return retry;
+                }
+            },
+            Phase::Up(n) if n.own.subnet != own.subnet || n.own.subnet6 != own.subnet6 => {
+                warn!(old = ?n.own.subnet, new = ?own.subnet, old6 = ?n.own.subnet6, new6 = ?own.subnet6,
+                    "own pod CIDR changed; re-addressing the VTEP");
+                if let Err(e) = readdress(n, &own, &self.state).await {
+                    error!("cannot apply the new pod CIDR: {e:#}");
+                    report.pass_failed(Stage::Readdress, pass);
+                    return retry;
+                }
+                self.local.send_replace(Some(n.local_vtep()));
+            }
+            Phase::Up(_) => {}
+        }
+        let Phase::Up(n) = &mut self.phase else { return Asks::nothing() };
+        let families_changed = d.conf.ipv6.as_ref().map(|v6| v6.network) != n.record.v6.as_ref().map(|v6| v6.network)
+            || d.conf.ipv4 != n.record.v4.is_some();
+        if families_changed {
+            // a dual-stack node must publish both halves or flannel peers skip it whole: apply it now
+            warn!("EnableIPv4, EnableIPv6 or IPv6Network changed; rebuilding the dataplane to apply it");
+            report.rebuilding();
+            self.phase = Phase::Down;
+            return Asks::run(Job::Pass, std::time::Duration::ZERO);
+        }
+        let conf_changed = d.conf.vni != n.record.vni
+            || d.conf.port != n.record.port
+            || n.record.v4.as_ref().is_some_and(|v4| v4.network != d.conf.network);
+        if conf_changed && !self.cached {
+            warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
+        }
+        let mut asks = Asks::nothing();
+        let peers_ok = n.reconcile(&d.view, d.conf.direct_routing, &self.state, &mut self.warned).await;
+        report.set_peers(n.accepted.iter());
+        n.enforce_rules();
+        let first_attach = n.pending.is_some();
+        let attached = match n.attach().await {
+            Ok(()) => {
+                report.startup.reached(Milestone::Attached, Instant::now());
+                if first_attach {
+                    // what the first pass held back until the programs were on
+                    asks = asks.and(Job::Pass, std::time::Duration::ZERO);
+                }
+                true
+            }
+            Err(e) => {
+                error!("cannot attach the programs, retrying: {e:#}");
+                false
+            }
+        };
+        // the IPv6 kernel entries after the attach: the first IPv4 packet does not wait for them
+        let peers_ok = n.reconcile6(d.conf.direct_routing).await && peers_ok;
+        if attached {
+            n.learn_pods().await;
+        }
+        if let Some(t) = n.first_peer_at {
+            report.startup.reached(Milestone::FirstPeer, t);
+        }
+        if peers_ok && attached {
+            report.startup.reached(Milestone::AllPeers, Instant::now());
+        }
+        report.pass_done(pass, peers_ok, attached);
+        // off the path to forwarding: the figures for `edgevx status`
+        if let Some(figures) = report.startup.take_changed() {
+            if let Err(e) = self.state.save_json(STARTUP_FILE, &figures) {
+                warn!("cannot save {STARTUP_FILE} (for edgevx status): {e:#}");
+            }
+        }
+        if !(peers_ok && attached) {
+            asks = asks.with(retry);
+        }
+        if !self.cached && self.origin == Origin::Source && !matches!(c.source, Source::File(_)) {
+            match self.state.save_view(d) {
+                Ok(()) => self.cached = true,
+                Err(e) => warn!("cannot cache the view: {e:#}"),
+            }
+        }
+        asks
+    }
+}
+
+fn log_view(view: &ClusterView, warned: &mut Warned) {
+    warned.malformed(&view.rejected);
+    warned.partial(&view.partial);
+    for r in &view.ignored {
+        debug!(node = %r.node, "not a peer: {}", r.reason);
+    }
+    if let Some(p) = &view.own_problem {
+        error!("{p}; waiting for the nodes file to name this node with a pod CIDR");
+    }
+}
+
+/// How the underlay differs from what the dataplane was built on, in a
+/// way that needs a restart (its MTU is followed in place).
+#[derive(Debug, thiserror::Error)]
+enum UnderlayChanged {
+    #[error("{0:#}")]
+    Unreadable(anyhow::Error),
+    #[error("it was re-created (ifindex {was} -> {now})")]
+    Recreated { was: u32, now: u32 },
+    #[error("its address changed ({} -> {})", shown(.was), shown(.now))]
+    Readdressed { was: Option<std::net::Ipv4Addr>, now: Option<std::net::Ipv4Addr> },
+}
+
+fn shown(a: &Option<std::net::Ipv4Addr>) -> String {
+    a.map_or_else(|| "none".into(), |a| a.to_string())
+}
+
+/// The underlay now, or how it changed.
+async fn underlay_now(
+    c: &Checked,
+    handle: &rtnetlink::Handle,
+) -> std::result::Result<device::Underlay, UnderlayChanged> {
+    let was = &c.underlay;
+    match device::underlay(handle, &c.iface).await {
+        Err(e) => Err(UnderlayChanged::Unreadable(e)),
+        Ok(now) if now.index != was.index => Err(UnderlayChanged::Recreated { was: was.index, now: now.index }),
+        Ok(now) if now.ipv4 != was.ipv4 => Err(UnderlayChanged::Readdressed { was: was.ipv4, now: now.ipv4 }),
+        Ok(now) => Ok(now),
+    }
+}

@@ -3,6 +3,7 @@
 //! else; none of them touches the dataplane. A source sends only what it
 //! read in full, so an unreachable control plane never looks like "no peers".
 pub mod etcd;
+mod etcd_config;
 pub mod etcd_settings;
 pub mod etcd_tls;
 pub mod flannel_rules;

@@ -280,26 +280,10 @@ impl StateDir {
 
     /// The saved VTEP MAC. A damaged file is an error, not "no MAC": a
     /// silent new MAC is the outage edgevx exists to prevent.
-    pub fn load_mac(&self) -> Result<Option<VtepMac>> {
-        self.load_mac_file(MAC_FILE)
-    }
-
-    pub fn save_mac(&self, mac: VtepMac) -> Result<()> {
-        self.save_mac_file(MAC_FILE, mac)
-    }
-
-    /// The saved MAC of the IPv6 VTEP, as [`StateDir::load_mac`].
-    pub fn load_mac6(&self) -> Result<Option<VtepMac>> {
-        self.load_mac_file(MAC6_FILE)
-    }
-
-    pub fn save_mac6(&self, mac: VtepMac) -> Result<()> {
-        self.save_mac_file(MAC6_FILE, mac)
-    }
-
-    fn load_mac_file(&self, name: &str) -> Result<Option<VtepMac>> {
-        let path = self.path(name);
-        let Some(bytes) = self.read(name)? else { return Ok(None) };
+    /// The saved MAC in `file` ([`MAC_FILE`] or [`MAC6_FILE`]).
+    pub fn load_mac(&self, file: &str) -> Result<Option<VtepMac>> {
+        let path = self.path(file);
+        let Some(bytes) = self.read(file)? else { return Ok(None) };
         String::from_utf8_lossy(&bytes)
             .trim()
             .parse()
@@ -307,8 +291,8 @@ impl StateDir {
             .with_context(|| format!("saved VTEP MAC in {} is damaged", path.display()))
     }
 
-    fn save_mac_file(&self, name: &str, mac: VtepMac) -> Result<()> {
-        Ok(self.write(name, format!("{mac}\n").as_bytes())?)
+    pub fn save_mac(&self, file: &str, mac: VtepMac) -> Result<()> {
+        Ok(self.write(file, format!("{mac}\n").as_bytes())?)
     }
 
     pub fn load_peers(&self) -> Result<Vec<Peer>> {
@@ -385,11 +369,11 @@ mod tests {
         let victim = d.join("victim");
         fs::write(&victim, "precious").unwrap();
         symlink(&victim, s.path(MAC_FILE)).unwrap();
-        let e = s.save_mac("02:00:00:00:00:01".parse().unwrap()).unwrap_err();
+        let e = s.save_mac(MAC_FILE, "02:00:00:00:00:01".parse().unwrap()).unwrap_err();
         let StateError::Symlink(p) = e.downcast_ref::<StateError>().unwrap() else { panic!("{e:#}") };
         assert_eq!(p, &s.path(MAC_FILE));
         assert!(e.to_string().contains(&s.path(MAC_FILE).display().to_string()), "{e}");
-        let e = s.load_mac().unwrap_err();
+        let e = s.load_mac(MAC_FILE).unwrap_err();
         assert!(matches!(e.downcast_ref::<StateError>(), Some(StateError::Symlink(_))), "{e:#}");
         assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
         // a dangling link, where the file would be created, is refused too
@@ -413,11 +397,11 @@ mod tests {
     fn state_dir_is_created_0700_and_a_loose_one_of_ours_is_tightened() {
         let d = temp_dir("mode");
         let s = StateDir(d.join("state"));
-        s.save_mac("02:00:00:00:00:01".parse().unwrap()).unwrap();
+        s.save_mac(MAC_FILE, "02:00:00:00:00:01".parse().unwrap()).unwrap();
         assert_eq!(mode(&s.0), 0o700);
         assert_eq!(mode(&s.path(MAC_FILE)), 0o600);
         fs::set_permissions(&s.0, fs::Permissions::from_mode(0o777)).unwrap();
-        s.save_mac("02:00:00:00:00:02".parse().unwrap()).unwrap();
+        s.save_mac(MAC_FILE, "02:00:00:00:00:02".parse().unwrap()).unwrap();
         assert_eq!(mode(&s.0), 0o700);
         fs::remove_dir_all(d).unwrap();
     }
@@ -446,7 +430,7 @@ mod tests {
         let c = std::ffi::CString::new(s.path(MAC_FILE).as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid C string.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let e = s.load_mac().unwrap_err();
+        let e = s.load_mac(MAC_FILE).unwrap_err();
         assert!(matches!(e.downcast_ref::<StateError>(), Some(StateError::NotAFile(_))), "{e:#}");
         assert!(matches!(check_target(&s.path(MAC_FILE)), Err(StateError::NotAFile(_))));
         fs::remove_dir_all(d).unwrap();
@@ -456,10 +440,10 @@ mod tests {
     fn damaged_mac_file_is_an_error() {
         let d = temp_dir("mac");
         let s = StateDir(d.clone());
-        assert_eq!(s.load_mac().unwrap(), None);
+        assert_eq!(s.load_mac(MAC_FILE).unwrap(), None);
         fs::create_dir_all(&d).unwrap();
         fs::write(d.join(MAC_FILE), "not a mac").unwrap();
-        assert!(s.load_mac().is_err());
+        assert!(s.load_mac(MAC_FILE).is_err());
         fs::remove_dir_all(d).unwrap();
     }
 
@@ -469,13 +453,13 @@ mod tests {
         let s = StateDir(d.clone());
         s.ensure().unwrap();
         let (a, b): (VtepMac, VtepMac) = ("02:00:00:00:00:04".parse().unwrap(), "02:00:00:00:00:06".parse().unwrap());
-        s.save_mac(a).unwrap();
-        assert_eq!(s.load_mac6().unwrap(), None);
-        s.save_mac6(b).unwrap();
-        assert_eq!((s.load_mac().unwrap(), s.load_mac6().unwrap()), (Some(a), Some(b)));
+        s.save_mac(MAC_FILE, a).unwrap();
+        assert_eq!(s.load_mac(MAC6_FILE).unwrap(), None);
+        s.save_mac(MAC6_FILE, b).unwrap();
+        assert_eq!((s.load_mac(MAC_FILE).unwrap(), s.load_mac(MAC6_FILE).unwrap()), (Some(a), Some(b)));
         assert_eq!(fs::read_to_string(d.join(MAC6_FILE)).unwrap(), "02:00:00:00:00:06\n");
         fs::write(d.join(MAC6_FILE), "not a mac").unwrap();
-        let e = s.load_mac6().unwrap_err();
+        let e = s.load_mac(MAC6_FILE).unwrap_err();
         assert!(format!("{e:#}").contains(MAC6_FILE), "{e:#}");
         fs::remove_dir_all(d).unwrap();
     }

@@ -9,7 +9,11 @@
 use anyhow::{Context, Result};
 use tracing::info;
 
-use crate::{mac::VtepMac, state::StateDir};
+use crate::{
+    family::Family,
+    mac::VtepMac,
+    state::{MAC_FILE, MAC6_FILE, StateDir},
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MacSource {
@@ -18,31 +22,14 @@ pub enum MacSource {
     Generated,
 }
 
-/// The MAC of `flannel.<VNI>`; `published` is the VtepMAC of our `backend-data`.
-pub fn choose(published: Option<VtepMac>, state: &StateDir) -> Result<(VtepMac, MacSource)> {
-    choose_for(Family::V4, published, state)
-}
-
-/// The MAC of `flannel-v6.<VNI>` (dual-stack), with the same precedence:
-/// `published` is the VtepMAC of our `backend-v6-data`, the state file is
-/// its own. flannel draws a separate MAC per device, and kernel flannel
-/// peers only see a new one when the IPv4 half changes too, so this one
-/// must be as stable as the IPv4 one.
-pub fn choose_v6(published: Option<VtepMac>, state: &StateDir) -> Result<(VtepMac, MacSource)> {
-    choose_for(Family::V6, published, state)
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Family {
-    V4,
-    V6,
-}
-
-fn choose_for(family: Family, published: Option<VtepMac>, state: &StateDir) -> Result<(VtepMac, MacSource)> {
-    let saved = match family {
-        Family::V4 => state.load_mac()?,
-        Family::V6 => state.load_mac6()?,
-    };
+/// The MAC of a family's VTEP (`flannel.<VNI>` or `flannel-v6.<VNI>`):
+/// `published` is the VtepMAC of our `backend-data` (or
+/// `backend-v6-data`), and each family's state file is its own. flannel
+/// draws a separate MAC per device, and kernel flannel peers only see a
+/// new IPv6 one when the IPv4 half changes too, so both must be as stable.
+pub fn choose<N: Family>(published: Option<VtepMac>, state: &StateDir) -> Result<(VtepMac, MacSource)> {
+    let file = if N::V6 { MAC6_FILE } else { MAC_FILE };
+    let saved = state.load_mac(file)?;
     let (mac, source) = match (published, saved) {
         (Some(m), _) => (m, MacSource::Annotation),
         (None, Some(m)) => (m, MacSource::StateDir),
@@ -51,19 +38,19 @@ fn choose_for(family: Family, published: Option<VtepMac>, state: &StateDir) -> R
         }
     };
     if saved != Some(mac) {
-        match family {
-            Family::V4 => state.save_mac(mac),
-            Family::V6 => state.save_mac6(mac),
-        }
-        .context("cannot save the VTEP MAC; refusing to use a MAC that would not survive a reboot")?;
+        state
+            .save_mac(file, mac)
+            .context("cannot save the VTEP MAC; refusing to use a MAC that would not survive a reboot")?;
     }
-    info!(%mac, ?source, ?family, "VTEP MAC chosen");
+    info!(%mac, ?source, ipv6 = N::V6, "VTEP MAC chosen");
     Ok((mac, source))
 }
 
 #[cfg(test)]
 mod tests {
     use std::fs;
+
+    use ipnet::{Ipv4Net, Ipv6Net};
 
     use super::*;
 
@@ -79,14 +66,14 @@ mod tests {
         let a: VtepMac = "02:aa:00:00:00:01".parse().unwrap();
         let b: VtepMac = "02:bb:00:00:00:02".parse().unwrap();
 
-        let (m, src) = choose(None, &s).unwrap();
+        let (m, src) = choose::<Ipv4Net>(None, &s).unwrap();
         assert_eq!(src, MacSource::Generated);
-        assert_eq!(s.load_mac().unwrap(), Some(m), "a generated MAC is saved");
-        assert_eq!(choose(None, &s).unwrap(), (m, MacSource::StateDir), "and reused");
+        assert_eq!(s.load_mac(MAC_FILE).unwrap(), Some(m), "a generated MAC is saved");
+        assert_eq!(choose::<Ipv4Net>(None, &s).unwrap(), (m, MacSource::StateDir), "and reused");
 
-        s.save_mac(b).unwrap();
-        assert_eq!(choose(Some(a), &s).unwrap(), (a, MacSource::Annotation));
-        assert_eq!(s.load_mac().unwrap(), Some(a), "the MAC in use is always saved");
+        s.save_mac(MAC_FILE, b).unwrap();
+        assert_eq!(choose::<Ipv4Net>(Some(a), &s).unwrap(), (a, MacSource::Annotation));
+        assert_eq!(s.load_mac(MAC_FILE).unwrap(), Some(a), "the MAC in use is always saved");
         fs::remove_dir_all(&s.0).unwrap();
     }
 
@@ -94,14 +81,14 @@ mod tests {
     fn the_ipv6_mac_follows_the_same_precedence_apart_from_the_ipv4_one() {
         let s = dir("prec6");
         let a: VtepMac = "02:aa:00:00:00:06".parse().unwrap();
-        let (m4, _) = choose(None, &s).unwrap();
-        let (m6, src) = choose_v6(None, &s).unwrap();
+        let (m4, _) = choose::<Ipv4Net>(None, &s).unwrap();
+        let (m6, src) = choose::<Ipv6Net>(None, &s).unwrap();
         assert_eq!(src, MacSource::Generated);
         assert_ne!(m4, m6, "one random MAC per device, as flannel draws them");
-        assert_eq!((s.load_mac().unwrap(), s.load_mac6().unwrap()), (Some(m4), Some(m6)));
-        assert_eq!(choose_v6(None, &s).unwrap(), (m6, MacSource::StateDir));
-        assert_eq!(choose_v6(Some(a), &s).unwrap(), (a, MacSource::Annotation));
-        assert_eq!((s.load_mac().unwrap(), s.load_mac6().unwrap()), (Some(m4), Some(a)));
+        assert_eq!((s.load_mac(MAC_FILE).unwrap(), s.load_mac(MAC6_FILE).unwrap()), (Some(m4), Some(m6)));
+        assert_eq!(choose::<Ipv6Net>(None, &s).unwrap(), (m6, MacSource::StateDir));
+        assert_eq!(choose::<Ipv6Net>(Some(a), &s).unwrap(), (a, MacSource::Annotation));
+        assert_eq!((s.load_mac(MAC_FILE).unwrap(), s.load_mac(MAC6_FILE).unwrap()), (Some(m4), Some(a)));
         fs::remove_dir_all(&s.0).unwrap();
     }
 }

@@ -81,7 +81,7 @@ pub(super) fn prepare6(
     let subnet = own
         .subnet6
         .context("IPv6 is on (EnableIPv6), but this node has no IPv6 pod CIDR (spec.podCIDRs, or the etcd lease)")?;
-    let (mac, _) = vtep_mac::choose_v6(own.published_mac6, state)?;
+    let (mac, _) = vtep_mac::choose::<Ipv6Net>(own.published_mac6, state)?;
     let public_ip =
         config::public_ip::<Ipv6Net>(c.args.public_ipv6, own.node_public_ipv6, underlay).with_context(|| {
             format!(

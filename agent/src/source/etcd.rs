@@ -143,9 +143,9 @@ impl Session {
                 .with_context(|| format!("cannot delete {prefix}{key}"))?;
             all.remove(&key);
         }
-        let (mac, _) = vtep_mac::choose(published.and_then(|(m, _)| m), &me.state)?;
+        let (mac, _) = vtep_mac::choose::<Ipv4Net>(published.and_then(|(m, _)| m), &me.state)?;
         let mac6 = match public_ipv6 {
-            Some(_) => Some(vtep_mac::choose_v6(published.and_then(|(_, m6)| m6), &me.state)?.0),
+            Some(_) => Some(vtep_mac::choose::<Ipv6Net>(published.and_then(|(_, m6)| m6), &me.state)?.0),
             None => None,
         };
         let mut s = Session {

@@ -209,7 +209,7 @@ fn prepare4(c: &Checked, conf: &NetConf, own: &OwnNode, state: &StateDir, underl
         return Ok(None);
     }
     let subnet = own.subnet.context("this node has no IPv4 pod CIDR (spec.podCIDRs, or the etcd lease)")?;
-    let (mac, _) = vtep_mac::choose(own.published_mac, state)?;
+    let (mac, _) = vtep_mac::choose::<Ipv4Net>(own.published_mac, state)?;
     let public_ip: Ipv4Addr =
         crate::run::config::public_ip::<Ipv4Net>(c.args.public_ip, own.node_public_ip, &c.underlay)
             .context("no public IP")?;

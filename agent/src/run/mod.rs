@@ -38,6 +38,7 @@ pub mod netns_lock;
 mod node;
 pub mod node6;
 mod off_underlay;
+mod plan;
 mod schedule;
 mod warned;
 

@@ -10,22 +10,20 @@ use ipnet::Ipv6Net;
 use rtnetlink::Handle;
 use tracing::{info, warn};
 
-use super::{check::Checked, config};
+use super::{check::Checked, config, plan::Plan};
 use crate::{
     dataplane::{
-        device::{self, Underlay},
+        device,
         maps::{Accept6, Maps},
         peers6::{self, Devices6, Tables6},
-        routes,
-        vtep::{self, VtepSpec},
+        routes, vtep,
     },
     netconf::NetConf,
     netfilter,
-    peer::{OwnNode, Peer},
+    peer::Peer,
     reconcile::OnLink,
     source::LocalVtepV6,
-    state::{Record6, StateDir},
-    vtep_mac,
+    state::Record6,
 };
 
 /// The IPv6 VTEP once it is up.
@@ -43,70 +41,11 @@ pub(super) struct Side6 {
     skipped: Vec<peers6::Skipped6>,
 }
 
-/// What the IPv6 VTEP will be, decided before anything is created: the
-/// programs must know our public IPv6 (and so judge IPv6 VXLAN) before a
-/// socket for it exists.
-pub(super) struct Plan6 {
-    spec: VtepSpec<Ipv6Net>,
-    subnet: Ipv6Net,
-    network: Ipv6Net,
-}
-
-impl Plan6 {
-    pub(super) fn public_ip(&self) -> Ipv6Addr {
-        self.spec.local
-    }
-
-    pub(super) fn mtu(&self) -> u32 {
-        self.spec.mtu
-    }
-
-    /// The network and subnet subnet.env gives the CNI.
-    pub(super) fn subnet_env(&self) -> (Ipv6Net, Ipv6Net) {
-        (self.network, self.subnet)
-    }
-}
-
-/// The IPv6 VTEP's settings when the network is dual-stack (`None` when it
-/// is not); `underlay` as it is now (a global IPv6 address may have come
-/// since the start, SLAAC or DAD). Chooses and saves its MAC.
-pub(super) fn prepare6(
-    c: &Checked,
-    conf: &NetConf,
-    own: &OwnNode,
-    state: &StateDir,
-    underlay: &Underlay,
-) -> Result<Option<Plan6>> {
-    let Some(v6) = &conf.ipv6 else { return Ok(None) };
-    let subnet = own
-        .subnet6
-        .context("IPv6 is on (EnableIPv6), but this node has no IPv6 pod CIDR (spec.podCIDRs, or the etcd lease)")?;
-    let (mac, _) = vtep_mac::choose::<Ipv6Net>(own.published_mac6, state)?;
-    let public_ip =
-        config::public_ip::<Ipv6Net>(c.args.public_ipv6, own.node_public_ipv6, underlay).with_context(|| {
-            format!(
-                "IPv6 is on (EnableIPv6), but {} has no usable global IPv6 address: add one, or give \
-             --public-ipv6 (or the node-public-ipv6 annotation)",
-                c.iface
-            )
-        })?;
-    let spec = VtepSpec {
-        name: vtep::vtep_name::<Ipv6Net>(conf.vni),
-        vni: conf.vni,
-        port: conf.port,
-        local: public_ip,
-        underlay_index: c.underlay.index,
-        mac,
-        mtu: config::vtep_mtu::<Ipv6Net>(conf, underlay.mtu),
-    };
-    Ok(Some(Plan6 { spec, subnet, network: v6.network }))
-}
-
 /// Brings up `flannel-v6.<VNI>` as `plan` says, with its address and the
 /// ip6tables chains.
-pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan6, handle: &Handle) -> Result<Side6> {
+pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan<Ipv6Net>, handle: &Handle) -> Result<Side6> {
     let (ip_masq, forward) = (c.args.ip_masq, c.args.iptables_forward_rules);
-    let Plan6 { spec, subnet, network } = plan;
+    let Plan { spec, subnet, network } = plan;
     let (mac, public_ip) = (spec.mac, spec.local);
     let index = vtep::ensure_vtep(handle, &spec).await?;
     vtep::ensure_address(handle, index, subnet, network).await?;
@@ -117,34 +56,6 @@ pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan6, handle: 
     info!(device = %spec.name, %mac, %public_ip, %subnet, mtu = spec.mtu, "IPv6 VTEP ready");
     let record = Record6 { device: spec.name, mac, public_ip, subnet, network, mtu: spec.mtu };
     Ok(Side6 { index, record, firewall, observed: None, on_link: None, skipped: Vec::new() })
-}
-
-/// With IPv6 off: a `flannel-v6.<VNI>` left by an earlier dual-stack run
-/// (ours or flanneld's) would take IPv6 VXLAN that nothing judges, so it
-/// goes, and our ip6tables chains with it.
-pub(super) async fn remove_leftovers(handle: &Handle, vni: u32) -> Result<()> {
-    remove_family(handle, &vtep::vtep_name::<Ipv6Net>(vni), netfilter::Firewall::new::<Ipv6Net>(), "IPv6", "ip6tables")
-        .await
-}
-
-/// What an earlier run left for a `family` the network config now has off:
-/// its VTEP `device`, and our chains in `firewall` (written with `tool`).
-pub(super) async fn remove_family(
-    handle: &Handle,
-    device: &str,
-    firewall: Result<netfilter::Firewall>,
-    family: &str,
-    tool: &str,
-) -> Result<()> {
-    if device::delete_link(handle, device).await? {
-        warn!(device, "{family} is off in the network config: deleted the {family} VTEP an earlier run left");
-    }
-    if let Ok(fw) = firewall {
-        if fw.remove_all().with_context(|| format!("cannot remove the {family} firewall rules"))? {
-            info!("{family} is off: removed edgevx's {tool} chains");
-        }
-    }
-    Ok(())
 }
 
 /// The IPv6 accept map (`have`, read back every pass, written where it

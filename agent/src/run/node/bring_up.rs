@@ -1,15 +1,16 @@
 //! Bringing the dataplane up, once: subnet.env first (restore first), the
 //! programs loaded, the VTEP devices, the config map, the firewall, and the
 //! record `edgevx status` and the next start read.
-use std::{net::Ipv4Addr, time::Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use edgevx_common::maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_ENCAP_NO_L2_ETH, FLAG_STRICT_INNER_SOURCE};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use rtnetlink::Handle;
 use tracing::{info, warn};
 
 use super::Node;
+use crate::run::plan;
 use crate::{
     dataplane::{bpffs, device, features::Features, loader, maps::Maps, vtep},
     metrics::startup::{Milestone, Startup},
@@ -19,7 +20,7 @@ use crate::{
     reconcile::Nag,
     run::check::Checked,
     state::{AgentRecord, Record4, StateDir},
-    subnet_env, vtep_mac,
+    subnet_env,
 };
 
 pub(in crate::run) async fn bring_up(
@@ -33,23 +34,23 @@ pub(in crate::run) async fn bring_up(
     // the underlay now: its MTU (or IPv6 address) may have changed since the start-up checks
     let underlay = device::underlay(handle, &c.iface).await.unwrap_or_else(|_| c.underlay.clone());
     let underlay_mtu = underlay.mtu;
-    let plan4 = prepare4(c, conf, &own, state, underlay_mtu)?;
-    let plan6 = crate::run::node6::prepare6(c, conf, &own, state, &underlay)?;
+    let plan4 = plan::prepare::<Ipv4Net>(c, conf, &own, state, &underlay)?;
+    let plan6 = plan::prepare::<Ipv6Net>(c, conf, &own, state, &underlay)?;
     let mtu = crate::run::config::vtep_mtu::<Ipv4Net>(conf, underlay_mtu);
     if plan4.is_some() {
         crate::run::mtu::warn_if_capped(conf, underlay_mtu, mtu);
     }
     // IPv6-only: the pods' MTU is the IPv6 VTEP's
     let mtu = match (&plan4, &plan6) {
-        (None, Some(p6)) => p6.mtu(),
+        (None, Some(p6)) => p6.spec.mtu,
         _ => mtu,
     };
     // restore first: subnet.env before anything else, so the CNI adds pods at
     // once (after a reboot /run is empty); it says only what is decided by now
     subnet_env::write(
         &c.args.subnet_file,
-        plan4.as_ref().map(|p| (conf.network, p.subnet)),
-        plan6.as_ref().map(|p| p.subnet_env()),
+        plan4.as_ref().map(|p| (p.network, p.subnet)),
+        plan6.as_ref().map(|p| (p.network, p.subnet)),
         mtu,
         c.args.ip_masq,
     )
@@ -74,7 +75,7 @@ pub(in crate::run) async fn bring_up(
             Some(index)
         }
         None => {
-            remove_leftovers4(handle, conf.vni).await?;
+            plan::remove_leftovers::<Ipv4Net>(handle, conf.vni).await?;
             None
         }
     };
@@ -101,7 +102,7 @@ pub(in crate::run) async fn bring_up(
     // not attached to yet; they come back at the first learning pass
     maps.sync_local_pods(&Default::default())?;
     if plan6.is_none() {
-        crate::run::node6::remove_leftovers(handle, conf.vni).await?;
+        plan::remove_leftovers::<Ipv6Net>(handle, conf.vni).await?;
     }
     maps.set_config(&DataplaneConfig {
         vni: conf.vni,
@@ -115,7 +116,7 @@ pub(in crate::run) async fn bring_up(
         vtep_ifindex: vtep_index.unwrap_or(0),
         underlay_ifindex: c.underlay.index,
         // all zero: IPv6 off, IPv6 VXLAN is not judged
-        public_ip6: plan6.as_ref().map_or([0; 16], |p| p.public_ip().octets()),
+        public_ip6: plan6.as_ref().map_or([0; 16], |p| p.spec.local.octets()),
     })?;
     // only now that the programs judge IPv6 VXLAN: the device's socket
     let v6 = match plan6 {
@@ -195,46 +196,4 @@ pub(in crate::run) async fn bring_up(
         own_addrs: Default::default(),
         first_peer_at: None,
     })
-}
-
-/// What `flannel.<VNI>` will be (`None` in an IPv6-only network). Chooses
-/// and saves its MAC.
-struct Plan4 {
-    spec: vtep::VtepSpec<Ipv4Net>,
-    subnet: Ipv4Net,
-}
-
-fn prepare4(c: &Checked, conf: &NetConf, own: &OwnNode, state: &StateDir, underlay_mtu: u32) -> Result<Option<Plan4>> {
-    if !conf.ipv4 {
-        return Ok(None);
-    }
-    let subnet = own.subnet.context("this node has no IPv4 pod CIDR (spec.podCIDRs, or the etcd lease)")?;
-    let (mac, _) = vtep_mac::choose::<Ipv4Net>(own.published_mac, state)?;
-    let public_ip: Ipv4Addr =
-        crate::run::config::public_ip::<Ipv4Net>(c.args.public_ip, own.node_public_ip, &c.underlay)
-            .context("no public IP")?;
-    let spec = vtep::VtepSpec {
-        name: vtep::vtep_name::<Ipv4Net>(conf.vni),
-        vni: conf.vni,
-        port: conf.port,
-        local: public_ip,
-        underlay_index: c.underlay.index,
-        mac,
-        mtu: crate::run::config::vtep_mtu::<Ipv4Net>(conf, underlay_mtu),
-    };
-    Ok(Some(Plan4 { spec, subnet }))
-}
-
-/// In an IPv6-only network: a `flannel.<VNI>` left by an earlier run (ours
-/// or flanneld's) would take IPv4 VXLAN and route the IPv4 pod network
-/// that nothing programs, so it goes, and our iptables chains with it.
-async fn remove_leftovers4(handle: &Handle, vni: u32) -> Result<()> {
-    crate::run::node6::remove_family(
-        handle,
-        &vtep::vtep_name::<Ipv4Net>(vni),
-        netfilter::Firewall::new::<Ipv4Net>(),
-        "IPv4",
-        "iptables",
-    )
-    .await
 }

@@ -1,6 +1,7 @@
 //! Which interface carries VXLAN (the underlay), chosen by flanneld's rules
 //! (flannel `main.go`, "Work out which interface to use", and
-//! `pkg/ipmatch/match.go` `LookupExtIface`), IPv4 only:
+//! `pkg/ipmatch/match.go` `LookupExtIface`) for a network with IPv4 on
+//! (IPv4 or dual-stack; an IPv6-only network's is `iface6.rs`):
 //!
 //! 1. `--iface` values, in order: an IPv4 address names the interface that
 //!    owns it, anything else is an interface name; the first that exists
@@ -65,7 +66,9 @@ pub struct Chosen {
 pub enum IfaceError {
     #[error("--iface-regex {regex:?} is not a valid regular expression: {reason}")]
     BadRegex { regex: String, reason: String },
-    #[error("--iface {0}: IPv6 underlays are not supported (edgevx is IPv4-only); give an IPv4 address or a name")]
+    #[error(
+        "--iface {0}: an IPv6 address names the underlay only in an IPv6-only network (EnableIPv4 false); with IPv4 on, give the underlay's IPv4 address or its name"
+    )]
     Ipv6(String),
     #[error("no interface matches {tried} (interfaces: {available}); an interface qualifies only with an IPv4 address")]
     NoMatch { tried: String, available: String },

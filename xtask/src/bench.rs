@@ -194,6 +194,7 @@ fn in_vm(seconds: u32, rounds: u32, kernel: &str, tools: &toolchain::Tools) -> R
         env: vec![(crate::vm::PREPARED_ENV.into(), "1".into())],
         path_env: tools.path_env(),
         job: "bench",
+        patience: crate::vm::GUEST_PATIENCE,
         hot: Vec::new(),
     })
 }

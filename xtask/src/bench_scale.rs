@@ -264,6 +264,7 @@ fn in_vm(n: u32, dual: bool, kernel: &str, tools: &toolchain::Tools) -> Result<(
         env: vec![(crate::vm::PREPARED_ENV.into(), "1".into())],
         path_env: tools.path_env(),
         job: "bench",
+        patience: crate::vm::GUEST_PATIENCE,
         hot: Vec::new(),
     })
 }

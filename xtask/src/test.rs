@@ -117,11 +117,13 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
         true => Some(native_binary(&tools)?),
         false => None,
     };
+    let cpus = (vm::host_cpus() / specs.len()).max(GUEST_CPUS);
+    let patience = vm::patience(specs.len(), cpus);
     let mut guests = Vec::new();
     for spec in specs {
         guests.push(match &native {
             Some(binary) if spec.arch != "arm64" => {
-                Guest::Native(vm::prepare(&native_run(spec, binary, filter, ci, &tools, &ipam))?)
+                Guest::Native(vm::prepare(&native_run(spec, binary, filter, ci, &tools, &ipam, patience))?)
             }
             _ => {
                 // every prog test, with --ci too: the arm64 guest runs nothing else
@@ -130,7 +132,6 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
             }
         });
     }
-    let cpus = (vm::host_cpus() / guests.len()).max(GUEST_CPUS);
     let failed: Vec<String> = std::thread::scope(|s| {
         let running: Vec<_> = guests.into_iter().map(|g| (g.name(), s.spawn(move || g.boot(cpus)))).collect();
         running
@@ -195,6 +196,7 @@ fn native_run(
     ci: bool,
     tools: &toolchain::Tools,
     ipam: &std::path::Path,
+    patience: u32,
 ) -> vm::Run<'static> {
     let root = exec::workspace_root();
     let prog_tests = format!("{binary} --test-threads=1 prog_test_run");
@@ -216,6 +218,7 @@ fn native_run(
         ],
         path_env: tools.path_env(),
         job: "tests",
+        patience,
         hot: [vec![ipam.to_path_buf()], vm::workspace_binaries()].concat(),
     }
 }

@@ -27,10 +27,22 @@ use crate::{exec, kernels, toolchain};
 
 const VIRTME_NG_VERSION: &str = "1.42";
 
-/// How many times longer the test harness waits in a guest: TCG on two
-/// shared cores runs the agent's iptables writes and program loads several
-/// times slower than natively.
-const GUEST_PATIENCE: u32 = 6;
+/// How many times longer the test harness waits in a guest that has the
+/// host's CPUs to itself: TCG runs the agent's iptables writes and program
+/// loads several times slower than natively. Guests side by side wait
+/// that again times how many of their virtual CPUs share each of the
+/// host's ([`patience`]).
+pub const GUEST_PATIENCE: u32 = 6;
+
+/// The harness's patience for each of `guests` guests of `cpus` virtual
+/// CPUs on this machine. Measured: three guests of two vCPUs on two cores
+/// took one agent's bring-up on 5.10 past the lone guest's 120 s (its
+/// iptables writes alone 70 s), while the test itself was right. A wait
+/// ends when what it waits for happens, so a passing test takes no longer.
+pub fn patience(guests: usize, cpus: usize) -> u32 {
+    let crowding = (guests * cpus).div_ceil(host_cpus().max(1)).max(1);
+    GUEST_PATIENCE * u32::try_from(crowding).unwrap_or(u32::MAX / GUEST_PATIENCE)
+}
 
 /// Set in a guest's environment: the host has installed and built what the
 /// job needs, so an xtask job run inside skips those steps.
@@ -125,6 +137,8 @@ pub struct Run<'a> {
     pub path_env: std::ffi::OsString,
     /// What the job is, for the messages and the log's name (`tests`, `bench`).
     pub job: &'a str,
+    /// How many times longer the harness waits ([`patience`]).
+    pub patience: u32,
     /// Files of the workspace the command starts or reads again and again
     /// (the test binary, the agent), staged in the guest with the
     /// [`HOT_TOOLS`]. Empty: nothing is staged (the benches, whose
@@ -324,7 +338,7 @@ fn guest_script(run: &Run, out: &Path, hot: &[PathBuf]) -> String {
     s += &format!("export PATH={}\n", quote(&run.path_env.to_string_lossy()));
     // the harness waits this many times longer for things to happen: under
     // TCG everything is several times slower (tests/src/lib.rs, `patience`)
-    s += &format!("export RUST_BACKTRACE=1 EDGEVX_TEST_PATIENCE={GUEST_PATIENCE}\n");
+    s += &format!("export RUST_BACKTRACE=1 EDGEVX_TEST_PATIENCE={}\n", run.patience);
     s += &stage_hot_files(hot);
     for (k, v) in &run.env {
         s += &format!("export {k}={}\n", quote(&v.display().to_string()));
@@ -443,6 +457,14 @@ mod tests {
     }
 
     #[test]
+    fn guests_sharing_the_cpus_wait_as_many_times_longer() {
+        let host = host_cpus();
+        assert_eq!(patience(1, host), GUEST_PATIENCE, "a lone guest with every CPU");
+        assert_eq!(patience(3, host), 3 * GUEST_PATIENCE, "three guests, each as many vCPUs as the host has");
+        assert_eq!(patience(1, 1), GUEST_PATIENCE, "never less patient than a lone guest");
+    }
+
+    #[test]
     fn script_quotes_and_collects() {
         let run = Run {
             kernel: "5.10",
@@ -450,11 +472,13 @@ mod tests {
             env: vec![("EDGEVX_BIN".into(), PathBuf::from("/w/target/release/edgevx"))],
             path_env: "/usr/bin:/bin".into(),
             job: "tests",
+            patience: 18,
             hot: vec![PathBuf::from("/w/target/release/edgevx")],
         };
         let hot = [PathBuf::from("/usr/sbin/ip"), PathBuf::from("/w/target/release/edgevx")];
         let s = guest_script(&run, Path::new("/w/target/vm/5.10"), &hot);
         assert!(s.contains("export EDGEVX_BIN='/w/target/release/edgevx'"), "{s}");
+        assert!(s.contains("EDGEVX_TEST_PATIENCE=18\n"), "{s}");
         assert!(
             s.contains("'/w/target/release/deps/e2e-1' 'interop::' 'it'\\''s' > '/w/target/vm/5.10'/tests.log"),
             "{s}"

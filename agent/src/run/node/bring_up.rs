@@ -10,7 +10,6 @@ use rtnetlink::Handle;
 use tracing::{info, warn};
 
 use super::Node;
-use crate::run::plan;
 use crate::{
     dataplane::{bpffs, device, features::Features, loader, maps::Maps, vtep},
     metrics::startup::{Milestone, Startup},
@@ -18,7 +17,7 @@ use crate::{
     netfilter,
     peer::OwnNode,
     reconcile::Nag,
-    run::check::Checked,
+    run::{check::Checked, plan},
     state::{AgentRecord, Record4, StateDir},
     subnet_env,
 };
@@ -70,7 +69,7 @@ pub(in crate::run) async fn bring_up(
     let vtep_index = match &plan4 {
         Some(p) => {
             let index = vtep::ensure_vtep(handle, &p.spec).await?;
-            vtep::ensure_address(handle, index, p.subnet, conf.network).await?;
+            vtep::ensure_address(handle, index, p.subnet, p.network).await?;
             startup.reached(Milestone::VtepUp, Instant::now());
             Some(index)
         }

@@ -142,7 +142,7 @@ pub struct Run<'a> {
     /// How many times longer the harness waits ([`patience`]).
     pub patience: u32,
     /// Files of the workspace the command starts or reads again and again
-    /// (the test binary, the agent), staged in the guest with the
+    /// (the agent, the IPAM plugin), staged in the guest with the
     /// [`HOT_TOOLS`]. Empty: nothing is staged (the benches, whose
     /// published guest figures were measured without it).
     pub hot: Vec<PathBuf>,
@@ -192,11 +192,15 @@ const HOT_TOOLS: &[&str] = &[
 /// start reads.
 pub fn workspace_binaries() -> Vec<PathBuf> {
     let root = exec::workspace_root();
-    ["target/release/edgevx", "target/release/edgevx-ipam", "target/release/edgevx-testpeer"]
-        .iter()
-        .chain(&["target/bpfel-unknown-none/release/edgevx"])
-        .map(|p| root.join(p))
-        .collect()
+    [
+        "target/release/edgevx",
+        "target/release/edgevx-ipam",
+        "target/release/edgevx-testpeer",
+        "target/bpfel-unknown-none/release/edgevx",
+    ]
+    .iter()
+    .map(|p| root.join(p))
+    .collect()
 }
 
 /// Boots the kernel with every CPU of this machine, runs the command in it,

@@ -10,23 +10,19 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Job {
     /// The underlay, the VTEP's MTU and MAC, and the dataplane's integrity.
-    Check,
+    Check = 0,
     /// The local pods (their veths and neighbours).
-    Learn,
+    Learn = 1,
     /// The reconcile pass: bring-up, the peers, the rules, the attach.
-    Pass,
+    Pass = 2,
 }
 
 pub(super) const JOBS: [Job; 3] = [Job::Check, Job::Learn, Job::Pass];
 
-/// Which jobs to run again, and how soon.
+/// Which jobs to run again, and how soon (by [`Job`], in [`JOBS`]' order).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[must_use]
-pub(super) struct Asks {
-    check: Option<Duration>,
-    learn: Option<Duration>,
-    pass: Option<Duration>,
-}
+pub(super) struct Asks([Option<Duration>; 3]);
 
 impl Asks {
     /// Nothing more is due.
@@ -41,56 +37,34 @@ impl Asks {
 
     /// Every job, now.
     pub(super) fn everything() -> Self {
-        JOBS.iter().fold(Asks::nothing(), |a, j| a.and(*j, Duration::ZERO))
+        Asks([Some(Duration::ZERO); 3])
     }
 
     /// These asks and `job` after `after` (the sooner wins).
     pub(super) fn and(mut self, job: Job, after: Duration) -> Self {
-        let slot = self.slot(job);
+        let slot = &mut self.0[job as usize];
         *slot = Some(slot.map_or(after, |a| a.min(after)));
         self
     }
 
     /// Both asks (the sooner wins for each job).
     pub(super) fn with(self, other: Asks) -> Self {
-        JOBS.iter().fold(self, |a, j| match other.get(*j) {
+        JOBS.iter().fold(self, |a, j| match other.0[*j as usize] {
             Some(after) => a.and(*j, after),
             None => a,
         })
     }
-
-    fn get(&self, job: Job) -> Option<Duration> {
-        match job {
-            Job::Check => self.check,
-            Job::Learn => self.learn,
-            Job::Pass => self.pass,
-        }
-    }
-
-    fn slot(&mut self, job: Job) -> &mut Option<Duration> {
-        match job {
-            Job::Check => &mut self.check,
-            Job::Learn => &mut self.learn,
-            Job::Pass => &mut self.pass,
-        }
-    }
 }
 
-/// When each job is due; the loop sleeps until the earliest.
+/// When each job is due (by [`Job`]); the loop sleeps until the earliest.
 #[derive(Debug, Default)]
-pub(super) struct Due {
-    check: Option<Instant>,
-    learn: Option<Instant>,
-    pass: Option<Instant>,
-}
+pub(super) struct Due([Option<Instant>; 3]);
 
 impl Due {
     /// Takes `asks` as of `now`: a job already due sooner stays so.
     pub(super) fn ask(&mut self, asks: Asks, now: Instant) {
-        for job in JOBS {
-            if let Some(after) = asks.get(job) {
-                let at = now + after;
-                let slot = self.slot(job);
+        for (slot, after) in self.0.iter_mut().zip(asks.0) {
+            if let Some(at) = after.map(|a| now + a) {
                 if slot.is_none_or(|t| at < t) {
                     *slot = Some(at);
                 }
@@ -100,25 +74,12 @@ impl Due {
 
     /// The earliest due job's time, if any is due.
     pub(super) fn next(&self) -> Option<Instant> {
-        [self.check, self.learn, self.pass].into_iter().flatten().min()
+        self.0.iter().flatten().min().copied()
     }
 
     /// `job` if it is due by `now`, taken off the schedule.
     pub(super) fn take(&mut self, job: Job, now: Instant) -> bool {
-        let slot = self.slot(job);
-        let ripe = slot.is_some_and(|t| t <= now);
-        if ripe {
-            *slot = None;
-        }
-        ripe
-    }
-
-    fn slot(&mut self, job: Job) -> &mut Option<Instant> {
-        match job {
-            Job::Check => &mut self.check,
-            Job::Learn => &mut self.learn,
-            Job::Pass => &mut self.pass,
-        }
+        self.0[job as usize].take_if(|t| *t <= now).is_some()
     }
 }
 

@@ -35,14 +35,14 @@ pub(in crate::run) async fn bring_up(
     let underlay_mtu = underlay.mtu;
     let plan4 = plan::prepare::<Ipv4Net>(c, conf, &own, state, &underlay)?;
     let plan6 = plan::prepare::<Ipv6Net>(c, conf, &own, state, &underlay)?;
-    let mtu = crate::run::config::vtep_mtu::<Ipv4Net>(conf, underlay_mtu);
-    if plan4.is_some() {
-        crate::run::mtu::warn_if_capped(conf, underlay_mtu, mtu);
+    if let Some(p4) = &plan4 {
+        crate::run::mtu::warn_if_capped(conf, underlay_mtu, p4.spec.mtu);
     }
-    // IPv6-only: the pods' MTU is the IPv6 VTEP's
+    // the pods' MTU is the IPv4 VTEP's; IPv6-only, the IPv6 VTEP's
     let mtu = match (&plan4, &plan6) {
+        (Some(p4), _) => p4.spec.mtu,
         (None, Some(p6)) => p6.spec.mtu,
-        _ => mtu,
+        (None, None) => crate::run::config::vtep_mtu::<Ipv4Net>(conf, underlay_mtu),
     };
     // restore first: subnet.env before anything else, so the CNI adds pods at
     // once (after a reboot /run is empty); it says only what is decided by now

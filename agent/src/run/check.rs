@@ -5,6 +5,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
+use ipnet::{Ipv4Net, Ipv6Net};
 use rtnetlink::Handle;
 use tracing::warn;
 
@@ -181,23 +182,18 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
     crate::netfilter::check_backend(conf.nftables).map_err(|e| usage(format!("--net-conf: {e:#}")))?;
     let state = crate::state::StateDir(args.paths.state_dir.clone());
     let (stored, stored6) = super::iface::stored_public_ip(&source, &node, &names, &state).await;
-    let want = super::iface::Wanted {
-        ifaces: &args.iface,
-        regexes: &args.iface_regex,
-        can_reach: args.iface_can_reach,
-        public_ip: stored.or(args.public_ip),
-    };
-    // the address selection settled on stands in for --public-ip(v6); node-public-ip(v6) still beats it
+    let want =
+        super::iface::Wanted { ifaces: &args.iface, regexes: &args.iface_regex, can_reach: args.iface_can_reach };
+    // the address selection settled on stands in for --public-ip(v6); node-public-ip(v6) still beats it.
+    // With IPv4 on, IPv4 chooses; an IPv6-only network chooses by flannel's IPv6 stack rules
     let (iface, address) = if conf.ipv4 {
-        let chosen = super::iface::choose(handle, &want).await.map_err(|e| usage(e.to_string()))?;
-        (chosen.name, std::net::IpAddr::V4(chosen.address))
+        let chosen = super::iface::choose::<Ipv4Net>(handle, &want, stored.or(args.public_ip)).await;
+        chosen.map(|c| (c.name, std::net::IpAddr::V4(c.address)))
     } else {
-        // IPv6-only: flannel's IPv6 stack rules
-        let chosen = super::iface6::choose6(handle, &want, stored6.or(args.public_ipv6))
-            .await
-            .map_err(|e| usage(e.to_string()))?;
-        (chosen.name, std::net::IpAddr::V6(chosen.address))
-    };
+        let chosen = super::iface::choose::<Ipv6Net>(handle, &want, stored6.or(args.public_ipv6)).await;
+        chosen.map(|c| (c.name, std::net::IpAddr::V6(c.address)))
+    }
+    .map_err(|e| usage(e.to_string()))?;
     let mut args = args;
     match address {
         std::net::IpAddr::V4(a) => args.public_ip = args.public_ip.or(Some(a)),

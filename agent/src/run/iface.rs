@@ -1,22 +1,28 @@
 //! Which interface carries VXLAN (the underlay), chosen by flanneld's rules
 //! (flannel `main.go`, "Work out which interface to use", and
-//! `pkg/ipmatch/match.go` `LookupExtIface`) for a network with IPv4 on
-//! (IPv4 or dual-stack; an IPv6-only network's is `iface6.rs`):
+//! `pkg/ipmatch/match.go` `LookupExtIface`), once over the family that
+//! chooses it: IPv4 with IPv4 on (IPv4 or dual-stack), IPv6 in an
+//! IPv6-only network (`EnableIPv4: false`, flannel's `ipv6Stack`):
 //!
-//! 1. `--iface` values, in order: an IPv4 address names the interface that
-//!    owns it, anything else is an interface name; the first that exists
-//!    and has an IPv4 address wins.
+//! 1. `--iface` values, in order: an address of the family names the
+//!    interface that owns it (`ip.GetInterfaceByIP`/`GetInterfaceByIP6`),
+//!    anything else is an interface name (`net.InterfaceByName`); the first
+//!    that exists and has an address of the family wins.
 //! 2. then `--iface-regex` values, in order: the first interface with an
-//!    IPv4 address the regex matches, else the first whose name it matches.
-//! 3. then `--iface-can-reach`: the interface of `ip route get ADDR`.
+//!    address the regex matches (`matchIP`), else the first whose name it
+//!    matches.
+//! 3. then `--iface-can-reach` (IPv4 only): the interface of `ip route get
+//!    ADDR`. It takes an IPv4 address, which an IPv6-only network has no
+//!    route for, so it is refused there, by name.
 //! 4. with none of those flags: the interface that owns the public IP
-//!    (`node-public-ip`, else `--public-ip`) when one does, else the
-//!    interface of the IPv4 default route.
+//!    (`node-public-ip(v6)`, else `--public-ip(v6)`) when one does, else the
+//!    interface of the family's default route.
 //!
 //! Interfaces are tried in ifindex order, as Go's `net.Interfaces()` lists them.
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
+use ipnet::{Ipv4Net, Ipv6Net};
 use regex::Regex;
 use rtnetlink::{
     Handle, RouteMessageBuilder,
@@ -27,19 +33,26 @@ use rtnetlink::{
     },
 };
 
-use crate::dataplane::{device, routes};
+use crate::{
+    dataplane::{device, routes},
+    family::Family,
+};
 
 /// What the flags ask for.
 #[derive(Clone, Debug, Default)]
 pub struct Wanted<'a> {
-    /// `--iface`, each a name or an IPv4 address.
+    /// `--iface`, each a name or an address.
     pub ifaces: &'a [String],
     /// `--iface-regex`.
     pub regexes: &'a [String],
     /// `--iface-can-reach`.
     pub can_reach: Option<Ipv4Addr>,
-    /// The public IP in force: `node-public-ip`, else `--public-ip`.
-    pub public_ip: Option<Ipv4Addr>,
+}
+
+impl Wanted<'_> {
+    fn any_flag(&self) -> bool {
+        !self.ifaces.is_empty() || !self.regexes.is_empty() || self.can_reach.is_some()
+    }
 }
 
 /// An interface as selection sees it.
@@ -51,15 +64,15 @@ pub struct Link {
     pub ipv4: Vec<Ipv4Addr>,
     /// Usable global IPv6 addresses, the best first (flannel
     /// `GetInterfaceIP6Addrs`; the order of [`device::underlay`]'s pick).
-    pub ipv6: Vec<std::net::Ipv6Addr>,
+    pub ipv6: Vec<Ipv6Addr>,
 }
 
-/// The chosen underlay and its address (flannel's `IfaceAddr`: the default
-/// public IP).
+/// The chosen underlay and its address (flannel's `IfaceAddr` or
+/// `IfaceV6Addr`: the default public IP).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Chosen {
+pub struct Chosen<A> {
     pub name: String,
-    pub address: Ipv4Addr,
+    pub address: A,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,52 +105,112 @@ pub enum IfaceError {
     Netlink(anyhow::Error),
 }
 
+/// What selection does differently for the family that chooses the underlay.
+pub trait ChoosingFamily: Family {
+    /// The link's usable addresses of the family, the best first.
+    fn addresses(l: &Link) -> &[Self::Addr];
+    /// An `--iface` address of the other family. With IPv4 on, an IPv6
+    /// address is refused: only an IPv6-only network is chosen by one. The
+    /// IPv6 stack passes over an IPv4 address, as `GetInterfaceByIP6` finds
+    /// no interface for it.
+    fn other_family(value: &str) -> Result<(), IfaceError>;
+    /// `--iface-can-reach`'s route (the interface index and preferred
+    /// source), or why there is none.
+    async fn reach(handle: &Handle, to: Ipv4Addr) -> Result<(u32, Option<Self::Addr>), IfaceError>;
+    fn no_match(tried: String, available: String) -> IfaceError;
+    fn no_default_route() -> IfaceError;
+}
+
+impl ChoosingFamily for Ipv4Net {
+    fn addresses(l: &Link) -> &[Ipv4Addr] {
+        &l.ipv4
+    }
+    fn other_family(value: &str) -> Result<(), IfaceError> {
+        Err(IfaceError::Ipv6(value.to_string()))
+    }
+    async fn reach(handle: &Handle, to: Ipv4Addr) -> Result<(u32, Option<Ipv4Addr>), IfaceError> {
+        route_get(handle, to).await.ok_or(IfaceError::Unreachable(to))
+    }
+    fn no_match(tried: String, available: String) -> IfaceError {
+        IfaceError::NoMatch { tried, available }
+    }
+    fn no_default_route() -> IfaceError {
+        IfaceError::NoDefaultRoute
+    }
+}
+
+impl ChoosingFamily for Ipv6Net {
+    fn addresses(l: &Link) -> &[Ipv6Addr] {
+        &l.ipv6
+    }
+    fn other_family(_: &str) -> Result<(), IfaceError> {
+        Ok(())
+    }
+    async fn reach(_: &Handle, to: Ipv4Addr) -> Result<(u32, Option<Ipv6Addr>), IfaceError> {
+        Err(IfaceError::CanReachIpv6Only(to))
+    }
+    fn no_match(tried: String, available: String) -> IfaceError {
+        IfaceError::NoMatch6 { tried, available }
+    }
+    fn no_default_route() -> IfaceError {
+        IfaceError::NoDefaultRoute6
+    }
+}
+
 /// The interface owning `ip` (flannel `ip.GetInterfaceByIP`).
-fn owner_of(links: &[Link], ip: Ipv4Addr) -> Option<Chosen> {
-    links.iter().find(|l| l.ipv4.contains(&ip)).map(|l| Chosen { name: l.name.clone(), address: ip })
+fn owner_of<N: ChoosingFamily>(links: &[Link], ip: N::Addr) -> Option<Chosen<N::Addr>> {
+    links.iter().find(|l| N::addresses(l).contains(&ip)).map(|l| Chosen { name: l.name.clone(), address: ip })
 }
 
 /// `l` with its best address, or nothing if it has none (flannel:
 /// "failed to find IPv4 address for interface").
-fn with_first_address(l: &Link) -> Option<Chosen> {
-    l.ipv4.first().map(|a| Chosen { name: l.name.clone(), address: *a })
+fn with_first_address<N: ChoosingFamily>(l: &Link) -> Option<Chosen<N::Addr>> {
+    N::addresses(l).first().map(|a| Chosen { name: l.name.clone(), address: *a })
 }
 
 /// One `--iface` value: `LookupExtIface(ifname, "", "")`, an IP
 /// (`ip.GetInterfaceByIP`) or a name (`net.InterfaceByName`).
-pub fn by_name_or_address(links: &[Link], value: &str) -> Result<Option<Chosen>, IfaceError> {
+pub fn by_name_or_address<N: ChoosingFamily>(
+    links: &[Link],
+    value: &str,
+) -> Result<Option<Chosen<N::Addr>>, IfaceError> {
     match value.parse::<IpAddr>() {
-        Ok(IpAddr::V4(ip)) => Ok(owner_of(links, ip)),
-        Ok(IpAddr::V6(_)) => Err(IfaceError::Ipv6(value.to_string())),
-        Err(_) => Ok(links.iter().find(|l| l.name == value).and_then(with_first_address)),
+        Ok(ip) => match N::of(ip) {
+            Some(ip) => Ok(owner_of::<N>(links, ip)),
+            None => N::other_family(value).map(|()| None),
+        },
+        Err(_) => Ok(links.iter().find(|l| l.name == value).and_then(with_first_address::<N>)),
     }
 }
 
 /// One `--iface-regex`: `LookupExtIface("", regex, "")` matches the
 /// addresses of every interface first (`matchIP`), then the names.
-pub fn by_regex(links: &[Link], re: &Regex) -> Option<Chosen> {
+pub fn by_regex<N: ChoosingFamily>(links: &[Link], re: &Regex) -> Option<Chosen<N::Addr>> {
     let by_address = links.iter().find_map(|l| {
-        l.ipv4.iter().find(|a| re.is_match(&a.to_string())).map(|a| Chosen { name: l.name.clone(), address: *a })
+        N::addresses(l)
+            .iter()
+            .find(|a| re.is_match(&a.to_string()))
+            .map(|a| Chosen { name: l.name.clone(), address: *a })
     });
-    by_address.or_else(|| links.iter().find(|l| re.is_match(&l.name)).and_then(with_first_address))
+    by_address.or_else(|| links.iter().find(|l| re.is_match(&l.name)).and_then(with_first_address::<N>))
 }
 
 /// The explicit flags in flannel's order: every `--iface`, then every
 /// `--iface-regex`, then `--iface-can-reach` (whose route the caller looked
 /// up: the interface index and preferred source). `None` when no flag matched.
-pub fn by_flags(
+pub fn by_flags<N: ChoosingFamily>(
     links: &[Link],
     want: &Wanted,
-    reach: Option<(u32, Option<Ipv4Addr>)>,
-) -> Result<Option<Chosen>, IfaceError> {
+    reach: Option<(u32, Option<N::Addr>)>,
+) -> Result<Option<Chosen<N::Addr>>, IfaceError> {
     for value in want.ifaces {
-        if let Some(c) = by_name_or_address(links, value)? {
+        if let Some(c) = by_name_or_address::<N>(links, value)? {
             return Ok(Some(c));
         }
     }
     for r in want.regexes {
         let re = Regex::new(r).map_err(|e| IfaceError::BadRegex { regex: r.clone(), reason: e.to_string() })?;
-        if let Some(c) = by_regex(links, &re) {
+        if let Some(c) = by_regex::<N>(links, &re) {
             return Ok(Some(c));
         }
     }
@@ -146,21 +219,26 @@ pub fn by_flags(
         let l = links.iter().find(|l| l.index == index)?;
         match src {
             Some(a) => Some(Chosen { name: l.name.clone(), address: a }),
-            None => with_first_address(l),
+            None => with_first_address::<N>(l),
         }
     }))
 }
 
-fn no_match(links: &[Link], want: &Wanted) -> IfaceError {
+/// What was tried, and every interface with its addresses of the family.
+fn no_match<N: ChoosingFamily>(links: &[Link], tried: String) -> IfaceError {
+    let available = links
+        .iter()
+        .map(|l| format!("{}:{:?}", l.name, N::addresses(l).iter().map(ToString::to_string).collect::<Vec<_>>()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    N::no_match(tried, available)
+}
+
+fn flags_tried(want: &Wanted) -> String {
     let mut tried: Vec<String> = want.ifaces.iter().map(|i| format!("--iface {i}")).collect();
     tried.extend(want.regexes.iter().map(|r| format!("--iface-regex {r}")));
     tried.extend(want.can_reach.iter().map(|a| format!("--iface-can-reach {a}")));
-    let available = links
-        .iter()
-        .map(|l| format!("{}:{:?}", l.name, l.ipv4.iter().map(ToString::to_string).collect::<Vec<_>>()))
-        .collect::<Vec<_>>()
-        .join(", ");
-    IfaceError::NoMatch { tried: tried.join(", "), available }
+    tried.join(", ")
 }
 
 /// Go's `IsGlobalUnicast() || IsLinkLocalUnicast()` for IPv4.
@@ -238,30 +316,34 @@ async fn route_get(handle: &Handle, to: Ipv4Addr) -> Option<(u32, Option<Ipv4Add
     Some((oif, src))
 }
 
-/// Chooses the underlay by flanneld's rules (see the module doc).
-pub async fn choose(handle: &Handle, want: &Wanted<'_>) -> Result<Chosen, IfaceError> {
+/// Chooses the underlay by flanneld's rules for the family `N` (see the
+/// module doc); `public` is the public IP in force (`node-public-ip(v6)`,
+/// else `--public-ip(v6)`).
+pub async fn choose<N: ChoosingFamily>(
+    handle: &Handle,
+    want: &Wanted<'_>,
+    public: Option<N::Addr>,
+) -> Result<Chosen<N::Addr>, IfaceError> {
+    let reach = match want.can_reach {
+        Some(ip) => Some(N::reach(handle, ip).await?),
+        None => None,
+    };
     let links = links(handle).await.map_err(IfaceError::Netlink)?;
-    if !want.ifaces.is_empty() || !want.regexes.is_empty() || want.can_reach.is_some() {
-        let reach = match want.can_reach {
-            Some(ip) => Some(route_get(handle, ip).await.ok_or(IfaceError::Unreachable(ip))?),
-            None => None,
-        };
-        return by_flags(&links, want, reach)?.ok_or_else(|| no_match(&links, want));
+    if want.any_flag() {
+        return by_flags::<N>(&links, want, reach)?.ok_or_else(|| no_match::<N>(&links, flags_tried(want)));
     }
-    if let Some(c) = want.public_ip.and_then(|ip| owner_of(&links, ip)) {
+    if let Some(c) = public.and_then(|ip| owner_of::<N>(&links, ip)) {
         return Ok(c);
     }
     // flanneld exits when no interface owns the public IP; edgevx keeps the
     // default route's interface, for a public IP that is NATed in front of the node
-    let name = routes::default_route_iface::<ipnet::Ipv4Net>(handle)
-        .await
-        .map_err(IfaceError::Netlink)?
-        .ok_or(IfaceError::NoDefaultRoute)?;
+    let name =
+        routes::default_route_iface::<N>(handle).await.map_err(IfaceError::Netlink)?.ok_or_else(N::no_default_route)?;
     links
         .iter()
         .find(|l| l.name == name)
-        .and_then(with_first_address)
-        .ok_or_else(|| IfaceError::NoMatch { tried: format!("the default route's {name}"), available: name.clone() })
+        .and_then(with_first_address::<N>)
+        .ok_or_else(|| no_match::<N>(&links, format!("the default route's {name}")))
 }
 
 /// This Node's `node-public-ip` and `node-public-ipv6` annotations as
@@ -306,6 +388,9 @@ pub async fn stored_public_ip(
 mod tests {
     use super::*;
 
+    type V4 = Ipv4Net;
+    type V6 = Ipv6Net;
+
     fn a(s: &str) -> Ipv4Addr {
         s.parse().unwrap()
     }
@@ -319,38 +404,38 @@ mod tests {
         ]
     }
 
-    fn chosen(name: &str, address: &str) -> Option<Chosen> {
+    fn chosen(name: &str, address: &str) -> Option<Chosen<Ipv4Addr>> {
         Some(Chosen { name: name.into(), address: a(address) })
     }
 
     #[test]
     fn iface_by_name_takes_the_first_address() {
-        assert_eq!(by_name_or_address(&node(), "eth1").unwrap(), chosen("eth1", "198.19.0.1"));
-        assert_eq!(by_name_or_address(&node(), "nosuch0").unwrap(), None);
-        assert_eq!(by_name_or_address(&node(), "bond0").unwrap(), None, "no IPv4 address: not usable");
+        assert_eq!(by_name_or_address::<V4>(&node(), "eth1").unwrap(), chosen("eth1", "198.19.0.1"));
+        assert_eq!(by_name_or_address::<V4>(&node(), "nosuch0").unwrap(), None);
+        assert_eq!(by_name_or_address::<V4>(&node(), "bond0").unwrap(), None, "no IPv4 address: not usable");
     }
 
     #[test]
     fn iface_by_address_takes_that_address() {
-        assert_eq!(by_name_or_address(&node(), "198.19.0.11").unwrap(), chosen("eth1", "198.19.0.11"));
-        assert_eq!(by_name_or_address(&node(), "198.19.0.99").unwrap(), None);
-        assert!(matches!(by_name_or_address(&node(), "fd00::1"), Err(IfaceError::Ipv6(_))));
+        assert_eq!(by_name_or_address::<V4>(&node(), "198.19.0.11").unwrap(), chosen("eth1", "198.19.0.11"));
+        assert_eq!(by_name_or_address::<V4>(&node(), "198.19.0.99").unwrap(), None);
+        assert!(matches!(by_name_or_address::<V4>(&node(), "fd00::1"), Err(IfaceError::Ipv6(_))));
     }
 
     #[test]
     fn repeated_iface_first_that_matches_wins() {
         let ifaces = ["nosuch0".to_string(), "bond0".into(), "eth1".into(), "eth0".into()];
         let want = Wanted { ifaces: &ifaces, ..Default::default() };
-        assert_eq!(by_flags(&node(), &want, None).unwrap(), chosen("eth1", "198.19.0.1"));
+        assert_eq!(by_flags::<V4>(&node(), &want, None).unwrap(), chosen("eth1", "198.19.0.1"));
     }
 
     #[test]
     fn regex_matches_addresses_before_names() {
         // "eth0" would match by name, but an address of eth1 matches first
         let re = Regex::new(r"eth0|^198\.19\.").unwrap();
-        assert_eq!(by_regex(&node(), &re), chosen("eth1", "198.19.0.1"));
-        assert_eq!(by_regex(&node(), &Regex::new("^eth").unwrap()), chosen("eth0", "198.18.0.1"));
-        assert_eq!(by_regex(&node(), &Regex::new("^wlan").unwrap()), None);
+        assert_eq!(by_regex::<V4>(&node(), &re), chosen("eth1", "198.19.0.1"));
+        assert_eq!(by_regex::<V4>(&node(), &Regex::new("^eth").unwrap()), chosen("eth0", "198.18.0.1"));
+        assert_eq!(by_regex::<V4>(&node(), &Regex::new("^wlan").unwrap()), None);
     }
 
     #[test]
@@ -358,26 +443,84 @@ mod tests {
         let ifaces = ["nosuch0".to_string()];
         let regexes = ["^wlan".to_string(), "eth1".into()];
         let want = Wanted { ifaces: &ifaces, regexes: &regexes, ..Default::default() };
-        assert_eq!(by_flags(&node(), &want, Some((2, None))).unwrap(), chosen("eth1", "198.19.0.1"));
+        assert_eq!(by_flags::<V4>(&node(), &want, Some((2, None))).unwrap(), chosen("eth1", "198.19.0.1"));
         let want = Wanted { ifaces: &ifaces, ..Default::default() };
-        assert_eq!(by_flags(&node(), &want, Some((2, None))).unwrap(), chosen("eth0", "198.18.0.1"));
-        assert_eq!(by_flags(&node(), &want, Some((3, Some(a("198.19.0.11"))))).unwrap(), chosen("eth1", "198.19.0.11"));
-        assert_eq!(by_flags(&node(), &want, None).unwrap(), None);
+        assert_eq!(by_flags::<V4>(&node(), &want, Some((2, None))).unwrap(), chosen("eth0", "198.18.0.1"));
+        assert_eq!(
+            by_flags::<V4>(&node(), &want, Some((3, Some(a("198.19.0.11"))))).unwrap(),
+            chosen("eth1", "198.19.0.11")
+        );
+        assert_eq!(by_flags::<V4>(&node(), &want, None).unwrap(), None);
         let bad = ["(".to_string()];
         let want = Wanted { regexes: &bad, ..Default::default() };
-        assert!(matches!(by_flags(&node(), &want, None), Err(IfaceError::BadRegex { .. })));
+        assert!(matches!(by_flags::<V4>(&node(), &want, None), Err(IfaceError::BadRegex { .. })));
     }
 
     #[test]
     fn the_public_ip_names_its_owner() {
-        assert_eq!(owner_of(&node(), a("198.19.0.11")), chosen("eth1", "198.19.0.11"));
-        assert_eq!(owner_of(&node(), a("203.0.113.1")), None);
+        assert_eq!(owner_of::<V4>(&node(), a("198.19.0.11")), chosen("eth1", "198.19.0.11"));
+        assert_eq!(owner_of::<V4>(&node(), a("203.0.113.1")), None);
     }
 
     #[test]
     fn no_match_lists_what_was_tried_and_what_is_there() {
         let ifaces = ["nosuch0".to_string()];
-        let e = no_match(&node(), &Wanted { ifaces: &ifaces, ..Default::default() }).to_string();
+        let e = no_match::<V4>(&node(), flags_tried(&Wanted { ifaces: &ifaces, ..Default::default() })).to_string();
         assert!(e.contains("--iface nosuch0") && e.contains("eth1:[\"198.19.0.1\""), "{e}");
+    }
+
+    // the IPv6 stack: an IPv6-only network
+
+    fn a6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
+    fn node6() -> Vec<Link> {
+        let link = |name: &str, index, ipv6: Vec<Ipv6Addr>| Link { name: name.into(), index, ipv4: vec![], ipv6 };
+        vec![
+            link("lo", 1, vec![]),
+            link("eth0", 2, vec![a6("fd00:198:18::1")]),
+            link("eth1", 3, vec![a6("fd00:198:19::1"), a6("fd00:198:19::11")]),
+            link("bond0", 4, vec![]),
+        ]
+    }
+
+    fn chosen6(name: &str, address: &str) -> Option<Chosen<Ipv6Addr>> {
+        Some(Chosen { name: name.into(), address: a6(address) })
+    }
+
+    #[test]
+    fn v6_iface_by_name_or_ipv6_address_first_that_matches_wins() {
+        let ifaces = ["nosuch0".to_string(), "bond0".into(), "198.18.0.1".into(), "eth1".into(), "eth0".into()];
+        let want = Wanted { ifaces: &ifaces, ..Default::default() };
+        assert_eq!(by_flags::<V6>(&node6(), &want, None).unwrap(), chosen6("eth1", "fd00:198:19::1"));
+        let ifaces = ["fd00:198:19::11".to_string()];
+        let want = Wanted { ifaces: &ifaces, ..Default::default() };
+        assert_eq!(by_flags::<V6>(&node6(), &want, None).unwrap(), chosen6("eth1", "fd00:198:19::11"));
+        let ifaces = ["fd00:198:19::99".to_string()];
+        assert_eq!(by_flags::<V6>(&node6(), &Wanted { ifaces: &ifaces, ..Default::default() }, None).unwrap(), None);
+    }
+
+    #[test]
+    fn v6_regex_matches_ipv6_addresses_before_names() {
+        let regexes = [r"eth0|^fd00:198:19:".to_string()];
+        let want = Wanted { regexes: &regexes, ..Default::default() };
+        assert_eq!(by_flags::<V6>(&node6(), &want, None).unwrap(), chosen6("eth1", "fd00:198:19::1"));
+        let regexes = ["^wlan".to_string(), "^eth".into()];
+        let want = Wanted { regexes: &regexes, ..Default::default() };
+        assert_eq!(by_flags::<V6>(&node6(), &want, None).unwrap(), chosen6("eth0", "fd00:198:18::1"));
+        let bad = ["(".to_string()];
+        assert!(matches!(
+            by_flags::<V6>(&node6(), &Wanted { regexes: &bad, ..Default::default() }, None),
+            Err(IfaceError::BadRegex { .. })
+        ));
+    }
+
+    #[test]
+    fn the_public_ipv6_names_its_owner() {
+        assert_eq!(owner_of::<V6>(&node6(), a6("fd00:198:19::11")), chosen6("eth1", "fd00:198:19::11"));
+        assert_eq!(owner_of::<V6>(&node6(), a6("2001:db8::1")), None);
+        let e = no_match::<V6>(&node6(), "--iface bond0".into()).to_string();
+        assert!(e.contains("--iface bond0") && e.contains("eth1:[\"fd00:198:19::1\""), "{e}");
     }
 }

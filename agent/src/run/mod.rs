@@ -29,7 +29,6 @@ mod agent;
 mod check;
 pub mod config;
 mod iface;
-mod iface6;
 mod keep_mac;
 mod kernel;
 pub mod lock;

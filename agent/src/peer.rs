@@ -4,7 +4,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
-use crate::mac::VtepMac;
+use crate::{family::Family, mac::VtepMac};
 
 /// A remote node: its IPv4 VTEP, its IPv6 VTEP, or both (dual-stack).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -14,7 +14,7 @@ pub struct Peer {
     /// CIDR); `None` only in an IPv6-only network (`EnableIPv4: false`).
     /// Flattened, so the peer lists and views of earlier versions load.
     #[serde(flatten)]
-    pub v4: Option<PeerV4>,
+    pub v4: Option<Half<Ipv4Net>>,
     /// The peer may send any inner source, not only addresses of `subnet`:
     /// an external VTEP that forwards client traffic without SNAT (an F5
     /// BIG-IP). Set only by its own entry: the Node annotation
@@ -25,23 +25,17 @@ pub struct Peer {
     /// The peer's IPv6 half when IPv6 is on (`EnableIPv6`): carried by its
     /// own `flannel-v6.<VNI>` device, with its own MAC.
     #[serde(default)]
-    pub v6: Option<PeerV6>,
+    pub v6: Option<Half<Ipv6Net>>,
 }
 
-/// A peer's IPv4 VTEP and the pod subnet behind it.
+/// One family's VTEP of a node and the pod subnet behind it: a peer's
+/// (`public-ip(v6)`, `backend(-v6)-data`, the pod CIDR; in etcd, `PublicIP`
+/// or `PublicIPv6`, `BackendData` or `BackendV6Data` and the key's subnet
+/// parts), or our own as the dataplane programs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PeerV4 {
-    pub subnet: Ipv4Net,
-    pub public_ip: Ipv4Addr,
-    pub vtep_mac: VtepMac,
-}
-
-/// A peer's IPv6 VTEP (`public-ipv6`, `backend-v6-data`, the IPv6 pod CIDR;
-/// in etcd, `PublicIPv6`, `BackendV6Data` and the key's `&<v6>` part).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PeerV6 {
-    pub subnet: Ipv6Net,
-    pub public_ip: Ipv6Addr,
+pub struct Half<N: Family> {
+    pub subnet: N,
+    pub public_ip: N::Addr,
     pub vtep_mac: VtepMac,
 }
 
@@ -97,7 +91,7 @@ impl Peer {
     pub fn v4(node: &str, subnet: Ipv4Net, public_ip: Ipv4Addr, vtep_mac: VtepMac) -> Self {
         Peer {
             node: node.to_string(),
-            v4: Some(PeerV4 { subnet, public_ip, vtep_mac }),
+            v4: Some(Half { subnet, public_ip, vtep_mac }),
             any_inner_source: false,
             v6: None,
         }

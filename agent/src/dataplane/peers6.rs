@@ -302,11 +302,11 @@ pub async fn apply6(handle: &Handle, at: Devices6, have: &Tables6, want: &Tables
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{peer::PeerV6, reconcile::Hop};
+    use crate::{peer::Half, reconcile::Hop};
 
     fn peer(node: &str, subnet: &str, ip: &str, mac: &str) -> Peer {
         let mut p = crate::reconcile::test_peer(node, "10.244.9.0/24", "198.18.0.9");
-        p.v6 = Some(PeerV6 {
+        p.v6 = Some(Half {
             subnet: subnet.parse().unwrap(),
             public_ip: ip.parse().unwrap(),
             vtep_mac: mac.parse().unwrap(),

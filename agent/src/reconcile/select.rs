@@ -224,7 +224,7 @@ mod tests {
     /// Node `n` with 10.244.<n>.0/24 and `subnet6`, public 198.18.0.<n> and fd00:198:18::<ip6>.
     fn peer6(name: &str, n: u8, subnet6: &str, ip6: u8) -> Peer {
         let mut p = peer(name, &format!("10.244.{n}.0/24"), &format!("198.18.0.{n}"));
-        p.v6 = Some(crate::peer::PeerV6 {
+        p.v6 = Some(crate::peer::Half {
             subnet: subnet6.parse().unwrap(),
             public_ip: format!("fd00:198:18::{ip6}").parse().unwrap(),
             vtep_mac: "02:00:00:00:00:06".parse().unwrap(),
@@ -312,7 +312,7 @@ mod tests {
         ]
         .into();
         let mut six = peer("c", "10.244.4.0/24", "198.18.0.4");
-        six.v6 = Some(crate::peer::PeerV6 {
+        six.v6 = Some(crate::peer::Half {
             subnet: "fd10:0:0:4::/64".parse().unwrap(),
             public_ip: "fd00::1".parse().unwrap(),
             vtep_mac: six.v4.unwrap().vtep_mac,

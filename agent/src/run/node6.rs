@@ -22,7 +22,6 @@ use crate::{
     netfilter,
     peer::Peer,
     reconcile::OnLink,
-    source::LocalVtepV6,
     state::Record6,
 };
 
@@ -89,8 +88,8 @@ fn sync_accept6(maps: &mut Maps, have: &BTreeMap<Ipv6Addr, Accept6>, peers: &[Pe
 
 impl Side6 {
     /// What this node publishes about its IPv6 VTEP.
-    pub(super) fn local(&self) -> LocalVtepV6 {
-        LocalVtepV6 { mac: self.record.mac, public_ip: self.record.public_ip, subnet: self.record.subnet }
+    pub(super) fn local(&self) -> crate::peer::Half<Ipv6Net> {
+        crate::peer::Half { vtep_mac: self.record.mac, public_ip: self.record.public_ip, subnet: self.record.subnet }
     }
 
     /// Brings the IPv6 accept map, the device's neighbour, fdb and route

@@ -9,7 +9,7 @@ use super::node_error::{NodeError, parse_ip, parse_ip6};
 use crate::{
     annotations::{ANY_INNER_SOURCE, AnnotationNames},
     mac::VtepMac,
-    peer::{ClusterView, OwnNode, Peer, PeerV4, PeerV6, Rejection},
+    peer::{ClusterView, Half, OwnNode, Peer, Rejection},
 };
 
 /// How to read a node list for one agent.
@@ -173,7 +173,13 @@ impl Rules<'_> {
     }
 
     /// A peer's IPv4 half; every part is required and must parse.
-    fn peer4(&self, ann: &Annotations, node: &Value, network: Ipv4Net, own_ips: &OwnIps) -> Result<PeerV4, NodeError> {
+    fn peer4(
+        &self,
+        ann: &Annotations,
+        node: &Value,
+        network: Ipv4Net,
+        own_ips: &OwnIps,
+    ) -> Result<Half<Ipv4Net>, NodeError> {
         let n = self.names;
         let data = ann.get(&n.backend_data).ok_or_else(|| NodeError::NoAnnotation(n.backend_data.clone()))?;
         let vtep_mac = vtep_mac("backend-data", data)?;
@@ -186,11 +192,11 @@ impl Rules<'_> {
         let subnet = pod_cidr(node)?;
         super::peer_record::check(public_ip, subnet, network, &own_ips.v4)
             .map_err(|problem| NodeError::Record { parts: "public-ip annotation or pod CIDR", problem })?;
-        Ok(PeerV4 { subnet, public_ip, vtep_mac })
+        Ok(Half { subnet, public_ip, vtep_mac })
     }
 
     /// A peer's IPv6 half; every part is required and must parse.
-    fn peer6(&self, ann: &Annotations, node: &Value) -> Result<PeerV6, NodeError> {
+    fn peer6(&self, ann: &Annotations, node: &Value) -> Result<Half<Ipv6Net>, NodeError> {
         let n = self.names;
         let public_ip = match (ann.get(&n.public_ipv6_overwrite), ann.get(&n.public_ipv6)) {
             (Some(o), _) if !o.is_empty() => parse_ip6("public-ipv6-overwrite", o)?,
@@ -199,7 +205,7 @@ impl Rules<'_> {
         };
         let data = ann.get(&n.backend_v6_data).ok_or_else(|| NodeError::NoIpv6Annotation(n.backend_v6_data.clone()))?;
         let vtep_mac = vtep_mac("backend-v6-data", data)?;
-        Ok(PeerV6 { subnet: pod_cidr6(node)?, public_ip, vtep_mac })
+        Ok(Half { subnet: pod_cidr6(node)?, public_ip, vtep_mac })
     }
 
     fn own(&self, node: &Value) -> Result<OwnNode, NodeError> {

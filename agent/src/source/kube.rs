@@ -122,12 +122,12 @@ pub fn wanted_annotations(
     ]);
     if let Some(v4) = &local.v4 {
         let public_ip = overwrite(&names.public_ip_overwrite).unwrap_or_else(|| v4.public_ip.to_string());
-        want.insert(names.backend_data.clone(), backend_data(local.vni, v4.mac));
+        want.insert(names.backend_data.clone(), backend_data(local.vni, v4.vtep_mac));
         want.insert(names.public_ip.clone(), public_ip);
     }
     if let Some(v6) = &local.v6 {
         let public_ipv6 = overwrite(&names.public_ipv6_overwrite).unwrap_or_else(|| v6.public_ip.to_string());
-        want.insert(names.backend_v6_data.clone(), backend_data(local.vni, v6.mac));
+        want.insert(names.backend_v6_data.clone(), backend_data(local.vni, v6.vtep_mac));
         want.insert(names.public_ipv6.clone(), public_ipv6);
     }
     want
@@ -243,17 +243,17 @@ mod tests {
     use super::*;
     use crate::annotations::DEFAULT_PREFIX;
 
-    fn v4() -> crate::source::LocalVtepV4 {
-        crate::source::LocalVtepV4 {
-            mac: "02:aa:00:00:00:01".parse().unwrap(),
+    fn v4() -> crate::peer::Half<ipnet::Ipv4Net> {
+        crate::peer::Half {
+            vtep_mac: "02:aa:00:00:00:01".parse().unwrap(),
             public_ip: "198.18.0.1".parse().unwrap(),
             subnet: "10.244.1.0/24".parse().unwrap(),
         }
     }
 
-    fn v6() -> crate::source::LocalVtepV6 {
-        crate::source::LocalVtepV6 {
-            mac: "02:BB:00:00:00:0A".parse().unwrap(),
+    fn v6() -> crate::peer::Half<ipnet::Ipv6Net> {
+        crate::peer::Half {
+            vtep_mac: "02:BB:00:00:00:0A".parse().unwrap(),
             public_ip: "FD00:198:18:0:0::1".parse().unwrap(),
             subnet: "fd00:10:244:1::/64".parse().unwrap(),
         }

@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::peer_record::{self, RecordProblem};
 use crate::{
     mac::{MacError, VtepMac},
-    peer::{ClusterView, Peer, PeerV4, PeerV6, Rejection},
+    peer::{ClusterView, Half, Peer, Rejection},
 };
 
 /// flannel's `MakeSubnetKey`: `10.244.1.0/24` -> `10.244.1.0-24`, and in
@@ -231,11 +231,8 @@ impl Reader {
                 let public_ip = v6.public_ip.ok_or(LeaseError::Ipv6HalfLacks("PublicIPv6"))?;
                 let mac = v6.vtep_mac.ok_or(LeaseError::Ipv6HalfLacks("BackendV6Data.VtepMAC"))?;
                 let own6: Vec<Ipv6Addr> = self.own_ip6.into_iter().collect();
-                match peer_record::checked_half6(
-                    PeerV6 { subnet: v6.subnet, public_ip, vtep_mac: mac },
-                    network6,
-                    &own6,
-                ) {
+                match peer_record::checked_half6(Half { subnet: v6.subnet, public_ip, vtep_mac: mac }, network6, &own6)
+                {
                     Ok(v6) => (Some(v6), None),
                     Err(why) => (None, Some(why.to_string())),
                 }
@@ -243,7 +240,7 @@ impl Reader {
             _ => (None, None),
         };
         let any_inner_source = lease_allows_any_inner_source(value);
-        let v4 = Some(PeerV4 { subnet: l.subnet, public_ip: l.public_ip, vtep_mac });
+        let v4 = Some(Half { subnet: l.subnet, public_ip: l.public_ip, vtep_mac });
         let peer = Peer { node: key.to_string(), v4, any_inner_source, v6 };
         Ok((peer, partial))
     }
@@ -422,7 +419,7 @@ mod tests {
         assert!(rejected.is_empty(), "{rejected:?}");
         assert_eq!(
             p[0].v6,
-            Some(PeerV6 {
+            Some(Half {
                 subnet: "fd00:10:244:2::/64".parse().unwrap(),
                 public_ip: "fd00:198:18::2".parse().unwrap(),
                 vtep_mac: mac(0x62)

@@ -14,13 +14,15 @@ pub mod nodes_file;
 pub mod peer_record;
 pub mod subnet_range;
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{annotations::AnnotationNames, mac::VtepMac, netconf::NetConf, peer::ClusterView};
+use crate::{
+    annotations::AnnotationNames,
+    netconf::NetConf,
+    peer::{ClusterView, Half},
+};
 
 /// One complete view from a source.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,26 +37,10 @@ pub struct LocalVtep {
     pub vni: u32,
     /// `flannel.<VNI>` (published as `backend-data` and `public-ip`);
     /// `None` in an IPv6-only network.
-    pub v4: Option<LocalVtepV4>,
+    pub v4: Option<Half<Ipv4Net>>,
     /// `flannel-v6.<VNI>` when IPv6 is on (published as `backend-v6-data`
     /// and `public-ipv6`).
-    pub v6: Option<LocalVtepV6>,
-}
-
-/// Our IPv4 VTEP.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LocalVtepV4 {
-    pub mac: VtepMac,
-    pub public_ip: Ipv4Addr,
-    pub subnet: Ipv4Net,
-}
-
-/// Our IPv6 VTEP.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LocalVtepV6 {
-    pub mac: VtepMac,
-    pub public_ip: Ipv6Addr,
-    pub subnet: Ipv6Net,
+    pub v6: Option<Half<Ipv6Net>>,
 }
 
 /// Reads Node objects (from a file or the API) with flannel's rules.

@@ -45,10 +45,10 @@ pub fn check<N: Family>(public_ip: N::Addr, subnet: N, network: N, own: &[N::Add
 /// that fails these checks; so only the half is dropped (`Err` says why)
 /// and the peer's IPv4 half still carries traffic.
 pub fn checked_half6(
-    v6: crate::peer::PeerV6,
+    v6: crate::peer::Half<ipnet::Ipv6Net>,
     network: Ipv6Net,
     own: &[Ipv6Addr],
-) -> Result<crate::peer::PeerV6, HalfLeftOut> {
+) -> Result<crate::peer::Half<ipnet::Ipv6Net>, HalfLeftOut> {
     check(v6.public_ip, v6.subnet, network, own).map(|()| v6).map_err(HalfLeftOut)
 }
 

@@ -20,7 +20,7 @@ use crate::{
     netfilter,
     peer::{OwnNode, Peer},
     reconcile::{self, Fill, Nag},
-    source::{LocalVtep, LocalVtepV4},
+    source::LocalVtep,
     state::{AgentRecord, StateDir},
     subnet_env,
 };
@@ -126,7 +126,11 @@ impl Node {
         let r = &self.record;
         LocalVtep {
             vni: r.vni,
-            v4: r.v4.as_ref().map(|v4| LocalVtepV4 { mac: v4.vtep_mac, public_ip: v4.public_ip, subnet: v4.subnet }),
+            v4: r.v4.as_ref().map(|v4| crate::peer::Half {
+                vtep_mac: v4.vtep_mac,
+                public_ip: v4.public_ip,
+                subnet: v4.subnet,
+            }),
             v6: self.v6.as_ref().map(|s| s.local()),
         }
     }

@@ -37,10 +37,22 @@ pub trait Family: Copy + Ord + Debug + Display + Into<IpNet> {
     fn covers(&self, other: &Self) -> bool;
     /// What kind of address `ip` is, if no VTEP can have it.
     fn not_unicast(ip: Self::Addr) -> Option<&'static str>;
+    /// The address's width: 32 or 128.
+    const BITS: u8;
+    /// The address as a number, for stepping through a range.
+    fn bits(addr: Self::Addr) -> u128;
+    /// The address of a number [`bits`](Self::bits) gave or a step from one
+    /// within the family's width (an IPv4 one keeps the low 32 bits).
+    fn from_bits(bits: u128) -> Self::Addr;
+    /// The prefix's last address as a number.
+    fn last_bits(&self) -> u128 {
+        let host = u128::MAX.checked_shr(u32::from(128 - Self::BITS + self.prefix_length())).unwrap_or(0);
+        Self::bits(self.network_addr()) | host
+    }
 }
 
 macro_rules! family {
-    ($net:ty, $addr:ty, $variant:ident, $netlink:ident, $v6:expr, $multicast:expr, $iptables:expr, $not_unicast:ident) => {
+    ($net:ty, $addr:ty, $bits:ty, $variant:ident, $netlink:ident, $v6:expr, $multicast:expr, $iptables:expr, $not_unicast:ident) => {
         impl Family for $net {
             type Addr = $addr;
             const NETLINK: AddressFamily = AddressFamily::$netlink;
@@ -71,11 +83,18 @@ macro_rules! family {
             fn not_unicast(ip: $addr) -> Option<&'static str> {
                 $not_unicast(ip)
             }
+            const BITS: u8 = <$bits>::BITS as u8;
+            fn bits(addr: $addr) -> u128 {
+                u128::from(addr.to_bits())
+            }
+            fn from_bits(bits: u128) -> $addr {
+                <$addr>::from_bits(bits as $bits)
+            }
         }
     };
 }
-family!(Ipv4Net, Ipv4Addr, V4, Inet, false, "224.0.0.0/4", "iptables", not_unicast4);
-family!(Ipv6Net, Ipv6Addr, V6, Inet6, true, "ff00::/8", "ip6tables", not_unicast6);
+family!(Ipv4Net, Ipv4Addr, u32, V4, Inet, false, "224.0.0.0/4", "iptables", not_unicast4);
+family!(Ipv6Net, Ipv6Addr, u128, V6, Inet6, true, "ff00::/8", "ip6tables", not_unicast6);
 
 fn not_unicast4(ip: Ipv4Addr) -> Option<&'static str> {
     if ip.octets()[0] == 0 {

@@ -203,7 +203,7 @@ impl Session {
     /// preferring what subnet.env says we had, as flannel's `allocateSubnet`.
     async fn acquire(&mut self, me: &LocalNode, all: &BTreeMap<String, (String, i64)>) -> Result<()> {
         let env = std::fs::read_to_string(&me.subnet_file).unwrap_or_default();
-        let (previous, previous6) = (subnet_range::previous_subnet(&env), subnet_range::previous_subnet6(&env));
+        let (previous, previous6) = (subnet_range::previous_subnet(&env), subnet_range::previous_subnet(&env));
         let keys: Vec<(Ipv4Net, Option<Ipv6Net>)> = all.keys().filter_map(|k| leases::parse_key(k)).collect();
         let mut taken: Vec<Ipv4Net> = keys.iter().map(|(n, _)| *n).collect();
         let mut taken6: Vec<Ipv6Net> = keys.iter().filter_map(|(_, n6)| *n6).collect();
@@ -213,7 +213,7 @@ impl Session {
                 bail!("no free subnet left in {} between {} and {}", self.conf.network, range.min, range.max);
             };
             let subnet6 = match (self.ranges.v6, &self.conf.ipv6) {
-                (Some(r6), Some(v6)) => match subnet_range::allocate6(r6, &taken6, previous6, now_seed() ^ attempt) {
+                (Some(r6), Some(v6)) => match subnet_range::allocate(r6, &taken6, previous6, now_seed() ^ attempt) {
                     Some(n6) => Some(n6),
                     None => bail!("no free IPv6 subnet left in {} between {} and {}", v6.network, r6.min, r6.max),
                 },

@@ -4,7 +4,7 @@
 use std::net::Ipv6Addr;
 
 use anyhow::{Context, Result};
-use ipnet::Ipv6Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::{etcd::LocalNode, subnet_range};
 use crate::netconf::NetConf;
@@ -63,8 +63,8 @@ pub(super) fn read_config(text: &str, key: &str) -> Result<(NetConf, Ranges), Re
 /// Where our subnets may be: IPv4, and IPv6 in dual-stack.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Ranges {
-    pub(super) v4: subnet_range::SubnetRange,
-    pub(super) v6: Option<subnet_range::SubnetRange6>,
+    pub(super) v4: subnet_range::SubnetRange<Ipv4Net>,
+    pub(super) v6: Option<subnet_range::SubnetRange<Ipv6Net>>,
 }
 
 impl Ranges {

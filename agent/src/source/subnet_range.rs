@@ -1,14 +1,21 @@
 //! The range an etcd node's subnet lease is taken from, and the taking:
 //! flannel's `CheckNetworkConfig` defaults and checks for the IPv4
-//! `SubnetLen`/`SubnetMin`/`SubnetMax` and their IPv6 twins (flannel keeps
-//! the two families' rules apart, with different defaults and messages),
-//! and its `allocateSubnet`.
+//! `SubnetLen`/`SubnetMin`/`SubnetMax` and their IPv6 twins, and its
+//! `allocateSubnet`, which takes both families' subnets the same way.
+//!
+//! The checks are two functions, [`subnet_range`] and [`subnet_range6`]:
+//! flannel keeps the two families' rules apart, with different defaults,
+//! bounds and messages, and the IPv4 keys are read from the raw JSON (a
+//! `SubnetLen` outside 1 to 32 is refused, not truncated).
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::Value;
 
-use crate::netconf::{Ipv6Conf, NetConf};
+use crate::{
+    family::Family,
+    netconf::{Ipv6Conf, NetConf},
+};
 
 /// A network config whose subnet range cannot be used; the IPv6 ones are
 /// flannel's messages word for word.
@@ -36,15 +43,24 @@ pub enum RangeError {
     Ipv6Unaligned(&'static str, Ipv6Addr),
 }
 
-/// The subnet range of a network config (flannel's CheckNetworkConfig defaults).
+/// The subnet range of a network config, one family's (flannel's
+/// `CheckNetworkConfig` defaults).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SubnetRange {
+pub struct SubnetRange<N: Family> {
     pub len: u8,
-    pub min: Ipv4Addr,
-    pub max: Ipv4Addr,
+    pub min: N::Addr,
+    pub max: N::Addr,
 }
 
-pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange, RangeError> {
+impl<N: Family> SubnetRange<N> {
+    /// flannel's `isSubnetConfigCompat` and `isIPv6SubnetConfigCompat`: our
+    /// old subnet may stay.
+    pub fn fits(&self, net: N) -> bool {
+        net.prefix_length() == self.len && net.network_addr() >= self.min && net.network_addr() <= self.max
+    }
+}
+
+pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange<Ipv4Net>, RangeError> {
     let v: Value = serde_json::from_str(config).map_err(RangeError::NotJson)?;
     let net = conf.network;
     // 0 is flannel's "unset" (a Go uint's zero value), so it means the default
@@ -87,47 +103,9 @@ pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange, RangeEr
     Ok(SubnetRange { len, min, max })
 }
 
-/// Picks a free subnet: `previous` if it is free and in range, else the
-/// first free of a random rotation of the range (flannel picks at random
-/// among free subnets, so nodes starting together rarely collide).
-pub fn allocate(range: SubnetRange, taken: &[Ipv4Net], previous: Option<Ipv4Net>, seed: u64) -> Option<Ipv4Net> {
-    let free = |n: &Ipv4Net| !taken.iter().any(|t| t.contains(&n.network()) || n.contains(&t.network()));
-    let in_range = |n: &Ipv4Net| n.prefix_len() == range.len && n.network() >= range.min && n.network() <= range.max;
-    if let Some(p) = previous.filter(|p| in_range(p) && free(p)) {
-        return Some(p);
-    }
-    let size = 1u32 << (32 - range.len);
-    let count = (u32::from(range.max) - u32::from(range.min)) / size + 1;
-    let start = (seed % count as u64) as u32;
-    (0..count)
-        .map(|i| Ipv4Addr::from(u32::from(range.min) + ((start + i) % count) * size))
-        .filter_map(|a| Ipv4Net::new(a, range.len).ok())
-        .find(free)
-}
-
-/// FLANNEL_SUBNET from a subnet.env (`10.244.5.1/24` -> `10.244.5.0/24`).
-pub fn previous_subnet(subnet_env: &str) -> Option<Ipv4Net> {
-    let line = subnet_env.lines().find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))?;
-    line.trim().parse::<Ipv4Net>().ok().map(|n| n.trunc())
-}
-
 /// The IPv6 subnet range of a dual-stack network config, with flannel's
 /// `CheckNetworkConfig` defaults and its error messages word for word.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SubnetRange6 {
-    pub len: u8,
-    pub min: Ipv6Addr,
-    pub max: Ipv6Addr,
-}
-
-impl SubnetRange6 {
-    /// flannel's `isIPv6SubnetConfigCompat`: our old IPv6 subnet may stay.
-    pub fn fits(&self, net: Ipv6Net) -> bool {
-        net.prefix_len() == self.len && net.network() >= self.min && net.network() <= self.max
-    }
-}
-
-pub fn subnet_range6(v6: &Ipv6Conf) -> Result<SubnetRange6, RangeError> {
+pub fn subnet_range6(v6: &Ipv6Conf) -> Result<SubnetRange<Ipv6Net>, RangeError> {
     let net = v6.network;
     let len = match v6.subnet_len {
         Some(l) if l > 126 => return Err(RangeError::Ipv6SubnetLenTooLong),
@@ -161,40 +139,44 @@ pub fn subnet_range6(v6: &Ipv6Conf) -> Result<SubnetRange6, RangeError> {
     if u128::from(max) % size != 0 {
         return Err(RangeError::Ipv6Unaligned("IPv6SubnetMax", max));
     }
-    Ok(SubnetRange6 { len, min, max })
+    Ok(SubnetRange { len, min, max })
 }
 
-/// Picks a free IPv6 subnet as flannel's `allocateSubnet` does: `previous`
-/// if it fits and is free, else one at random among the first 100 free
-/// subnets from the range's start.
-pub fn allocate6(range: SubnetRange6, taken: &[Ipv6Net], previous: Option<Ipv6Net>, seed: u64) -> Option<Ipv6Net> {
-    let free = |n: &Ipv6Net| !taken.iter().any(|t| t.contains(&n.network()) || n.contains(&t.network()));
+/// Picks a free subnet as flannel's `allocateSubnet` does: `previous` if
+/// it fits and is free, else one at random (by `seed`) among the first 100
+/// free subnets from the range's start.
+pub fn allocate<N: Family>(range: SubnetRange<N>, taken: &[N], previous: Option<N>, seed: u64) -> Option<N> {
+    let free = |n: &N| !taken.iter().any(|t| t.covers(n) || n.covers(t));
     if let Some(p) = previous.filter(|p| range.fits(*p) && free(p)) {
         return Some(p);
     }
-    let size = 1u128 << (128 - range.len);
-    let (min, max) = (u128::from(range.min), u128::from(range.max));
+    let size = 1u128 << (N::BITS - range.len);
+    let (min, max) = (N::bits(range.min), N::bits(range.max));
     let mut candidates = Vec::new();
     let mut at = Some(min);
     while let Some(a) = at.filter(|a| *a <= max && candidates.len() < 100) {
-        let Ok(n) = Ipv6Net::new(Ipv6Addr::from(a), range.len) else { break };
-        let overlap = taken.iter().find(|t| t.contains(&n.network()) || n.contains(&t.network()));
+        let Some(n) = N::with_len(N::from_bits(a), range.len) else { break };
+        let overlap = taken.iter().find(|t| t.covers(&n) || n.covers(t));
         if overlap.is_none() {
             candidates.push(n);
         }
         // past this candidate, or past a bigger taken subnet in one step: a
         // lease key with a short prefix must not make this walk 2^64 steps
-        let last = overlap.map_or(0, |t| u128::from(t.broadcast())).max(a + (size - 1));
+        let last = overlap.map_or(0, |t| t.last_bits()).max(a + (size - 1));
         at = last.checked_add(1);
     }
     candidates.get((seed % candidates.len().max(1) as u64) as usize).copied()
 }
 
-/// FLANNEL_IPV6_SUBNET from a subnet.env (`fd00:10:244:5::1/64` ->
-/// `fd00:10:244:5::/64`, as Go's `net.ParseCIDR` masks it).
-pub fn previous_subnet6(subnet_env: &str) -> Option<Ipv6Net> {
-    let line = subnet_env.lines().find_map(|l| l.strip_prefix("FLANNEL_IPV6_SUBNET="))?;
-    line.trim().parse::<Ipv6Net>().ok().map(|n| n.trunc())
+/// Our subnet of the family from a subnet.env: `FLANNEL_SUBNET`
+/// (`10.244.5.1/24` -> `10.244.5.0/24`) or `FLANNEL_IPV6_SUBNET`
+/// (`fd00:10:244:5::1/64` -> `fd00:10:244:5::/64`), masked as Go's
+/// `net.ParseCIDR` does.
+pub fn previous_subnet<N: Family>(subnet_env: &str) -> Option<N> {
+    let key = if N::V6 { "FLANNEL_IPV6_SUBNET=" } else { "FLANNEL_SUBNET=" };
+    let line = subnet_env.lines().find_map(|l| l.strip_prefix(key))?;
+    let net = line.trim().parse::<ipnet::IpNet>().ok()?.trunc();
+    N::with_len(N::of(net.network())?, net.prefix_len())
 }
 
 #[cfg(test)]
@@ -247,13 +229,17 @@ mod tests {
         let full: Vec<Ipv4Net> =
             ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"].iter().map(|s| s.parse().unwrap()).collect();
         assert_eq!(allocate(r, &full, None, 7), None);
+        // as flannel: one of the first 100 free from SubnetMin, by the seed
+        let r = subnet_range("{}", &conf("10.244.0.0/16")).unwrap();
+        assert_eq!(allocate(r, &taken, None, 0), Some("10.244.2.0/24".parse().unwrap()));
+        assert_eq!(allocate(r, &taken, None, 150), Some("10.244.52.0/24".parse().unwrap()), "150 % 100 = 50");
         assert_eq!(
-            previous_subnet("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.5.1/24\n"),
+            previous_subnet::<Ipv4Net>("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.5.1/24\n"),
             Some("10.244.5.0/24".parse().unwrap())
         );
     }
 
-    fn range6(conf: &str) -> Result<SubnetRange6, RangeError> {
+    fn range6(conf: &str) -> Result<SubnetRange<Ipv6Net>, RangeError> {
         let c = NetConf::parse(conf, "x").unwrap();
         subnet_range6(&c.ipv6.unwrap())
     }
@@ -313,27 +299,30 @@ mod tests {
         let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"}"#).unwrap();
         let net = |s: &str| -> Ipv6Net { s.parse().unwrap() };
         let taken = vec![net("fd00:10:244:1::/64"), net("fd00:10:244:3::/64")];
-        assert_eq!(allocate6(r, &taken, Some(net("fd00:10:244:9::/64")), 0), Some(net("fd00:10:244:9::/64")));
+        assert_eq!(allocate(r, &taken, Some(net("fd00:10:244:9::/64")), 0), Some(net("fd00:10:244:9::/64")));
         // taken, outside the range or of another length: not reused
         for bad in ["fd00:10:244:3::/64", "fd00:10:244::/64", "fd00:10:244:9::/80", "fd00:99::/64"] {
-            let n = allocate6(r, &taken, Some(net(bad)), 0).unwrap();
+            let n = allocate(r, &taken, Some(net(bad)), 0).unwrap();
             assert!(r.fits(n) && !taken.contains(&n) && n != net(bad), "{bad} -> {n}");
         }
-        assert_eq!(allocate6(r, &taken, None, 0), Some(net("fd00:10:244:2::/64")));
-        assert_eq!(allocate6(r, &taken, None, 1), Some(net("fd00:10:244:4::/64")));
+        assert_eq!(allocate(r, &taken, None, 0), Some(net("fd00:10:244:2::/64")));
+        assert_eq!(allocate(r, &taken, None, 1), Some(net("fd00:10:244:4::/64")));
         // a wide lease covers many subnets
         let all: Vec<Ipv6Net> = vec![net("fd00:10:244::/56")];
-        assert_eq!(allocate6(r, &all, None, 3), None);
+        assert_eq!(allocate(r, &all, None, 3), None);
         // one taken subnet covering 2^48 candidates is skipped in one step
         // (walked one by one, this would not end)
-        let wide =
-            SubnetRange6 { len: 64, min: "fd00::".parse().unwrap(), max: "fd00:ffff:ffff:ffff::".parse().unwrap() };
-        assert_eq!(allocate6(wide, &[net("fd00::/16")], None, 0), None);
-        assert_eq!(allocate6(wide, &[net("fd00::/17")], None, 0), Some(net("fd00:8000::/64")));
+        let wide = SubnetRange::<Ipv6Net> {
+            len: 64,
+            min: "fd00::".parse().unwrap(),
+            max: "fd00:ffff:ffff:ffff::".parse().unwrap(),
+        };
+        assert_eq!(allocate(wide, &[net("fd00::/16")], None, 0), None);
+        assert_eq!(allocate(wide, &[net("fd00::/17")], None, 0), Some(net("fd00:8000::/64")));
         assert_eq!(
-            previous_subnet6("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_IPV6_SUBNET=fd00:10:244:5::1/64\n"),
+            previous_subnet::<Ipv6Net>("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_IPV6_SUBNET=fd00:10:244:5::1/64\n"),
             Some(net("fd00:10:244:5::/64"))
         );
-        assert_eq!(previous_subnet6("FLANNEL_SUBNET=10.244.5.1/24\n"), None);
+        assert_eq!(previous_subnet::<Ipv6Net>("FLANNEL_SUBNET=10.244.5.1/24\n"), None);
     }
 }

@@ -5,12 +5,11 @@
 use std::{
     collections::BTreeMap,
     fs,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr},
 };
 
 use anyhow::{Context, Result};
 use futures::TryStreamExt;
-use ipnet::{Ipv4Net, Ipv6Net};
 use rtnetlink::{
     Handle, LinkUnspec,
     packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourState},
@@ -25,7 +24,7 @@ use crate::{
         device, loader, routes,
     },
     family::Family,
-    peer::Peer,
+    peer::{Peer, PeerHalf},
     state::{AGENT_FILE, AgentRecord, MAC_FILE, PEERS_FILE, StateDir},
 };
 
@@ -113,7 +112,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
                 removed += remove_direct_routes(&handle, &rec.iface, v4.network, &ends(&peers)).await?;
             }
             if let Some(v6) = &rec.v6 {
-                removed += remove_direct_routes(&handle, &rec.iface, v6.network, &ends6(&peers)).await?;
+                removed += remove_direct_routes(&handle, &rec.iface, v6.network, &ends(&peers)).await?;
             }
             if removed > 0 {
                 info!(routes = removed, iface = %rec.iface, "removed the DirectRouting routes");
@@ -159,14 +158,9 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
     Ok(())
 }
 
-/// Each peer's IPv4 pod subnet and public IP.
-fn ends(peers: &[Peer]) -> Vec<(Ipv4Net, Ipv4Addr)> {
-    peers.iter().filter_map(|p| p.v4).map(|v4| (v4.subnet, v4.public_ip)).collect()
-}
-
-/// Each dual-stack peer's IPv6 pod subnet and public IPv6.
-fn ends6(peers: &[Peer]) -> Vec<(Ipv6Net, Ipv6Addr)> {
-    peers.iter().filter_map(|p| p.v6).map(|v6| (v6.subnet, v6.public_ip)).collect()
+/// Each peer's pod subnet and public IP of the family `N`.
+fn ends<N: PeerHalf>(peers: &[Peer]) -> Vec<(N, N::Addr)> {
+    peers.iter().filter_map(|p| p.half::<N>()).map(|h| (h.subnet, h.public_ip)).collect()
 }
 
 /// The DirectRouting routes into `network` on the underlay `iface` (see

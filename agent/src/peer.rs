@@ -39,6 +39,31 @@ pub struct Half<N: Family> {
     pub vtep_mac: VtepMac,
 }
 
+/// A family a peer can have a half of.
+pub trait PeerHalf: Family {
+    /// `peer`'s half of this family.
+    fn of_peer(peer: &Peer) -> Option<&Half<Self>>;
+}
+
+impl PeerHalf for Ipv4Net {
+    fn of_peer(peer: &Peer) -> Option<&Half<Self>> {
+        peer.v4.as_ref()
+    }
+}
+
+impl PeerHalf for Ipv6Net {
+    fn of_peer(peer: &Peer) -> Option<&Half<Self>> {
+        peer.v6.as_ref()
+    }
+}
+
+impl Peer {
+    /// The peer's half of the family `N`.
+    pub fn half<N: PeerHalf>(&self) -> Option<&Half<N>> {
+        N::of_peer(self)
+    }
+}
+
 /// What the cluster says about this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnNode {

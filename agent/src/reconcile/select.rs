@@ -8,10 +8,13 @@ use std::{
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::plan::Contents;
-use crate::peer::{Peer, Rejection};
+use crate::{
+    family::Family,
+    peer::{Peer, Rejection},
+};
 
 /// Accepted pod CIDRs of one family as disjoint address intervals, keyed by
-/// first address (`u32` for IPv4, `u128` for IPv6).
+/// first address.
 struct Intervals<A>(BTreeMap<A, (A, usize)>);
 
 impl<A: Ord + Copy> Intervals<A> {
@@ -32,16 +35,13 @@ impl<A: Ord + Copy> Intervals<A> {
     }
 }
 
-fn bounds(net: Ipv4Net) -> (u32, u32) {
-    (u32::from(net.network()), u32::from(net.broadcast()))
+/// A prefix's first and last address, as numbers.
+fn bounds<N: Family>(net: N) -> (u128, u128) {
+    (N::bits(net.network_addr()), net.last_bits())
 }
 
-fn bounds6(net: Ipv6Net) -> (u128, u128) {
-    (u128::from(net.network()), u128::from(net.broadcast()))
-}
-
-fn overlaps6(a: Ipv6Net, b: Ipv6Net) -> bool {
-    a.contains(&b.network()) || b.contains(&a.network())
+fn overlaps<N: Family>(a: N, b: N) -> bool {
+    a.covers(&b) || b.covers(&a)
 }
 
 /// Chooses which candidates become peers. A peer the dataplane already
@@ -76,19 +76,17 @@ pub fn select(
         let subnet4 = |a: &Peer| a.v4.map(|a4| a4.subnet.to_string()).unwrap_or_default();
         if names.contains(p.node.as_str()) {
             rejected.push(reject("the node is listed twice".into()));
-        } else if let Some((v4, own)) =
-            v4.zip(own).filter(|(v4, own)| own.contains(&v4.subnet.network()) || v4.subnet.contains(&own.network()))
-        {
+        } else if let Some((v4, own)) = v4.zip(own).filter(|(v4, own)| overlaps(v4.subnet, *own)) {
             rejected.push(reject(format!("pod CIDR {} overlaps our own {own}", v4.subnet)));
         } else if let Some((v4, a)) = v4.and_then(|v4| Some((v4, &accepted[intervals.overlapping(bounds(v4.subnet))?])))
         {
             rejected.push(reject(format!("pod CIDR {} overlaps {} of node {}", v4.subnet, subnet4(a), a.node)));
         } else if let Some((v4, a)) = v4.and_then(|v4| Some((v4, &accepted[*ips.get(&IpAddr::V4(v4.public_ip))?]))) {
             rejected.push(reject(format!("public IP {} is already node {}'s", v4.public_ip, a.node)));
-        } else if let Some((v6, own6)) = v6.zip(own6).filter(|(v6, own6)| overlaps6(v6.subnet, *own6)) {
+        } else if let Some((v6, own6)) = v6.zip(own6).filter(|(v6, own6)| overlaps(v6.subnet, *own6)) {
             rejected.push(reject(format!("IPv6 pod CIDR {} overlaps our own {own6}", v6.subnet)));
         } else if let Some((v6, a)) =
-            v6.and_then(|v6| Some((v6, &accepted[intervals6.overlapping(bounds6(v6.subnet))?])))
+            v6.and_then(|v6| Some((v6, &accepted[intervals6.overlapping(bounds(v6.subnet))?])))
         {
             let theirs = a.v6.map(|a6| a6.subnet.to_string()).unwrap_or_default();
             rejected.push(reject(format!("IPv6 pod CIDR {} overlaps {theirs} of node {}", v6.subnet, a.node)));
@@ -104,7 +102,7 @@ pub fn select(
             }
             if let Some(v6) = v6 {
                 ips.insert(IpAddr::V6(v6.public_ip), accepted.len());
-                intervals6.insert(bounds6(v6.subnet), accepted.len());
+                intervals6.insert(bounds(v6.subnet), accepted.len());
             }
             accepted.push(p.clone());
         }

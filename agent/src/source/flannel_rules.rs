@@ -5,7 +5,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::Value;
 
-use super::node_error::{NodeError, parse_ip, parse_ip6};
+use super::node_error::{NodeError, parse_ip};
 use crate::{
     annotations::{ANY_INNER_SOURCE, AnnotationNames},
     mac::VtepMac,
@@ -185,8 +185,8 @@ impl Rules<'_> {
         let vtep_mac = vtep_mac("backend-data", data)?;
         // public-ip-overwrite is what the node's own agent publishes as public-ip
         let public_ip = match (ann.get(&n.public_ip_overwrite), ann.get(&n.public_ip)) {
-            (Some(o), _) if !o.is_empty() => parse_ip("public-ip-overwrite", o)?,
-            (_, Some(p)) => parse_ip("public-ip", p)?,
+            (Some(o), _) if !o.is_empty() => parse_ip::<Ipv4Net>("public-ip-overwrite", o)?,
+            (_, Some(p)) => parse_ip::<Ipv4Net>("public-ip", p)?,
             (_, None) => return Err(NodeError::NoAnnotation(n.public_ip.clone())),
         };
         let subnet = pod_cidr(node)?;
@@ -199,8 +199,8 @@ impl Rules<'_> {
     fn peer6(&self, ann: &Annotations, node: &Value) -> Result<Half<Ipv6Net>, NodeError> {
         let n = self.names;
         let public_ip = match (ann.get(&n.public_ipv6_overwrite), ann.get(&n.public_ipv6)) {
-            (Some(o), _) if !o.is_empty() => parse_ip6("public-ipv6-overwrite", o)?,
-            (_, Some(p)) => parse_ip6("public-ipv6", p)?,
+            (Some(o), _) if !o.is_empty() => parse_ip::<Ipv6Net>("public-ipv6-overwrite", o)?,
+            (_, Some(p)) => parse_ip::<Ipv6Net>("public-ipv6", p)?,
             (_, None) => return Err(NodeError::NoIpv6Annotation(n.public_ipv6.clone())),
         };
         let data = ann.get(&n.backend_v6_data).ok_or_else(|| NodeError::NoIpv6Annotation(n.backend_v6_data.clone()))?;
@@ -226,7 +226,7 @@ impl Rules<'_> {
             own.subnet = Some(subnet);
             own.published_mac = ann.get(&self.names.backend_data).and_then(|d| vtep_mac("backend-data", d).ok());
             own.node_public_ip = match ann.get(&self.names.node_public_ip) {
-                Some(ip) => Some(parse_ip("node-public-ip", ip)?),
+                Some(ip) => Some(parse_ip::<Ipv4Net>("node-public-ip", ip)?),
                 None => None,
             };
         }
@@ -242,7 +242,7 @@ impl Rules<'_> {
             own.subnet6 = Some(subnet6);
             own.published_mac6 = ann.get(&self.names.backend_v6_data).and_then(|d| vtep_mac("backend-v6-data", d).ok());
             own.node_public_ipv6 = match ann.get(&self.names.node_public_ipv6) {
-                Some(ip) => Some(parse_ip6("node-public-ipv6", ip)?),
+                Some(ip) => Some(parse_ip::<Ipv6Net>("node-public-ipv6", ip)?),
                 None => None,
             };
         }

@@ -1,12 +1,12 @@
 //! Why a Node is not read as a peer (or as this node): the reason a
 //! rejection carries in the view and in `edgevx status`. The words are
 //! flannel's where flannel has them.
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::peer_record::RecordProblem;
-use crate::mac::MacError;
+use crate::{family::Family, mac::MacError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -58,12 +58,12 @@ pub enum NodeError {
     Ipv6OutsideNetwork { network: Ipv6Net, subnet: Ipv6Net, node: String },
 }
 
-/// The IPv4 address in `text`; `what` names the annotation.
-pub(super) fn parse_ip(what: &'static str, text: &str) -> Result<Ipv4Addr, NodeError> {
-    text.parse().map_err(|_| NodeError::BadAddress { what, text: text.to_string(), family: "IPv4" })
-}
-
-/// The IPv6 address in `text`; `what` names the annotation.
-pub(super) fn parse_ip6(what: &'static str, text: &str) -> Result<std::net::Ipv6Addr, NodeError> {
-    text.parse().map_err(|_| NodeError::BadAddress { what, text: text.to_string(), family: "IPv6" })
+/// The address of the family `N` in `text`; `what` names the annotation.
+pub(super) fn parse_ip<N: Family>(what: &'static str, text: &str) -> Result<N::Addr, NodeError> {
+    let family = if N::V6 { "IPv6" } else { "IPv4" };
+    text.parse::<IpAddr>().ok().and_then(N::of).ok_or_else(|| NodeError::BadAddress {
+        what,
+        text: text.to_string(),
+        family,
+    })
 }

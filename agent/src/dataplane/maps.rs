@@ -19,7 +19,7 @@ use edgevx_common::{
 };
 use ipnet::{Ipv4Net, Ipv6Net};
 
-use crate::dataplane::bpffs::PinDir;
+use crate::{dataplane::bpffs::PinDir, reconcile::Accept};
 
 /// BPF_NOEXIST: insert only if absent (keeps counters across re-adds).
 const NOEXIST: u64 = 1;
@@ -61,18 +61,8 @@ pub fn accept_entry(subnet: Ipv4Net, any_inner_source: bool) -> PeerAccept {
     }
 }
 
-/// An IPv6 peer we accept VXLAN from (over the IPv6 underlay), and what
-/// its inner sources are bound to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Accept6 {
-    /// The peer's IPv6 pod subnet: inner sources must lie in it.
-    pub subnet: Ipv6Net,
-    /// The peer may send any inner source (an external VTEP).
-    pub any_inner_source: bool,
-}
-
-impl From<&Accept6> for PeerAccept6 {
-    fn from(a: &Accept6) -> Self {
+impl From<&Accept<Ipv6Net>> for PeerAccept6 {
+    fn from(a: &Accept<Ipv6Net>) -> Self {
         PeerAccept6 {
             pod_subnet: a.subnet.network().octets(),
             prefix_len: a.subnet.prefix_len(),
@@ -82,7 +72,7 @@ impl From<&Accept6> for PeerAccept6 {
     }
 }
 
-/// A value in the IPv6 accept map that no [`Accept6`] could have written.
+/// A value in the IPv6 accept map that no [`Accept`] could have written.
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("the IPv6 accept entry of {peer} has prefix length {prefix_len}, more than 128")]
 pub struct BadAccept6 {
@@ -90,12 +80,10 @@ pub struct BadAccept6 {
     pub prefix_len: u8,
 }
 
-impl Accept6 {
-    fn from_entry(peer: Ipv6Addr, e: &PeerAccept6) -> Result<Self, BadAccept6> {
-        let subnet = Ipv6Net::new(Ipv6Addr::from(e.pod_subnet), e.prefix_len)
-            .map_err(|_| BadAccept6 { peer, prefix_len: e.prefix_len })?;
-        Ok(Accept6 { subnet, any_inner_source: e.flags & ACCEPT_ANY_INNER_SOURCE != 0 })
-    }
+fn accept6_of(peer: Ipv6Addr, e: &PeerAccept6) -> Result<Accept<Ipv6Net>, BadAccept6> {
+    let subnet = Ipv6Net::new(Ipv6Addr::from(e.pod_subnet), e.prefix_len)
+        .map_err(|_| BadAccept6 { peer, prefix_len: e.prefix_len })?;
+    Ok(Accept { subnet, any_inner_source: e.flags & ACCEPT_ANY_INNER_SOURCE != 0 })
 }
 
 /// Sums a per-CPU peer counter set.
@@ -272,19 +260,19 @@ impl Maps {
 /// zero, IPv6 VXLAN is not judged and this map is not read.
 impl Maps {
     /// Every IPv6 peer we accept VXLAN from, with its binding (what the programs see).
-    pub fn accept6_entries(&self) -> Result<BTreeMap<Ipv6Addr, Accept6>> {
+    pub fn accept6_entries(&self) -> Result<BTreeMap<Ipv6Addr, Accept<Ipv6Net>>> {
         let mut out = BTreeMap::new();
         for item in self.accept6.iter() {
             let (key, value) = item.context("cannot read the IPv6 peer accept map")?;
             let peer = Ipv6Addr::from(key);
-            out.insert(peer, Accept6::from_entry(peer, &value)?);
+            out.insert(peer, accept6_of(peer, &value)?);
         }
         Ok(out)
     }
 
     /// Accepts VXLAN over IPv6 from `ip`, its inner sources bound as `a`
     /// says (overwrites in place).
-    pub fn accept6_put(&mut self, ip: Ipv6Addr, a: &Accept6) -> Result<()> {
+    pub fn accept6_put(&mut self, ip: Ipv6Addr, a: &Accept<Ipv6Net>) -> Result<()> {
         self.accept6
             .insert(ip.octets(), PeerAccept6::from(a), 0)
             .with_context(|| format!("cannot accept IPv6 VXLAN from peer {ip}"))
@@ -307,18 +295,18 @@ mod tests {
     #[test]
     fn an_ipv6_accept_entry_round_trips() {
         for a in [
-            Accept6 { subnet: "fd00:10:244:2::/64".parse().unwrap(), any_inner_source: false },
-            Accept6 { subnet: "2001:db8:1:ff00::/56".parse().unwrap(), any_inner_source: true },
-            Accept6 { subnet: "fd00::7/128".parse().unwrap(), any_inner_source: false },
+            Accept { subnet: "fd00:10:244:2::/64".parse().unwrap(), any_inner_source: false },
+            Accept { subnet: "2001:db8:1:ff00::/56".parse().unwrap(), any_inner_source: true },
+            Accept { subnet: "fd00::7/128".parse().unwrap(), any_inner_source: false },
         ] {
             let peer: Ipv6Addr = "fd00:198:18::2".parse().unwrap();
-            assert_eq!(Accept6::from_entry(peer, &PeerAccept6::from(&a)).unwrap(), a);
+            assert_eq!(accept6_of(peer, &PeerAccept6::from(&a)).unwrap(), a);
         }
     }
 
     #[test]
     fn the_entry_holds_the_network_address_and_the_flag() {
-        let a = Accept6 { subnet: "fd00:10:244:2::9/64".parse().unwrap(), any_inner_source: true };
+        let a = Accept { subnet: "fd00:10:244:2::9/64".parse().unwrap(), any_inner_source: true };
         let e = PeerAccept6::from(&a);
         assert_eq!(Ipv6Addr::from(e.pod_subnet), "fd00:10:244:2::".parse::<Ipv6Addr>().unwrap());
         assert_eq!((e.prefix_len, e.flags), (64, ACCEPT_ANY_INNER_SOURCE));
@@ -328,7 +316,7 @@ mod tests {
     fn an_impossible_prefix_length_names_the_peer() {
         let peer: Ipv6Addr = "fd00:198:18::2".parse().unwrap();
         let e = PeerAccept6 { prefix_len: 129, ..Default::default() };
-        let err = Accept6::from_entry(peer, &e).unwrap_err();
+        let err = accept6_of(peer, &e).unwrap_err();
         assert_eq!((err.peer, err.prefix_len), (peer, 129));
     }
 }

@@ -34,15 +34,15 @@ impl Dataplane for Programmed<'_> {
             .into_iter()
             .map(|(net, e)| (net, Tunnel { public_ip: e.public_ip.into(), vtep_mac: e.vtep_mac }))
             .collect();
-        let accept: BTreeMap<Ipv4Addr, Accept> = self
+        let accept: BTreeMap<Ipv4Addr, Accept<Ipv4Net>> = self
             .maps
             .accepted()?
             .into_iter()
             .map(|(ip, a)| {
                 // an entry with a bad prefix (written by hand) reads as 0.0.0.0/0, which no
                 // plan contains: the diff overwrites it
-                let pod_subnet = Ipv4Net::new(a.pod_subnet.into(), a.prefix_len).unwrap_or_default();
-                (ip, Accept { pod_subnet, any_inner_source: a.flags & ACCEPT_ANY_INNER_SOURCE != 0 })
+                let subnet = Ipv4Net::new(a.pod_subnet.into(), a.prefix_len).unwrap_or_default();
+                (ip, Accept { subnet, any_inner_source: a.flags & ACCEPT_ANY_INNER_SOURCE != 0 })
             })
             .collect();
         // a direct route is ours only through a programmed peer's address or
@@ -68,8 +68,8 @@ impl Dataplane for Programmed<'_> {
         routes::direct_route_del(self.handle, self.underlay_index, subnet, public_ip).await
     }
 
-    async fn put_accept(&mut self, ip: Ipv4Addr, a: Accept) -> Result<()> {
-        self.maps.put_accept(ip, maps::accept_entry(a.pod_subnet, a.any_inner_source))
+    async fn put_accept(&mut self, ip: Ipv4Addr, a: Accept<Ipv4Net>) -> Result<()> {
+        self.maps.put_accept(ip, maps::accept_entry(a.subnet, a.any_inner_source))
     }
 
     async fn put_subnet(&mut self, subnet: Ipv4Net, t: Tunnel) -> Result<()> {

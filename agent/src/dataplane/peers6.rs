@@ -31,10 +31,10 @@ use rtnetlink::{
 };
 
 use crate::{
-    dataplane::{maps::Accept6, routes},
+    dataplane::routes,
     mac::VtepMac,
     peer::Peer,
-    reconcile::OnLink,
+    reconcile::{Accept, OnLink},
 };
 
 /// What the three tables of the IPv6 VTEP and the underlay's direct routes
@@ -137,7 +137,7 @@ pub async fn observe6(
     at: Devices6,
     table: &routes::MainTable<Ipv6Net>,
     network: Ipv6Net,
-    accepted: &BTreeMap<Ipv6Addr, Accept6>,
+    accepted: &BTreeMap<Ipv6Addr, Accept<Ipv6Net>>,
 ) -> Result<Tables6> {
     let index = at.vtep;
     let mut t = Tables6::default();

@@ -19,7 +19,7 @@ pub trait Dataplane {
     async fn observe(&mut self) -> anyhow::Result<Contents>;
     /// Reads the routes that say which peers are on-link (DirectRouting).
     async fn on_link(&mut self) -> anyhow::Result<OnLink>;
-    async fn put_accept(&mut self, ip: Ipv4Addr, accept: Accept) -> anyhow::Result<()>;
+    async fn put_accept(&mut self, ip: Ipv4Addr, accept: Accept<Ipv4Net>) -> anyhow::Result<()>;
     async fn put_subnet(&mut self, subnet: Ipv4Net, tunnel: Tunnel) -> anyhow::Result<()>;
     async fn put_route(&mut self, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> anyhow::Result<()>;
     async fn del_route(&mut self, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> anyhow::Result<()>;
@@ -186,7 +186,7 @@ mod tests {
             self.have.direct.remove(&net);
             Ok(())
         }
-        async fn put_accept(&mut self, ip: Ipv4Addr, a: Accept) -> anyhow::Result<()> {
+        async fn put_accept(&mut self, ip: Ipv4Addr, a: Accept<Ipv4Net>) -> anyhow::Result<()> {
             if self.full(&self.have.accept, &ip) {
                 anyhow::bail!("map full");
             }

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use ipnet::Ipv4Net;
 
 use super::on_link::OnLink;
-use crate::peer::Peer;
+use crate::{family::Family, peer::Peer};
 
 /// The one next hop every route through the VTEP uses. A route without a
 /// gateway would make one neighbour entry per destination address (and
@@ -23,11 +23,12 @@ pub struct Tunnel {
     pub vtep_mac: [u8; 6],
 }
 
-/// An accepted peer address: VXLAN from it is taken in, with inner
-/// sources bound to `pod_subnet` unless `any_inner_source`.
+/// An accepted peer address of either family: VXLAN from it is taken in,
+/// with inner sources bound to `subnet`, the peer's pod subnet, unless
+/// `any_inner_source` (an external VTEP).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Accept {
-    pub pod_subnet: Ipv4Net,
+pub struct Accept<N: Family> {
+    pub subnet: N,
     pub any_inner_source: bool,
 }
 
@@ -37,7 +38,7 @@ pub struct Contents {
     /// The LPM map: remote pod subnet → tunnel.
     pub subnets: BTreeMap<Ipv4Net, Tunnel>,
     /// The accepted peer addresses.
-    pub accept: BTreeMap<Ipv4Addr, Accept>,
+    pub accept: BTreeMap<Ipv4Addr, Accept<Ipv4Net>>,
     /// Routes in the main table through the VTEP: destination → gateway
     /// (`None` for a route without one).
     pub routes: BTreeMap<Ipv4Net, Option<Ipv4Addr>>,
@@ -70,7 +71,7 @@ pub fn plan(peers: &[Peer], network: Ipv4Net, on_link: &OnLink) -> Contents {
             .map(|(v4, _)| (v4.subnet, Tunnel { public_ip: v4.public_ip, vtep_mac: v4.vtep_mac.0 }))
             .collect(),
         accept: halves()
-            .map(|(v4, any_inner_source)| (v4.public_ip, Accept { pod_subnet: v4.subnet, any_inner_source }))
+            .map(|(v4, any_inner_source)| (v4.public_ip, Accept { subnet: v4.subnet, any_inner_source }))
             .collect(),
         routes: BTreeMap::from([(network, Some(VTEP_GATEWAY))]),
     }
@@ -80,7 +81,7 @@ pub fn plan(peers: &[Peer], network: Ipv4Net, on_link: &OnLink) -> Contents {
 /// every `put_*` before any `del_*`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changes {
-    pub put_accept: Vec<(Ipv4Addr, Accept)>,
+    pub put_accept: Vec<(Ipv4Addr, Accept<Ipv4Net>)>,
     pub put_subnets: Vec<(Ipv4Net, Tunnel)>,
     pub put_routes: Vec<(Ipv4Net, Option<Ipv4Addr>)>,
     pub put_direct: Vec<(Ipv4Net, Ipv4Addr)>,

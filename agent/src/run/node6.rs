@@ -14,14 +14,14 @@ use super::{check::Checked, config, plan::Plan};
 use crate::{
     dataplane::{
         device,
-        maps::{Accept6, Maps},
+        maps::Maps,
         peers6::{self, Devices6, Tables6},
         routes, vtep,
     },
     netconf::NetConf,
     netfilter,
     peer::Peer,
-    reconcile::OnLink,
+    reconcile::{Accept, OnLink},
     state::Record6,
 };
 
@@ -64,12 +64,17 @@ pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan<Ipv6Net>, 
 /// as on the IPv4 side: a full map needs their room, and a peer gone from
 /// the view is never left accepted because an add failed. Every write is
 /// tried; the first error is returned after.
-fn sync_accept6(maps: &mut Maps, have: &BTreeMap<Ipv6Addr, Accept6>, peers: &[Peer], own: Ipv6Addr) -> Result<()> {
-    let want: BTreeMap<Ipv6Addr, Accept6> = peers
+fn sync_accept6(
+    maps: &mut Maps,
+    have: &BTreeMap<Ipv6Addr, Accept<Ipv6Net>>,
+    peers: &[Peer],
+    own: Ipv6Addr,
+) -> Result<()> {
+    let want: BTreeMap<Ipv6Addr, Accept<Ipv6Net>> = peers
         .iter()
         .filter_map(|p| {
             let v6 = p.v6.filter(|v6| v6.public_ip != own)?;
-            Some((v6.public_ip, Accept6 { subnet: v6.subnet, any_inner_source: p.any_inner_source }))
+            Some((v6.public_ip, Accept { subnet: v6.subnet, any_inner_source: p.any_inner_source }))
         })
         .collect();
     let mut first_err = None;
@@ -160,7 +165,7 @@ impl Side6 {
         &self,
         handle: &Handle,
         at: Devices6,
-        accepted: &BTreeMap<Ipv6Addr, Accept6>,
+        accepted: &BTreeMap<Ipv6Addr, Accept<Ipv6Net>>,
         direct_routing: bool,
     ) -> Result<(Tables6, OnLink<Ipv6Net>)> {
         let network = self.record.network;

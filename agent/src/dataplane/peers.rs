@@ -1,6 +1,7 @@
-//! The production [`Dataplane`]: the pinned BPF maps plus the routes
-//! through the VTEP and DirectRouting's routes through the underlay.
-//! Observing reads them all back from the kernel.
+//! The IPv4 peer table ([`PeerTable`]) and its key-by-key writer
+//! ([`Dataplane`]): the pinned BPF maps plus the route through the VTEP and
+//! DirectRouting's routes through the underlay. Reading takes them all back
+//! from the kernel.
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use anyhow::Result;
@@ -13,7 +14,8 @@ use crate::{
         maps::{self, Maps},
         routes,
     },
-    reconcile::{Accept, Contents, Dataplane, OnLink, Tunnel},
+    peer::{Peer, Rejection},
+    reconcile::{self, Accept, Contents, Dataplane, OnLink, Outcome, PeerTable, Tunnel},
 };
 
 pub struct Programmed<'a> {
@@ -23,10 +25,19 @@ pub struct Programmed<'a> {
     pub underlay_index: u32,
     /// The pod network: direct routes are the underlay's routes within it.
     pub network: Ipv4Net,
+    /// Not attached yet: the routes a write would delete (flanneld's, on a
+    /// takeover) still carry traffic through the kernel's fdb, so they stay
+    /// until the first pass after the programs are on.
+    pub hold_deletes: bool,
+    /// The last write held deletes back.
+    pub held: bool,
 }
 
-impl Dataplane for Programmed<'_> {
-    async fn observe(&mut self) -> Result<Contents> {
+impl PeerTable for Programmed<'_> {
+    type Family = Ipv4Net;
+    type Contents = Contents;
+
+    async fn read(&mut self, direct_routing: bool) -> Result<(Contents, OnLink)> {
         let table = routes::MainTable::read(self.handle).await?;
         let subnets: BTreeMap<Ipv4Net, Tunnel> = self
             .maps
@@ -52,14 +63,30 @@ impl Dataplane for Programmed<'_> {
             .direct(self.underlay_index, self.network)
             .filter(|(dst, gw)| accept.contains_key(gw) || subnets.contains_key(dst))
             .collect();
-        Ok(Contents { routes: table.via(self.vtep_index).collect(), direct, subnets, accept })
+        let on_link = match direct_routing {
+            true => OnLink::new(table.hops(self.underlay_index), self.network),
+            false => OnLink::default(),
+        };
+        Ok((Contents { routes: table.via(self.vtep_index).collect(), direct, subnets, accept }, on_link))
     }
 
-    async fn on_link(&mut self) -> Result<OnLink> {
-        let table = routes::MainTable::read(self.handle).await?;
-        Ok(OnLink::new(table.hops(self.underlay_index), self.network))
+    fn plan(&self, peers: &[Peer], on_link: &OnLink) -> (Contents, Vec<Rejection>) {
+        (reconcile::plan(peers, self.network, on_link), Vec::new())
     }
 
+    async fn write(&mut self, have: &Contents, want: &Contents) -> Outcome {
+        let mut changes = reconcile::diff(want, have);
+        self.held = self.hold_deletes && !(changes.del_routes.is_empty() && changes.del_direct.is_empty());
+        if self.held {
+            changes.del_routes.clear();
+            changes.del_direct.clear();
+        }
+        tracing::debug!(changes = changes.len(), "IPv4 peer writes");
+        reconcile::apply(self, &changes).await
+    }
+}
+
+impl Dataplane for Programmed<'_> {
     async fn put_direct(&mut self, subnet: Ipv4Net, public_ip: Ipv4Addr) -> Result<()> {
         routes::direct_route_put(self.handle, self.underlay_index, subnet, public_ip).await
     }

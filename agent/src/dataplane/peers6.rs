@@ -33,8 +33,8 @@ use rtnetlink::{
 use crate::{
     dataplane::routes,
     mac::VtepMac,
-    peer::Peer,
-    reconcile::{Accept, OnLink},
+    peer::{Peer, Rejection},
+    reconcile::{Accept, OnLink, Outcome, PeerTable},
 };
 
 /// What the three tables of the IPv6 VTEP and the underlay's direct routes
@@ -49,7 +49,7 @@ pub struct Tables6 {
     pub routes: BTreeMap<Ipv6Net, Ipv6Addr>,
     /// DirectRouting's routes through the underlay: peer v6 subnet → its
     /// public IPv6. What counts as one is in [`routes::MainTable::direct`],
-    /// and [`observe6`] keeps those of programmed peers.
+    /// and [`read_tables`] keeps those of programmed peers.
     pub direct: BTreeMap<Ipv6Net, Ipv6Addr>,
 }
 
@@ -62,11 +62,53 @@ pub struct Devices6 {
     pub underlay: u32,
 }
 
-/// A peer's IPv6 half that was not programmed, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Skipped6 {
-    pub node: String,
-    pub reason: String,
+/// The IPv6 peer table ([`PeerTable`]) of one pass.
+pub struct Table6<'a> {
+    pub handle: &'a Handle,
+    pub at: Devices6,
+    /// The IPv6 Network: direct routes are the underlay's routes within it.
+    pub network: Ipv6Net,
+    /// Our public IPv6: a peer claiming it is left out.
+    pub own: Ipv6Addr,
+    /// The IPv6 accept map before this pass changes it: it says which
+    /// direct routes are ours.
+    pub accepted: &'a BTreeMap<Ipv6Addr, Accept<Ipv6Net>>,
+}
+
+impl PeerTable for Table6<'_> {
+    type Family = Ipv6Net;
+    type Contents = Tables6;
+
+    /// The device's tables and, with `direct_routing`, which public IPv6
+    /// addresses are on-link, from one read of the main table.
+    async fn read(&mut self, direct_routing: bool) -> Result<(Tables6, OnLink<Ipv6Net>)> {
+        let table = routes::MainTable::<Ipv6Net>::read(self.handle).await?;
+        let have = read_tables(self.handle, self.at, &table, self.network, self.accepted).await?;
+        let on_link = match direct_routing {
+            true => OnLink::new(table.hops(self.at.underlay), self.network),
+            false => OnLink::default(),
+        };
+        Ok((have, on_link))
+    }
+
+    fn plan(&self, peers: &[Peer], on_link: &OnLink<Ipv6Net>) -> (Tables6, Vec<Rejection>) {
+        tables_for(peers, self.own, on_link)
+    }
+
+    async fn write(&mut self, have: &Tables6, want: &Tables6) -> Outcome {
+        match write_tables(self.handle, self.at, have, want).await {
+            Ok(done) => {
+                if done != Applied6::default() {
+                    tracing::debug!(written = done.written, removed = done.removed, "IPv6 VTEP entries updated");
+                }
+                Outcome { written: done.written + done.removed, ..Outcome::default() }
+            }
+            Err(e) => {
+                tracing::warn!("cannot program the IPv6 VTEP, retrying: {e:#}");
+                Outcome { failed: 1, ..Outcome::default() }
+            }
+        }
+    }
 }
 
 /// The tables the chosen peers need. A peer whose public IPv6 `on_link`
@@ -76,14 +118,14 @@ pub struct Skipped6 {
 /// its fdb entry, so the later peer is skipped with a reason (the IPv4 side
 /// keys by subnet and has no such clash); so is a peer claiming `own`, our
 /// public IPv6 (its frames would come back to us).
-pub fn plan6(peers: &[Peer], own: Ipv6Addr, on_link: &OnLink<Ipv6Net>) -> (Tables6, Vec<Skipped6>) {
+fn tables_for(peers: &[Peer], own: Ipv6Addr, on_link: &OnLink<Ipv6Net>) -> (Tables6, Vec<Rejection>) {
     let mut t = Tables6::default();
     let mut macs: BTreeMap<VtepMac, &str> = BTreeMap::new();
     let mut skipped = Vec::new();
     for p in peers {
         let Some(v6) = p.v6 else { continue };
         if v6.public_ip == own {
-            skipped.push(Skipped6 { node: p.node.clone(), reason: format!("its public-ipv6 {own} is this node's") });
+            skipped.push(Rejection { node: p.node.clone(), reason: format!("its public-ipv6 {own} is this node's") });
             continue;
         }
         if on_link.reaches(v6.public_ip) {
@@ -91,7 +133,7 @@ pub fn plan6(peers: &[Peer], own: Ipv6Addr, on_link: &OnLink<Ipv6Net>) -> (Table
             continue;
         }
         if let Some(first) = macs.get(&v6.vtep_mac) {
-            skipped.push(Skipped6 {
+            skipped.push(Rejection {
                 node: p.node.clone(),
                 reason: format!("its IPv6 VtepMAC {} is {first}'s too", v6.vtep_mac),
             });
@@ -132,7 +174,7 @@ fn dst_of(n: &NeighbourMessage) -> Option<Ipv6Addr> {
 /// a programmed peer's address or to a programmed peer's subnet
 /// (`accepted`, the IPv6 accept map before this pass changes it): anyone
 /// else's route into the Network through the underlay is left alone.
-pub async fn observe6(
+async fn read_tables(
     handle: &Handle,
     at: Devices6,
     table: &routes::MainTable<Ipv6Net>,
@@ -165,7 +207,7 @@ pub async fn observe6(
     Ok(t)
 }
 
-fn route6(index: u32, dst: Ipv6Net, gw: Ipv6Addr) -> rtnetlink::packet_route::route::RouteMessage {
+fn onlink_route(index: u32, dst: Ipv6Net, gw: Ipv6Addr) -> rtnetlink::packet_route::route::RouteMessage {
     RouteMessageBuilder::<Ipv6Addr>::new()
         .destination_prefix(dst.network(), dst.prefix_len())
         .output_interface(index)
@@ -218,7 +260,7 @@ pub struct Applied6 {
 /// the direct route's subnet, so that direct route goes just before the
 /// route through the device is written (flannel, which only replaces,
 /// fails there). Every write is tried; the first error is returned after.
-pub async fn apply6(handle: &Handle, at: Devices6, have: &Tables6, want: &Tables6) -> Result<Applied6> {
+async fn write_tables(handle: &Handle, at: Devices6, have: &Tables6, want: &Tables6) -> Result<Applied6> {
     let index = at.vtep;
     let mut done = Applied6::default();
     let mut first_err: Option<anyhow::Error> = None;
@@ -254,7 +296,7 @@ pub async fn apply6(handle: &Handle, at: Devices6, have: &Tables6, want: &Tables
         if have.routes.get(net) != Some(gw) {
             let r = handle
                 .route()
-                .add(route6(index, *net, *gw))
+                .add(onlink_route(index, *net, *gw))
                 .replace()
                 .execute()
                 .await
@@ -273,7 +315,7 @@ pub async fn apply6(handle: &Handle, at: Devices6, have: &Tables6, want: &Tables
         note(routes::direct_route_del(handle, at.underlay, *net, *gw).await, &mut done.removed);
     }
     for (net, gw) in have.routes.iter().filter(|(net, _)| !want.routes.contains_key(net)) {
-        let r = match handle.route().del(route6(index, *net, *gw)).execute().await {
+        let r = match handle.route().del(onlink_route(index, *net, *gw)).execute().await {
             Err(e) if !gone(&e) => Err(e).with_context(|| format!("cannot delete the route {net} via {gw}")),
             _ => Ok(()),
         };
@@ -319,7 +361,7 @@ mod tests {
         let a = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let mut v4_only = peer("old", "fd00:10:244:3::/64", "fd00:198:18::3", "02:66:00:00:00:03");
         v4_only.v6 = None;
-        let (t, skipped) = plan6(&[a, v4_only], OWN, &OnLink::default());
+        let (t, skipped) = tables_for(&[a, v4_only], OWN, &OnLink::default());
         assert!(skipped.is_empty());
         let base: Ipv6Addr = "fd00:10:244:2::".parse().unwrap();
         let mac: VtepMac = "02:66:00:00:00:02".parse().unwrap();
@@ -334,7 +376,7 @@ mod tests {
     #[test]
     fn a_peer_claiming_our_public_ipv6_is_skipped() {
         let me = peer("me-again", "fd00:10:244:2::/64", "fd00:198:18::1", "02:66:00:00:00:02");
-        let (t, skipped) = plan6(&[me], OWN, &OnLink::default());
+        let (t, skipped) = tables_for(&[me], OWN, &OnLink::default());
         assert_eq!(t, Tables6::default());
         assert!(skipped[0].reason.contains("this node's"), "{:?}", skipped);
     }
@@ -343,7 +385,7 @@ mod tests {
     fn a_shared_v6_mac_skips_the_later_peer_with_its_reason() {
         let a = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let b = peer("b", "fd00:10:244:3::/64", "fd00:198:18::3", "02:66:00:00:00:02");
-        let (t, skipped) = plan6(&[a, b], OWN, &OnLink::default());
+        let (t, skipped) = tables_for(&[a, b], OWN, &OnLink::default());
         assert_eq!(t.routes.len(), 1);
         assert_eq!(skipped.len(), 1);
         assert_eq!(skipped[0].node, "b");
@@ -360,7 +402,7 @@ mod tests {
     fn an_on_link_peer_gets_a_direct_route_and_nothing_on_the_device() {
         let near = peer("near", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let far = peer("far", "fd00:10:244:3::/64", "fd00:198:18:1::3", "02:66:00:00:00:03");
-        let (t, skipped) = plan6(&[near.clone(), far], OWN, &segment());
+        let (t, skipped) = tables_for(&[near.clone(), far], OWN, &segment());
         assert!(skipped.is_empty());
         let direct: Vec<_> = t.direct.iter().map(|(n, ip)| format!("{n} via {ip}")).collect();
         assert_eq!(direct, ["fd00:10:244:2::/64 via fd00:198:18::2"]);
@@ -370,7 +412,7 @@ mod tests {
         assert_eq!(t.fdb.iter().map(|(_, ip)| ip.to_string()).collect::<Vec<_>>(), ["fd00:198:18:1::3"]);
         assert_eq!(t.routes, BTreeMap::from([("fd00:10:244:3::/64".parse().unwrap(), far_base)]));
         // DirectRouting off: the three entries, no direct route
-        let (off, _) = plan6(&[near], OWN, &OnLink::default());
+        let (off, _) = tables_for(&[near], OWN, &OnLink::default());
         assert!(off.direct.is_empty());
         assert_eq!((off.neigh.len(), off.fdb.len(), off.routes.len()), (1, 1, 1));
     }
@@ -380,10 +422,10 @@ mod tests {
         // on-link over IPv6, behind the router over IPv4: the IPv6 plan alone goes direct
         let mut p = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         p.v4.as_mut().unwrap().public_ip = "198.18.1.2".parse().unwrap();
-        assert_eq!(plan6(std::slice::from_ref(&p), OWN, &segment()).0.direct.len(), 1);
+        assert_eq!(tables_for(std::slice::from_ref(&p), OWN, &segment()).0.direct.len(), 1);
         // the reverse: VXLAN over IPv6
         let far = peer("b", "fd00:10:244:3::/64", "fd00:198:18:1::3", "02:66:00:00:00:03");
-        let (t, _) = plan6(&[far], OWN, &segment());
+        let (t, _) = tables_for(&[far], OWN, &segment());
         assert!(t.direct.is_empty());
         assert_eq!(t.routes.len(), 1);
     }
@@ -393,7 +435,7 @@ mod tests {
         // a direct peer has no fdb entry, so a VXLAN peer with the same MAC is not a clash
         let near = peer("near", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
         let far = peer("far", "fd00:10:244:3::/64", "fd00:198:18:1::3", "02:66:00:00:00:02");
-        let (t, skipped) = plan6(&[near, far], OWN, &segment());
+        let (t, skipped) = tables_for(&[near, far], OWN, &segment());
         assert!(skipped.is_empty(), "{skipped:?}");
         assert_eq!((t.direct.len(), t.routes.len()), (1, 1));
     }

@@ -5,20 +5,13 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use tracing::{info, warn};
 
-use super::{
-    on_link::OnLink,
-    plan::{Accept, Changes, Contents, Tunnel},
-};
+use super::plan::{Accept, Changes, Tunnel};
 
-/// Where peers are programmed: BPF maps and routes in production, a fake in
-/// the tests. Every write is idempotent (a put overwrites, a delete of
+/// Where IPv4 peers are written, key by key: BPF maps and routes in
+/// production, a fake in the tests. Every write is idempotent (a put overwrites, a delete of
 /// something already gone succeeds).
 #[allow(async_fn_in_trait)]
 pub trait Dataplane {
-    /// Reads back what is really there.
-    async fn observe(&mut self) -> anyhow::Result<Contents>;
-    /// Reads the routes that say which peers are on-link (DirectRouting).
-    async fn on_link(&mut self) -> anyhow::Result<OnLink>;
     async fn put_accept(&mut self, ip: Ipv4Addr, accept: Accept<Ipv4Net>) -> anyhow::Result<()>;
     async fn put_subnet(&mut self, subnet: Ipv4Net, tunnel: Tunnel) -> anyhow::Result<()>;
     async fn put_route(&mut self, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> anyhow::Result<()>;
@@ -145,6 +138,7 @@ pub async fn apply<D: Dataplane>(dp: &mut D, changes: &Changes) -> Outcome {
 mod tests {
     use super::*;
     use crate::reconcile::test_peer as peer;
+    use crate::reconcile::{Contents, OnLink};
     use crate::{
         peer::Peer,
         reconcile::{Hop, diff, fit, plan, select},
@@ -170,12 +164,6 @@ mod tests {
     }
 
     impl Dataplane for Fake {
-        async fn observe(&mut self) -> anyhow::Result<Contents> {
-            Ok(self.have.clone())
-        }
-        async fn on_link(&mut self) -> anyhow::Result<OnLink> {
-            Ok(self.on_link.clone())
-        }
         async fn put_direct(&mut self, net: Ipv4Net, ip: Ipv4Addr) -> anyhow::Result<()> {
             self.log.push(format!("+direct {net} via {ip}"));
             self.have.direct.insert(net, ip);
@@ -228,8 +216,7 @@ mod tests {
     }
 
     async fn pass(dp: &mut Fake, peers: &[Peer]) -> Outcome {
-        let have = dp.observe().await.unwrap();
-        let on_link = dp.on_link().await.unwrap();
+        let (have, on_link) = (dp.have.clone(), dp.on_link.clone());
         apply(dp, &diff(&plan(peers, "10.244.0.0/16".parse().unwrap(), &on_link), &have)).await
     }
 
@@ -280,7 +267,7 @@ mod tests {
         let mut dp = Fake { capacity: Some(capacity), ..Fake::default() };
         let node = |i: u8| peer(&format!("n{i}"), &format!("10.244.{}.0/24", 10 + i), &format!("198.18.0.{}", 10 + i));
         let agent_pass = async |dp: &mut Fake, view: &[Peer]| {
-            let have = dp.observe().await.unwrap();
+            let have = dp.have.clone();
             let (ok, _) = select(Some("10.244.1.0/24".parse().unwrap()), None, &have, view);
             let established = |p: &Peer| p.v4.is_some_and(|v4| have.subnets.contains_key(&v4.subnet));
             let (kept, left_out) = fit(ok, capacity, established);

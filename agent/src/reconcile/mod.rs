@@ -6,8 +6,9 @@
 //!   LPM entries, accepted peer addresses, routes (pure); with
 //!   DirectRouting, [`OnLink`] (read from the kernel, passed in) says which
 //!   peers get a plain route instead.
-//! - [`observe`](Dataplane::observe) reads back what is really in the maps and
-//!   the routing table.
+//! - [`read`](PeerTable::read) reads back what is really in a family's peer
+//!   table (the IPv4 maps and routes, or the IPv6 VTEP's kernel entries);
+//!   [`Known`] keeps what the last pass left while every write went through.
 //! - [`apply`] writes the difference key by key: map entries no peer wants
 //!   go first (always: they make room in a full map), then every add, then
 //!   the routes no peer wants. A key whose value changed is overwritten in
@@ -22,12 +23,14 @@ mod capacity;
 mod on_link;
 mod plan;
 mod select;
+mod table;
 
 pub use apply::{Dataplane, Outcome, apply};
 pub use capacity::{CAPACITY_FILE, Fill, Nag, Say, fit};
 pub use on_link::{Hop, OnLink};
 pub use plan::{Accept, Changes, Contents, Tunnel, VTEP_GATEWAY, diff, plan};
 pub use select::{claiming_ours, select};
+pub use table::{Known, PeerTable};
 
 /// A peer for the unit tests of this module.
 #[cfg(test)]

@@ -118,11 +118,11 @@ impl<'a> Agent<'a> {
         let underlay = self.c.underlay.index;
         match ev {
             KernelEvent::Route { oif, .. } if ours(oif) || (direct && oif == Some(underlay)) => {
-                n.observed = None;
+                n.forget_kernel();
                 Asks::run(Job::Pass, SETTLE)
             }
             KernelEvent::Neighbour { index } if Some(index) == vtep6 => {
-                n.observed = None;
+                n.forget_kernel();
                 Asks::run(Job::Pass, SETTLE)
             }
             KernelEvent::Link { index, .. } | KernelEvent::Address { index } if index == underlay => {
@@ -139,7 +139,7 @@ impl<'a> Agent<'a> {
     /// The safety net: read the kernel back, whatever we think it holds.
     pub(super) fn resync(&mut self) -> Asks {
         if let Phase::Up(n) = &mut self.phase {
-            n.observed = None;
+            n.forget_kernel();
         }
         Asks::everything()
     }

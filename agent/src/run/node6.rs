@@ -16,12 +16,12 @@ use crate::{
         device,
         maps::Maps,
         peers6::{self, Devices6, Tables6},
-        routes, vtep,
+        vtep,
     },
     netconf::NetConf,
     netfilter,
-    peer::Peer,
-    reconcile::{Accept, OnLink},
+    peer::{Peer, Rejection},
+    reconcile::{Accept, Known, PeerTable},
     state::Record6,
 };
 
@@ -30,14 +30,11 @@ pub(super) struct Side6 {
     pub(super) index: u32,
     pub(super) record: Record6,
     firewall: netfilter::Firewall,
-    /// What the last pass left in the kernel when every write went through
-    /// (dropped with the IPv4 side's `observed`).
-    pub(super) observed: Option<Tables6>,
-    /// Which public IPv6 addresses are on-link, read with `observed` and
-    /// dropped with it (DirectRouting only).
-    on_link: Option<OnLink<Ipv6Net>>,
+    /// What the last pass left in the kernel (forgotten with the IPv4
+    /// side's).
+    pub(super) known: Known<Tables6, Ipv6Net>,
     /// The nodes whose IPv6 half was last skipped, to warn once per change.
-    skipped: Vec<peers6::Skipped6>,
+    skipped: Vec<Rejection>,
 }
 
 /// Brings up `flannel-v6.<VNI>` as `plan` says, with its address and the
@@ -54,7 +51,7 @@ pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan<Ipv6Net>, 
         .context("cannot install the IPv6 firewall rules")?;
     info!(device = %spec.name, %mac, %public_ip, %subnet, mtu = spec.mtu, "IPv6 VTEP ready");
     let record = Record6 { device: spec.name, mac, public_ip, subnet, network, mtu: spec.mtu };
-    Ok(Side6 { index, record, firewall, observed: None, on_link: None, skipped: Vec::new() })
+    Ok(Side6 { index, record, firewall, known: Known::default(), skipped: Vec::new() })
 }
 
 /// The IPv6 accept map (`have`, read back every pass, written where it
@@ -109,7 +106,6 @@ impl Side6 {
         direct_routing: bool,
         underlay: u32,
     ) -> bool {
-        let at = Devices6 { vtep: self.index, underlay };
         // before it changes: it says which direct routes are ours
         let accepted = match maps.accept6_entries() {
             Ok(a) => a,
@@ -118,17 +114,22 @@ impl Side6 {
                 return false;
             }
         };
-        let (have, on_link) = match (self.observed.take(), self.on_link.take()) {
-            (Some(have), on_link) if !direct_routing || on_link.is_some() => (have, on_link.unwrap_or_default()),
-            _ => match self.read_back(handle, at, &accepted, direct_routing).await {
-                Ok(read) => read,
-                Err(e) => {
-                    warn!("cannot read back the IPv6 VTEP's entries and routes: {e:#}");
-                    return false;
-                }
-            },
+        let r = &self.record;
+        let mut table = peers6::Table6 {
+            handle,
+            at: Devices6 { vtep: self.index, underlay },
+            network: r.network,
+            own: r.public_ip,
+            accepted: &accepted,
         };
-        let (want, skipped) = peers6::plan6(peers, self.record.public_ip, &on_link);
+        let (have, on_link, _) = match self.known.take_or_read(&mut table, direct_routing).await {
+            Ok(read) => read,
+            Err(e) => {
+                warn!("cannot read back the IPv6 VTEP's entries and routes: {e:#}");
+                return false;
+            }
+        };
+        let (want, skipped) = table.plan(peers, &on_link);
         if skipped != self.skipped {
             for s in &skipped {
                 warn!(node = %s.node, "IPv6 half not programmed: {}", s.reason);
@@ -142,37 +143,9 @@ impl Side6 {
                 false
             }
         };
-        match peers6::apply6(handle, at, &have, &want).await {
-            Ok(done) => {
-                if done != peers6::Applied6::default() {
-                    tracing::debug!(written = done.written, removed = done.removed, "IPv6 VTEP entries updated");
-                }
-                self.observed = Some(want);
-                self.on_link = direct_routing.then_some(on_link);
-                accept_ok
-            }
-            Err(e) => {
-                warn!("cannot program the IPv6 VTEP, retrying: {e:#}");
-                false
-            }
-        }
-    }
-
-    /// What the kernel holds for the IPv6 peers, and with `direct_routing`
-    /// which public IPv6 addresses are on-link, from one read of the main
-    /// table.
-    async fn read_back(
-        &self,
-        handle: &Handle,
-        at: Devices6,
-        accepted: &BTreeMap<Ipv6Addr, Accept<Ipv6Net>>,
-        direct_routing: bool,
-    ) -> Result<(Tables6, OnLink<Ipv6Net>)> {
-        let network = self.record.network;
-        let table = routes::MainTable::<Ipv6Net>::read(handle).await?;
-        let have = peers6::observe6(handle, at, &table, network, accepted).await?;
-        let on_link = if direct_routing { OnLink::new(table.hops(at.underlay), network) } else { OnLink::default() };
-        Ok((have, on_link))
+        let written = table.write(&have, &want).await.ok();
+        self.known.keep(want, on_link, direct_routing, written);
+        written && accept_ok
     }
 
     /// Whether `flannel-v6.<VNI>` is still the device we set up.

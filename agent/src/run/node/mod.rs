@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use aya::programs::TcAttachType;
+use ipnet::Ipv4Net;
 use rtnetlink::Handle;
 use tracing::{info, warn};
 
@@ -49,14 +50,11 @@ pub(super) struct Node {
     pub(super) record: AgentRecord,
     /// The peers the last pass chose (for the metrics and the peer list).
     pub(super) accepted: Vec<Peer>,
-    /// What the last pass left in the kernel, when every write of it went
-    /// through. A new view is diffed against it, so an edit costs no read
-    /// back of 10,000 map entries; a resync, a route event or a failed write
-    /// drops it, and the next pass reads the kernel again.
-    pub(super) observed: Option<reconcile::Contents>,
-    /// Which peers are on-link, read with `observed` and dropped with it
-    /// (DirectRouting only).
-    on_link: Option<reconcile::OnLink>,
+    /// What the last IPv4 pass left in the kernel. A new view is diffed
+    /// against it, so an edit costs no read back of 10,000 map entries; a
+    /// resync, a route event or a failed write drops it, and the next pass
+    /// reads the kernel again.
+    pub(super) known: reconcile::Known<reconcile::Contents, Ipv4Net>,
     /// `drop_vxlan_off_underlay` when last looked at (`warn_off_underlay`).
     pub(super) off_underlay_seen: Option<u64>,
     /// `flannel-v6.<VNI>` when IPv6 is on.
@@ -70,6 +68,17 @@ pub(super) struct Node {
     own_addrs: own_addrs::OwnAddrs,
     /// When the first peer's entries went in (or a pass found them in already).
     pub(super) first_peer_at: Option<Instant>,
+}
+
+impl Node {
+    /// A route or neighbour event, or the resync: the next pass reads both
+    /// families' tables back from the kernel.
+    pub(in crate::run) fn forget_kernel(&mut self) {
+        self.known.forget();
+        if let Some(v6) = &mut self.v6 {
+            v6.known.forget();
+        }
+    }
 }
 
 /// `selected` cut to `capacity` (see [`reconcile::fit`]), and the figures.

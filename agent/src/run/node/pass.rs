@@ -10,7 +10,7 @@ use super::Node;
 use crate::{
     dataplane::{own_addrs, peers},
     peer::{ClusterView, Peer},
-    reconcile::{self, CAPACITY_FILE, Dataplane, Fill, Say},
+    reconcile::{self, CAPACITY_FILE, Fill, PeerTable, Say},
     run::warned::Warned,
     state::StateDir,
 };
@@ -28,9 +28,13 @@ impl Node {
         warned: &mut Warned,
     ) -> bool {
         let t = std::time::Instant::now();
-        let fresh = self.observed.is_none();
+        // the first pass, or a resync or a route event since the last one
+        let fresh = match (self.vtep_index, &self.v6) {
+            (None, Some(v6)) => !v6.known.is_known(), // IPv6-only: its table is the one
+            _ => !self.known.is_known(),
+        };
         if let Some(v6) = self.v6.as_mut().filter(|_| fresh) {
-            v6.observed = None; // a resync or a route event reads both back
+            v6.known.forget(); // a resync or a route event reads both back
         }
         // no peer may claim an address of this node (read again with the kernel's contents)
         if fresh || self.own_addrs.is_empty() {
@@ -56,7 +60,6 @@ impl Node {
                 // IPv6-only: the peers are their IPv6 halves
                 let (selected, rejected) = reconcile::select(None, self.own.subnet6, &Default::default(), &candidates);
                 warned.conflicts(&rejected);
-                self.observed = Some(Default::default());
                 Some((self.fit6(selected), true))
             }
         };
@@ -114,35 +117,21 @@ impl Node {
     ) -> Option<((Vec<Peer>, Fill), bool)> {
         let t = std::time::Instant::now();
         let capacity = self.maps.peer_capacity() as usize;
-        let mut dp = peers::Programmed {
+        let mut table = peers::Programmed {
             maps: &mut self.maps,
             handle: &self.handle,
             vtep_index,
             underlay_index: self.underlay_index,
             network,
+            hold_deletes: self.pending.is_some(),
+            held: false,
         };
-        let cached = self.observed.take();
-        let fresh = cached.is_none();
-        let observed = match cached {
-            Some(o) => o,
-            None => match dp.observe().await {
-                Ok(o) => o,
-                Err(e) => {
-                    warn!("cannot read back the dataplane: {e:#}");
-                    return None;
-                }
-            },
-        };
-        let on_link = match (direct_routing, self.on_link.take()) {
-            (false, _) => reconcile::OnLink::default(),
-            (true, Some(l)) if !fresh => l,
-            (true, _) => match dp.on_link().await {
-                Ok(l) => l,
-                Err(e) => {
-                    warn!("cannot read which peers are on-link (DirectRouting): {e:#}");
-                    return None;
-                }
-            },
+        let (observed, on_link, _) = match self.known.take_or_read(&mut table, direct_routing).await {
+            Ok(read) => read,
+            Err(e) => {
+                warn!("cannot read back the dataplane: {e:#}");
+                return None;
+            }
         };
         let (selected, rejected) = reconcile::select(self.own.subnet, self.own.subnet6, &observed, candidates);
         warned.conflicts(&rejected);
@@ -151,27 +140,14 @@ impl Node {
             p.v4.is_some_and(|v4| observed.subnets.get(&v4.subnet).is_some_and(|t| t.public_ip == v4.public_ip))
         };
         let (accepted, fill) = super::fit(selected, capacity, established);
-        let want = reconcile::plan(&accepted, network, &on_link);
-        let mut changes = reconcile::diff(&want, &observed);
-        let held_back = self.pending.is_some() && !(changes.del_routes.is_empty() && changes.del_direct.is_empty());
-        if held_back {
-            // not attached yet: the routes we would delete (flanneld's, on a
-            // takeover) still carry traffic through the kernel's fdb; they go
-            // at the first pass after the programs are on
-            changes.del_routes.clear();
-            changes.del_direct.clear();
-        }
+        let (want, _) = table.plan(&accepted, &on_link);
         let planned = t.elapsed();
-        let outcome = reconcile::apply(&mut dp, &changes).await;
-        // every write went through: the kernel now holds `want`, until the
-        // next event or resync says otherwise
-        self.observed = (outcome.ok() && !held_back).then_some(want);
-        self.on_link = direct_routing.then_some(on_link);
-        tracing::debug!(
-            changes = changes.len(),
-            observe_and_plan_ms = planned.as_millis() as u64,
-            "IPv4 reconcile pass"
-        );
+        let outcome = table.write(&observed, &want).await;
+        tracing::debug!(observe_and_plan_ms = planned.as_millis() as u64, "IPv4 reconcile pass");
+        // every write went through (and none was held back): the kernel now
+        // holds `want`, until the next event or resync says otherwise
+        let held = table.held;
+        self.known.keep(want, on_link, direct_routing, outcome.ok() && !held);
         if !accepted.is_empty() {
             // the first write of the first pass that had peers; none written: they were in already
             self.first_peer_at.get_or_insert(outcome.first_at.unwrap_or_else(Instant::now));

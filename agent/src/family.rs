@@ -96,6 +96,8 @@ macro_rules! family {
 family!(Ipv4Net, Ipv4Addr, u32, V4, Inet, false, "224.0.0.0/4", "iptables", not_unicast4);
 family!(Ipv6Net, Ipv6Addr, u128, V6, Inet6, true, "ff00::/8", "ip6tables", not_unicast6);
 
+/// One per family (with `not_unicast6`): each family has its own special
+/// ranges, and Rust's `Ipv4Addr` and `Ipv6Addr` their own tests for them.
 fn not_unicast4(ip: Ipv4Addr) -> Option<&'static str> {
     if ip.octets()[0] == 0 {
         Some("0.0.0.0/8, \"this network\"")

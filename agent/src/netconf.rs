@@ -162,7 +162,7 @@ impl NetConf {
         }
         conf.ipv4 = ipv4;
         if ipv6 {
-            conf.ipv6 = Some(parse_ipv6(root, &field)?);
+            conf.ipv6 = Some(ipv6_conf(root, &field)?);
         }
         if let Some(v) = get(root, "EnableNFTables") {
             conf.nftables =
@@ -216,7 +216,7 @@ impl NetConf {
 }
 
 /// `IPv6Network` (required with `EnableIPv6`) and the optional subnet keys.
-fn parse_ipv6(
+fn ipv6_conf(
     root: &Map<String, Value>,
     field: &dyn Fn(&'static str, String) -> NetConfError,
 ) -> Result<Ipv6Conf, NetConfError> {

@@ -213,7 +213,10 @@ pub struct Record6 {
     pub mtu: u32,
 }
 
-/// What the IPv4 VTEP (`flannel.<VNI>`) was set up with.
+/// What the IPv4 VTEP (`flannel.<VNI>`) was set up with. A twin of
+/// [`Record6`] for the files on disk: its fields are flattened into the
+/// agent record under the names earlier versions wrote (`vtep_device`,
+/// `vtep_mac`), so records from before dual-stack still load.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record4 {
     pub vtep_device: String,

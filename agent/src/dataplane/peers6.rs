@@ -49,7 +49,7 @@ pub struct Tables6 {
     pub routes: BTreeMap<Ipv6Net, Ipv6Addr>,
     /// DirectRouting's routes through the underlay: peer v6 subnet → its
     /// public IPv6. What counts as one is in [`routes::MainTable::direct`],
-    /// and [`read_tables`] keeps those of programmed peers.
+    /// and a read of the table keeps those of programmed peers.
     pub direct: BTreeMap<Ipv6Net, Ipv6Addr>,
 }
 

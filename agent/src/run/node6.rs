@@ -38,7 +38,10 @@ pub(super) struct Side6 {
 }
 
 /// Brings up `flannel-v6.<VNI>` as `plan` says, with its address and the
-/// ip6tables chains.
+/// ip6tables chains. A twin of the IPv4 [`bring_up`](super::node::bring_up)
+/// only in name: the IPv6 VTEP is flannel's kernel device with kernel
+/// entries, with no programs, maps or pods of its own, and the IPv4
+/// bring-up calls this one after its own VTEP.
 pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan<Ipv6Net>, handle: &Handle) -> Result<Side6> {
     let (ip_masq, forward) = (c.args.ip_masq, c.args.iptables_forward_rules);
     let Plan { spec, subnet, network } = plan;

@@ -69,7 +69,9 @@ fn pod_cidr_texts(node: &Value) -> Vec<&str> {
     texts
 }
 
-/// The first IPv4 pod CIDR.
+/// The first IPv4 pod CIDR. A twin of [`pod_cidr6`], as flannel's two
+/// halves are read apart: a pod CIDR list with no IPv4 one is refused
+/// here in edgevx's words, the IPv6 one in flannel's own.
 fn pod_cidr(node: &Value) -> Result<Ipv4Net, NodeError> {
     let texts = pod_cidr_texts(node);
     if texts.is_empty() {
@@ -195,7 +197,10 @@ impl Rules<'_> {
         Ok(Half { subnet, public_ip, vtep_mac })
     }
 
-    /// A peer's IPv6 half; every part is required and must parse.
+    /// A peer's IPv6 half; every part is required and must parse. A twin
+    /// of [`peer4`](Self::peer4) because flannel reads the halves apart: the
+    /// annotations and their errors are the IPv6 ones, and this half's
+    /// subnet is checked against the IPv6 Network with the whole view.
     fn peer6(&self, ann: &Annotations, node: &Value) -> Result<Half<Ipv6Net>, NodeError> {
         let n = self.names;
         let public_ip = match (ann.get(&n.public_ipv6_overwrite), ann.get(&n.public_ipv6)) {

@@ -110,7 +110,9 @@ pub struct Lease {
 }
 
 /// A lease's IPv6 half: the key's `&<v6>` part, `PublicIPv6` and
-/// `BackendV6Data.VtepMAC`, each as far as the lease has it.
+/// `BackendV6Data.VtepMAC`, each as far as the lease has it. The IPv4
+/// half has no type of its own: flannel's lease carries it at the top
+/// (`PublicIP`, `BackendData`), and a lease without it is no lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseV6 {
     pub subnet: Ipv6Net,

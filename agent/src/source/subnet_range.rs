@@ -60,6 +60,8 @@ impl<N: Family> SubnetRange<N> {
     }
 }
 
+/// The IPv4 subnet range of a network config; [`subnet_range6`] is its
+/// twin, as flannel keeps the two families' checks apart (see the module doc).
 pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange<Ipv4Net>, RangeError> {
     let v: Value = serde_json::from_str(config).map_err(RangeError::NotJson)?;
     let net = conf.network;

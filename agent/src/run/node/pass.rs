@@ -107,6 +107,10 @@ impl Node {
     /// The IPv4 pass: chooses the peers and programs their IPv4 halves;
     /// returns the chosen peers, how they fit in the maps, and whether every
     /// write went through, or `None` when the dataplane could not be read.
+    /// A twin of [`reconcile6`](Self::reconcile6) because the halves run
+    /// apart: this one chooses the peers for both families (an established
+    /// peer keeps its place by its LPM entry) before the programs are
+    /// attached, and the IPv6 table is written after.
     async fn reconcile4(
         &mut self,
         candidates: &[Peer],
@@ -156,7 +160,8 @@ impl Node {
     }
 
     /// IPv6-only: the chosen peers cut to what the maps hold, those the
-    /// IPv6 accept map already has first.
+    /// IPv6 accept map already has first. A twin of the IPv4 pass's cut,
+    /// where the LPM map, read with the table, says which peers are held.
     fn fit6(&self, selected: Vec<Peer>) -> (Vec<Peer>, Fill) {
         let capacity = self.maps.peer_capacity() as usize;
         let held = match selected.len() > capacity {

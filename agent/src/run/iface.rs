@@ -346,44 +346,6 @@ pub async fn choose<N: ChoosingFamily>(
         .ok_or_else(|| no_match::<N>(&links, format!("the default route's {name}")))
 }
 
-/// This Node's `node-public-ip` and `node-public-ipv6` annotations as
-/// flanneld reads them before it picks the interface (flannel
-/// `GetStoredPublicIP`: the kube subnet manager reads the Node, the etcd one
-/// has none). The nodes file is read like the API; an API that does not
-/// answer in time gives the cached view's.
-pub async fn stored_public_ip(
-    source: &super::check::Source,
-    node: &str,
-    names: &crate::annotations::AnnotationNames,
-    state: &crate::state::StateDir,
-) -> (Option<Ipv4Addr>, Option<std::net::Ipv6Addr>) {
-    use super::check::Source;
-    let annotated = |n: &serde_json::Value| {
-        let a = &n["metadata"]["annotations"];
-        (
-            a[names.node_public_ip.as_str()].as_str().and_then(|s| s.parse().ok()),
-            a[names.node_public_ipv6.as_str()].as_str().and_then(|s| s.parse().ok()),
-        )
-    };
-    match source {
-        Source::Etcd(_) => (None, None),
-        Source::File(path) => {
-            let Ok(nodes) = crate::source::nodes_file::read(path) else { return (None, None) };
-            nodes.iter().find(|n| n["metadata"]["name"] == node).map(annotated).unwrap_or_default()
-        }
-        Source::Kube(client) => {
-            let api: ::kube::Api<k8s_openapi::api::core::v1::Node> = ::kube::Api::all(client.clone());
-            match tokio::time::timeout(std::time::Duration::from_secs(2), api.get(node)).await {
-                Ok(Ok(n)) => serde_json::to_value(&n).ok().as_ref().map(annotated).unwrap_or_default(),
-                _ => match state.load_view().ok().flatten().and_then(|d| d.view.own) {
-                    Some(o) => (o.node_public_ip, o.node_public_ipv6),
-                    None => (None, None),
-                },
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

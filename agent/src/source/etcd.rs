@@ -122,7 +122,7 @@ impl Session {
         let public_ipv6 = match (&conf.ipv6, me.public_ipv6) {
             (None, _) => None,
             (Some(_), Some(ip)) => Some(ip),
-            (Some(_), None) => Some(public_ipv6_now(me, &config_key).await?),
+            (Some(_), None) => Some(public_ipv6_now(&me.iface, &config_key).await?),
         };
         let prefix = format!("{}/subnets/", settings.prefix);
         let (mut all, revision) = Self::list(&mut client, &prefix).await?;

@@ -6,30 +6,28 @@ use std::net::Ipv6Addr;
 use anyhow::{Context, Result};
 use ipnet::{Ipv4Net, Ipv6Net};
 
-use super::{etcd::LocalNode, subnet_range};
+use super::subnet_range;
 use crate::netconf::NetConf;
 
 /// Our public IPv6 when etcd's config turns IPv6 on and none was known at
-/// start: the underlay's now. An address still in duplicate address
+/// start: the underlay `iface`'s now. An address still in duplicate address
 /// detection (a boot, SLAAC) is waited for (the error is retried); no
 /// global IPv6 address at all refuses the config, as flanneld fails.
-pub(super) async fn public_ipv6_now(me: &LocalNode, config_key: &str) -> Result<Ipv6Addr> {
+pub(super) async fn public_ipv6_now(iface: &str, config_key: &str) -> Result<Ipv6Addr> {
     let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
     let conn = tokio::spawn(conn);
-    let underlay = crate::dataplane::device::underlay(&handle, &me.iface).await;
+    let underlay = crate::dataplane::device::underlay(&handle, iface).await;
     conn.abort();
     let underlay = underlay?;
     match underlay.ipv6 {
         Some(ip) => Ok(ip),
         None if underlay.ipv6_tentative => anyhow::bail!(
-            "{config_key}: EnableIPv6 is set and {}'s global IPv6 address is still tentative (duplicate address \
-             detection); waiting for it",
-            me.iface
+            "{config_key}: EnableIPv6 is set and {iface}'s global IPv6 address is still tentative (duplicate address \
+             detection); waiting for it"
         ),
         None => Err(RefusedConfig(format!(
             "{config_key}: EnableIPv6 is set, but this node has no public IPv6 address (none on the underlay \
-             interface {}; give --public-ipv6)",
-            me.iface
+             interface {iface}; give --public-ipv6)"
         ))
         .into()),
     }

@@ -113,24 +113,21 @@ impl<'a> Agent<'a> {
         // with DirectRouting, the underlay's routes are ours too, or say what is on-link
         let direct = self.desired.as_ref().is_some_and(|d| d.conf.direct_routing);
         // the IPv6 VTEP's routes, neighbours and fdb entries are ours too
-        let vtep6 = n.v6.as_ref().map(|s| s.index);
-        let ours = |oif: Option<u32>| oif.is_some() && (oif == n.vtep_index || oif == vtep6);
+        let ours = |oif: Option<u32>| oif.is_some_and(|i| n.is_vtep(i));
         let underlay = self.c.underlay.index;
         match ev {
             KernelEvent::Route { oif, .. } if ours(oif) || (direct && oif == Some(underlay)) => {
                 n.forget_kernel();
                 Asks::run(Job::Pass, SETTLE)
             }
-            KernelEvent::Neighbour { index } if Some(index) == vtep6 => {
+            KernelEvent::Neighbour { index } if n.is_vtep6(index) => {
                 n.forget_kernel();
                 Asks::run(Job::Pass, SETTLE)
             }
             KernelEvent::Link { index, .. } | KernelEvent::Address { index } if index == underlay => {
                 Asks::run(Job::Check, SETTLE)
             }
-            KernelEvent::Link { index, .. } if Some(index) == n.vtep_index || Some(index) == vtep6 => {
-                Asks::run(Job::Check, SETTLE)
-            }
+            KernelEvent::Link { index, .. } if n.is_vtep(index) => Asks::run(Job::Check, SETTLE),
             KernelEvent::Link { .. } | KernelEvent::Neighbour { .. } => Asks::run(Job::Learn, SETTLE),
             _ => Asks::nothing(),
         }
@@ -224,8 +221,8 @@ impl<'a> Agent<'a> {
                     return retry;
                 }
             },
-            Phase::Up(n) if n.own.subnet != own.subnet || n.own.subnet6 != own.subnet6 => {
-                warn!(old = ?n.own.subnet, new = ?own.subnet, old6 = ?n.own.subnet6, new6 = ?own.subnet6,
+            Phase::Up(n) if n.own().subnet != own.subnet || n.own().subnet6 != own.subnet6 => {
+                warn!(old = ?n.own().subnet, new = ?own.subnet, old6 = ?n.own().subnet6, new6 = ?own.subnet6,
                     "own pod CIDR changed; re-addressing the VTEP");
                 if let Err(e) = readdress(n, &own, &self.state).await {
                     error!("cannot apply the new pod CIDR: {e:#}");
@@ -237,8 +234,8 @@ impl<'a> Agent<'a> {
             Phase::Up(_) => {}
         }
         let Phase::Up(n) = &mut self.phase else { return Asks::nothing() };
-        let families_changed = d.conf.ipv6.as_ref().map(|v6| v6.network) != n.record.v6.as_ref().map(|v6| v6.network)
-            || d.conf.ipv4 != n.record.v4.is_some();
+        let families_changed = d.conf.ipv6.as_ref().map(|v6| v6.network) != n.record().v6.as_ref().map(|v6| v6.network)
+            || d.conf.ipv4 != n.record().v4.is_some();
         if families_changed {
             // a dual-stack node must publish both halves or flannel peers skip it whole: apply it now
             warn!("EnableIPv4, EnableIPv6 or IPv6Network changed; rebuilding the dataplane to apply it");
@@ -246,17 +243,17 @@ impl<'a> Agent<'a> {
             self.phase = Phase::Down;
             return Asks::run(Job::Pass, std::time::Duration::ZERO);
         }
-        let conf_changed = d.conf.vni != n.record.vni
-            || d.conf.port != n.record.port
-            || n.record.v4.as_ref().is_some_and(|v4| v4.network != d.conf.network);
+        let conf_changed = d.conf.vni != n.record().vni
+            || d.conf.port != n.record().port
+            || n.record().v4.as_ref().is_some_and(|v4| v4.network != d.conf.network);
         if conf_changed && !self.cached {
             warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
         }
         let mut asks = Asks::nothing();
         let peers_ok = n.reconcile(&d.view, d.conf.direct_routing, &self.state, &mut self.warned).await;
-        report.set_peers(n.accepted.iter());
+        report.set_peers(n.accepted().iter());
         n.enforce_rules();
-        let first_attach = n.pending.is_some();
+        let first_attach = !n.attached();
         let attached = match n.attach().await {
             Ok(()) => {
                 report.startup.reached(Milestone::Attached, Instant::now());
@@ -276,7 +273,7 @@ impl<'a> Agent<'a> {
         if attached {
             n.learn_pods().await;
         }
-        if let Some(t) = n.first_peer_at {
+        if let Some(t) = n.first_peer_at() {
             report.startup.reached(Milestone::FirstPeer, t);
         }
         if peers_ok && attached {

@@ -36,7 +36,7 @@ pub(in crate::run) async fn bring_up(
     let plan4 = plan::prepare::<Ipv4Net>(c, conf, &own, state, &underlay)?;
     let plan6 = plan::prepare::<Ipv6Net>(c, conf, &own, state, &underlay)?;
     if let Some(p4) = &plan4 {
-        crate::run::mtu::warn_if_capped(conf, underlay_mtu, p4.spec.mtu);
+        super::mtu::warn_if_capped(conf, underlay_mtu, p4.spec.mtu);
     }
     // the pods' MTU is the IPv4 VTEP's; IPv6-only, the IPv6 VTEP's
     let mtu = match (&plan4, &plan6) {

@@ -3,6 +3,9 @@
 //! local pods) and checked against the kernel (here: intact, rules,
 //! readdress).
 mod bring_up;
+mod keep_mac;
+mod mtu;
+mod off_underlay;
 mod pass;
 mod pods;
 
@@ -31,34 +34,34 @@ pub(super) struct Node {
     /// The loaded programs until they are attached: only after the maps
     /// hold every peer, so taking over from flanneld (or from an older
     /// edgevx) never sends a packet to an empty table.
-    pub(super) pending: Option<aya::Ebpf>,
+    pending: Option<aya::Ebpf>,
     /// The loaded programs once attached: the bridge program is attached
     /// later, whenever the pod bridge (re)appears.
-    pub(super) loaded: Option<aya::Ebpf>,
+    loaded: Option<aya::Ebpf>,
     /// The pod bridge's ifindex while our program is attached to it.
-    pub(super) bridge: Option<u32>,
+    bridge: Option<u32>,
     /// The IPv4 firewall chains (`None` in an IPv6-only network).
-    pub(super) firewall: Option<netfilter::Firewall>,
-    pub(super) forward_rules: bool,
-    pub(super) pins: bpffs::PinDir,
-    pub(super) handle: Handle,
-    pub(super) maps: Maps,
+    firewall: Option<netfilter::Firewall>,
+    forward_rules: bool,
+    pins: bpffs::PinDir,
+    handle: Handle,
+    maps: Maps,
     /// `flannel.<VNI>`'s ifindex (`None` in an IPv6-only network).
-    pub(super) vtep_index: Option<u32>,
-    pub(super) underlay_index: u32,
-    pub(super) own: OwnNode,
-    pub(super) record: AgentRecord,
+    vtep_index: Option<u32>,
+    underlay_index: u32,
+    own: OwnNode,
+    record: AgentRecord,
     /// The peers the last pass chose (for the metrics and the peer list).
-    pub(super) accepted: Vec<Peer>,
+    accepted: Vec<Peer>,
     /// What the last IPv4 pass left in the kernel. A new view is diffed
     /// against it, so an edit costs no read back of 10,000 map entries; a
     /// resync, a route event or a failed write drops it, and the next pass
     /// reads the kernel again.
-    pub(super) known: reconcile::Known<reconcile::Contents, Ipv4Net>,
+    known: reconcile::Known<reconcile::Contents, Ipv4Net>,
     /// `drop_vxlan_off_underlay` when last looked at (`warn_off_underlay`).
-    pub(super) off_underlay_seen: Option<u64>,
+    off_underlay_seen: Option<u64>,
     /// `flannel-v6.<VNI>` when IPv6 is on.
-    pub(super) v6: Option<super::node6::Side6>,
+    v6: Option<super::node6::Side6>,
     /// The capacity and what the last pass left out, as last saved for
     /// `edgevx status` (`None` until the first pass saves it).
     fill: Option<Fill>,
@@ -67,10 +70,45 @@ pub(super) struct Node {
     /// This node's addresses, read with the kernel's contents (no peer may claim one).
     own_addrs: own_addrs::OwnAddrs,
     /// When the first peer's entries went in (or a pass found them in already).
-    pub(super) first_peer_at: Option<Instant>,
+    first_peer_at: Option<Instant>,
 }
 
 impl Node {
+    /// Whether `index` is either family's VTEP.
+    pub(in crate::run) fn is_vtep(&self, index: u32) -> bool {
+        Some(index) == self.vtep_index || self.is_vtep6(index)
+    }
+
+    /// Whether `index` is the IPv6 VTEP, whose neighbours are ours too.
+    pub(in crate::run) fn is_vtep6(&self, index: u32) -> bool {
+        self.v6.as_ref().is_some_and(|v6| v6.index == index)
+    }
+
+    /// What the cluster said about this node when it came up.
+    pub(in crate::run) fn own(&self) -> &OwnNode {
+        &self.own
+    }
+
+    /// What this node was set up with.
+    pub(in crate::run) fn record(&self) -> &AgentRecord {
+        &self.record
+    }
+
+    /// The peers the last pass chose.
+    pub(in crate::run) fn accepted(&self) -> &[Peer] {
+        &self.accepted
+    }
+
+    /// Whether the programs are attached yet.
+    pub(in crate::run) fn attached(&self) -> bool {
+        self.pending.is_none()
+    }
+
+    /// When the first peer's entries went in.
+    pub(in crate::run) fn first_peer_at(&self) -> Option<Instant> {
+        self.first_peer_at
+    }
+
     /// A route or neighbour event, or the resync: the next pass reads both
     /// families' tables back from the kernel.
     pub(in crate::run) fn forget_kernel(&mut self) {

@@ -2,13 +2,13 @@
 use anyhow::{Context, Result};
 use tracing::{info, warn};
 
-use super::node::Node;
+use super::Node;
 use crate::{dataplane::device, netconf::NetConf, state::StateDir};
 
 /// Says when `Backend.MTU` was capped to what the underlay carries (at
 /// bring-up, and whenever the VTEP's MTU is set again).
 pub(super) fn warn_if_capped(conf: &NetConf, underlay_mtu: u32, vtep_mtu: u32) {
-    if let Some(backend) = super::config::capped(conf, underlay_mtu) {
+    if let Some(backend) = crate::run::config::capped(conf, underlay_mtu) {
         warn!(
             backend_mtu = backend,
             underlay_mtu,
@@ -27,7 +27,12 @@ impl Node {
     /// fragments them (DF clear) or answers "fragmentation needed" (DF set),
     /// instead of the encap program's last-resort drop. subnet.env follows,
     /// for the pods the CNI plugin sets up from now on.
-    pub(super) async fn follow_mtu(&mut self, conf: &NetConf, underlay_mtu: u32, state: &StateDir) -> Result<()> {
+    pub(in crate::run) async fn follow_mtu(
+        &mut self,
+        conf: &NetConf,
+        underlay_mtu: u32,
+        state: &StateDir,
+    ) -> Result<()> {
         if let Some(v6) = &mut self.v6 {
             v6.follow_mtu(&self.handle, conf, underlay_mtu).await?;
             self.record.v6 = Some(v6.record.clone());
@@ -35,7 +40,7 @@ impl Node {
         // IPv6-only: subnet.env follows the IPv6 VTEP
         let want = match (&self.record.v4, self.vtep_index) {
             (Some(v4), Some(index)) => {
-                let want = super::config::vtep_mtu::<ipnet::Ipv4Net>(conf, underlay_mtu);
+                let want = crate::run::config::vtep_mtu::<ipnet::Ipv4Net>(conf, underlay_mtu);
                 let link = device::link_by_name(&self.handle, &v4.vtep_device)
                     .await?
                     .with_context(|| format!("{} is gone", v4.vtep_device))?;
@@ -55,7 +60,7 @@ impl Node {
         };
         if self.record.mtu != want {
             // recorded only once subnet.env says it, so a failed write is retried
-            super::node::write_subnet_env(&crate::state::AgentRecord { mtu: want, ..self.record.clone() })?;
+            super::write_subnet_env(&crate::state::AgentRecord { mtu: want, ..self.record.clone() })?;
             self.record.mtu = want;
             state.save_agent(&self.record)?;
         }

@@ -5,12 +5,12 @@ use anyhow::{Context, Result};
 use rtnetlink::{Handle, LinkUnspec};
 use tracing::warn;
 
-use super::node::Node;
+use super::Node;
 use crate::{dataplane::device, mac::VtepMac};
 
 impl Node {
     /// Puts the recorded MAC back on each VTEP whose MAC differs.
-    pub(super) async fn keep_macs(&self) -> Result<()> {
+    pub(in crate::run) async fn keep_macs(&self) -> Result<()> {
         if let (Some(v4), Some(index)) = (&self.record.v4, self.vtep_index) {
             put_back(&self.handle, &v4.vtep_device, index, v4.vtep_mac).await?;
         }

@@ -157,9 +157,9 @@ fn out_of_use(ip: IpAddr) -> String {
     format!("{ip} is given to no pod until the file is removed")
 }
 
-fn read(path: &Path) -> Result<Option<PodRecord>, String> {
-    let Some(bytes) = entry::read(path).map_err(|e| e.to_string())? else { return Ok(None) };
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| format!("not a pod record: {e}"))
+fn read(path: &Path) -> Result<Option<PodRecord>, entry::Unreadable> {
+    let Some(bytes) = entry::read(path)? else { return Ok(None) };
+    serde_json::from_slice(&bytes).map(Some).map_err(entry::Unreadable::NotAPodRecord)
 }
 
 /// Stages writing `ip`'s record; `step` names the moment after it for the crash hook.

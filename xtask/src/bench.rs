@@ -196,6 +196,7 @@ fn in_vm(seconds: u32, rounds: u32, kernel: &str, tools: &toolchain::Tools) -> R
         job: "bench",
         patience: crate::vm::GUEST_PATIENCE,
         hot: Vec::new(),
+        part: None,
     })
 }
 

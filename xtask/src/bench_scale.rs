@@ -266,5 +266,6 @@ fn in_vm(n: u32, dual: bool, kernel: &str, tools: &toolchain::Tools) -> Result<(
         job: "bench",
         patience: crate::vm::GUEST_PATIENCE,
         hot: Vec::new(),
+        part: None,
     })
 }

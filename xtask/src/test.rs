@@ -97,6 +97,9 @@ fn prepare() -> Result<(toolchain::Tools, std::path::PathBuf)> {
 /// never fewer than [`GUEST_CPUS`] each. Under TCG a guest's tests are
 /// mostly a chain of process starts, one after the other, so two kernels
 /// side by side on two cores take about as long as the slower one alone.
+/// For the same reason one amd64 kernel's tests (without `ci`) are dealt
+/// out among [`parts`] guests of that kernel, each with its own results
+/// (`target/vm/<kernel>.<i>of<n>/`).
 fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
     let names: Vec<&str> = kernels.split(',').map(str::trim).filter(|k| !k.is_empty()).collect();
     if names.is_empty() {
@@ -117,15 +120,37 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
         true => Some(native_binary(&tools)?),
         false => None,
     };
-    let cpus = (vm::host_cpus() / specs.len()).max(GUEST_CPUS);
-    let patience = vm::patience(specs.len(), cpus);
-    let mut guests = Vec::new();
-    for spec in specs {
-        guests.push(match &native {
+    // what each guest runs: one amd64 kernel's tests are shared out among
+    // guests side by side; with several kernels, each is one guest
+    let mut jobs: Vec<GuestJob> = Vec::new();
+    for spec in &specs {
+        match &native {
             Some(binary) if spec.arch != "arm64" => {
-                Guest::Native(vm::prepare(&native_run(spec, binary, filter, ci, &tools, &ipam, patience))?)
+                let parts = if specs.len() == 1 && !ci { parts() } else { 1 };
+                match parts {
+                    1 => {
+                        jobs.push(GuestJob { spec, command: Some(guest_command(spec, binary, filter, ci)), part: None })
+                    }
+                    n => {
+                        let shares = shared_out(&listed(binary, filter)?, n);
+                        let n = shares.len();
+                        for (i, names) in shares.into_iter().enumerate() {
+                            let command = format!("{binary} --test-threads=1 --exact {}", names.join(" "));
+                            jobs.push(GuestJob { spec, command: Some(command), part: Some((i + 1, n)) });
+                        }
+                    }
+                }
             }
-            _ => {
+            _ => jobs.push(GuestJob { spec, command: None, part: None }),
+        }
+    }
+    let cpus = (vm::host_cpus() / jobs.len()).max(GUEST_CPUS);
+    let patience = vm::patience(jobs.len(), cpus);
+    let mut guests = Vec::new();
+    for GuestJob { spec, command, part } in jobs {
+        guests.push(match command {
+            Some(command) => Guest::Native(vm::prepare(&native_run(spec, command, part, &tools, &ipam, patience))?),
+            None => {
                 // every prog test, with --ci too: the arm64 guest runs nothing else
                 let filters = filter.map_or_else(|| vm_arm64::TESTS.to_vec(), |f| vec![f]);
                 Guest::Arm64(vm_arm64::prepare(spec.name, &filters)?)
@@ -133,7 +158,8 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
         });
     }
     let failed: Vec<String> = std::thread::scope(|s| {
-        let running: Vec<_> = guests.into_iter().map(|g| (g.name(), s.spawn(move || g.boot(cpus)))).collect();
+        let running: Vec<_> =
+            guests.into_iter().map(|g| (g.name().to_string(), s.spawn(move || g.boot(cpus)))).collect();
         running
             .into_iter()
             .filter_map(|(name, h)| match h.join() {
@@ -147,6 +173,14 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
         bail!("the kernel matrix failed on {} of {} kernels:\n  {}", failed.len(), names.len(), failed.join("\n  "));
     }
     Ok(())
+}
+
+/// What one guest runs: the amd64 e2e `command` (`None`: the arm64
+/// guest's prog tests), as `part` of its kernel's tests or all of them.
+struct GuestJob {
+    spec: &'static kernels::Spec,
+    command: Option<String>,
+    part: Option<(usize, usize)>,
 }
 
 /// The fewest virtual CPUs a guest gets: the prog tests send from two CPUs
@@ -163,7 +197,7 @@ enum Guest {
 }
 
 impl Guest {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         match self {
             Guest::Native(g) => g.name(),
             Guest::Arm64(g) => g.name(),
@@ -187,27 +221,62 @@ fn native_binary(tools: &toolchain::Tools) -> Result<String> {
     Ok(build::e2e_binary(None, &[("PATH", tools.path_env())])?.display().to_string())
 }
 
-/// What an amd64 guest runs: the e2e `binary`, with the native run's
-/// environment.
-fn native_run(
-    spec: &'static kernels::Spec,
-    binary: &str,
-    filter: Option<&str>,
-    ci: bool,
-    tools: &toolchain::Tools,
-    ipam: &std::path::Path,
-    patience: u32,
-) -> vm::Run<'static> {
-    let root = exec::workspace_root();
+/// How many guests share one kernel's tests: two on two cores (under TCG
+/// a guest's tests are mostly a chain of process starts, one after the
+/// other, so a second guest uses what the first leaves idle), one per two
+/// cores beyond, and at most four (each takes 4 GiB).
+fn parts() -> usize {
+    vm::host_cpus().div_ceil(GUEST_CPUS).clamp(2, 4)
+}
+
+/// The e2e tests the amd64 guests run: `filter`'s, with none the edge set
+/// [`vm::EDGE_TESTS`], listed by the binary itself.
+fn listed(binary: &str, filter: Option<&str>) -> Result<Vec<String>> {
+    let filters: Vec<&str> = filter.map_or_else(|| vm::EDGE_TESTS.to_vec(), |f| vec![f]);
+    let out = exec::output(Command::new(binary).arg("--list").args(&filters))?;
+    let names: Vec<String> = out.lines().filter_map(|l| l.strip_suffix(": test")).map(str::to_string).collect();
+    if names.is_empty() {
+        bail!("no e2e test matches {filters:?}");
+    }
+    Ok(names)
+}
+
+/// `names` dealt out among `n` guests in turn, so the long tests of one
+/// file do not all land in one share; no share is empty.
+fn shared_out(names: &[String], n: usize) -> Vec<Vec<String>> {
+    let mut shares = vec![Vec::new(); n.min(names.len()).max(1)];
+    let count = shares.len();
+    for (i, name) in names.iter().enumerate() {
+        shares[i % count].push(name.clone());
+    }
+    shares
+}
+
+/// What one amd64 guest of `spec` runs when it is the kernel's only one:
+/// `filter`'s tests, or CI's share, or the edge set.
+fn guest_command(spec: &kernels::Spec, binary: &str, filter: Option<&str>, ci: bool) -> String {
     let prog_tests = format!("{binary} --test-threads=1 prog_test_run");
-    let command = match (filter, ci) {
+    match (filter, ci) {
         (Some(f), _) => format!("{binary} --test-threads=1 {}", quote(f)),
         (None, true) => {
             let share = vm::ci_tests(spec);
             format!("{prog_tests} && {binary} --test-threads=1 --exact {}", share.join(" "))
         }
         (None, false) => format!("{binary} --test-threads=1 {}", vm::EDGE_TESTS.join(" ")),
-    };
+    }
+}
+
+/// What an amd64 guest runs: `command` (the e2e binary), with the native
+/// run's environment.
+fn native_run(
+    spec: &'static kernels::Spec,
+    command: String,
+    part: Option<(usize, usize)>,
+    tools: &toolchain::Tools,
+    ipam: &std::path::Path,
+    patience: u32,
+) -> vm::Run<'static> {
+    let root = exec::workspace_root();
     vm::Run {
         kernel: spec.name,
         command: vec!["sh".to_string(), "-c".to_string(), command],
@@ -220,6 +289,7 @@ fn native_run(
         job: "tests",
         patience,
         hot: [vec![ipam.to_path_buf()], vm::workspace_binaries()].concat(),
+        part,
     }
 }
 
@@ -229,4 +299,17 @@ fn quote(s: &str) -> String {
 
 fn is_root() -> bool {
     exec::output(Command::new("id").arg("-u")).is_ok_and(|s| s.trim() == "0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tests_are_dealt_out_in_turn_and_no_share_is_empty() {
+        let names: Vec<String> = ["a::1", "a::2", "a::3", "b::1", "b::2"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(shared_out(&names, 2), vec![vec!["a::1", "a::3", "b::2"], vec!["a::2", "b::1"]]);
+        assert_eq!(shared_out(&names[..1], 3), vec![vec!["a::1"]], "one test: one guest");
+        assert_eq!(shared_out(&names, 1).concat(), names);
+    }
 }

@@ -146,6 +146,9 @@ pub struct Run<'a> {
     /// [`HOT_TOOLS`]. Empty: nothing is staged (the benches, whose
     /// published guest figures were measured without it).
     pub hot: Vec<PathBuf>,
+    /// `Some((i, n))`: this guest runs part `i` of `n` of one kernel's job,
+    /// beside the others, with its results in `target/vm/<kernel>.<i>of<n>/`.
+    pub part: Option<(usize, usize)>,
 }
 
 /// What the tests start most in a guest: tools by name (found on the
@@ -217,7 +220,8 @@ pub fn host_cpus() -> usize {
 
 /// A guest ready to boot: its kernel fetched, its script written.
 pub struct Prepared {
-    name: &'static str,
+    /// The kernel's name, and the part's (`6.1`, `6.1.1of2`).
+    name: String,
     distro: &'static str,
     kernel: kernels::Fetched,
     vng: PathBuf,
@@ -232,19 +236,23 @@ pub fn prepare(run: &Run) -> Result<Prepared> {
     let spec = kernels::spec(run.kernel)?;
     let kernel = kernels::fetch(spec)?;
     let vng = ensure_virtme_ng()?;
-    let out = exec::workspace_root().join("target/vm").join(spec.name);
+    let name = match run.part {
+        Some((i, n)) => format!("{}.{i}of{n}", spec.name),
+        None => spec.name.to_string(),
+    };
+    let out = exec::workspace_root().join("target/vm").join(&name);
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let script = out.join("guest.sh");
     fs::write(&script, guest_script(run, &out, &hot_files(&run.hot, &run.path_env)))
         .with_context(|| format!("cannot write {}", script.display()))?;
     eprintln!("xtask: kernel {} ({}, {}), results in {}", kernel.release, spec.distro, kernel.package, out.display());
-    Ok(Prepared { name: spec.name, distro: spec.distro, kernel, vng, out, script, job: run.job.to_string() })
+    Ok(Prepared { name, distro: spec.distro, kernel, vng, out, script, job: run.job.to_string() })
 }
 
 impl Prepared {
-    pub fn name(&self) -> &'static str {
-        self.name
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Boots the guest with `cpus` virtual CPUs, waits for its command, and
@@ -480,6 +488,7 @@ mod tests {
             job: "tests",
             patience: 18,
             hot: vec![PathBuf::from("/w/target/release/edgevx")],
+            part: None,
         };
         let hot = [PathBuf::from("/usr/sbin/ip"), PathBuf::from("/w/target/release/edgevx")];
         let s = guest_script(&run, Path::new("/w/target/vm/5.10"), &hot);

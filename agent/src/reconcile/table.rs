@@ -61,18 +61,16 @@ impl<C, N: Family> Known<C, N> {
         self.contents.is_some()
     }
 
-    /// What the last pass left, or else what `table` reads back; `true`
-    /// with it when it was read.
+    /// What the last pass left, or else what `table` reads back. Taken:
+    /// a pass that ends before [`keep`](Self::keep) leaves nothing known.
     pub async fn take_or_read<T: PeerTable<Contents = C, Family = N>>(
         &mut self,
         table: &mut T,
         direct_routing: bool,
-    ) -> anyhow::Result<(C, OnLink<N>, bool)> {
+    ) -> anyhow::Result<(C, OnLink<N>)> {
         match (self.contents.take(), self.on_link.take()) {
-            (Some(have), on_link) if !direct_routing || on_link.is_some() => {
-                Ok((have, on_link.unwrap_or_default(), false))
-            }
-            _ => table.read(direct_routing).await.map(|(have, on_link)| (have, on_link, true)),
+            (Some(have), on_link) if !direct_routing || on_link.is_some() => Ok((have, on_link.unwrap_or_default())),
+            _ => table.read(direct_routing).await,
         }
     }
 
@@ -119,8 +117,8 @@ mod tests {
         assert_eq!(known.take_or_read(&mut t, false).await.unwrap().0, 101, "nothing known: read");
         known.keep(7, OnLink::default(), false, true);
         assert!(known.is_known());
-        let (have, _, read) = known.take_or_read(&mut t, false).await.unwrap();
-        assert_eq!((have, read, t.reads), (7, false, 1), "the last plan, no read");
+        let (have, _) = known.take_or_read(&mut t, false).await.unwrap();
+        assert_eq!((have, t.reads), (7, 1), "the last plan, no read");
         assert!(!known.is_known(), "taken: a pass that fails before keeping reads again");
         known.keep(8, OnLink::default(), false, false);
         assert_eq!(known.take_or_read(&mut t, false).await.unwrap().0, 102, "a failed write: read");

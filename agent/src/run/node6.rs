@@ -125,7 +125,7 @@ impl Side6 {
             own: r.public_ip,
             accepted: &accepted,
         };
-        let (have, on_link, _) = match self.known.take_or_read(&mut table, direct_routing).await {
+        let (have, on_link) = match self.known.take_or_read(&mut table, direct_routing).await {
             Ok(read) => read,
             Err(e) => {
                 warn!("cannot read back the IPv6 VTEP's entries and routes: {e:#}");

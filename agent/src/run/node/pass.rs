@@ -130,7 +130,7 @@ impl Node {
             hold_deletes: self.pending.is_some(),
             held: false,
         };
-        let (observed, on_link, _) = match self.known.take_or_read(&mut table, direct_routing).await {
+        let (observed, on_link) = match self.known.take_or_read(&mut table, direct_routing).await {
             Ok(read) => read,
             Err(e) => {
                 warn!("cannot read back the dataplane: {e:#}");

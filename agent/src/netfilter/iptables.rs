@@ -1,7 +1,7 @@
 //! Applying a [`RuleSet`] through the host's `iptables`, idempotently: a
 //! chain whose rules already read as planned is left alone, so a restart
-//! changes nothing and drops nothing.
-use std::process::Command;
+//! changes nothing and drops nothing. What is there is read once per table.
+use std::{collections::BTreeMap, process::Command};
 
 use anyhow::{Context, Result, anyhow};
 use tracing::{info, warn};
@@ -31,15 +31,20 @@ impl Firewall {
     }
 
     /// Makes the host's chains what `set` says; removes chains of ours it
-    /// does not name. Returns whether anything changed.
+    /// does not name. Returns whether anything changed. Each table is read
+    /// once (`iptables -t TABLE -S`) and only what differs is written, so a
+    /// pass that finds everything in place runs one `iptables` per table.
     pub fn apply(&self, set: &RuleSet) -> Result<bool> {
         let mut changed = false;
-        for chain in &set.chains {
-            changed |= self.ensure(chain)?;
-        }
-        for (table, parent, name) in ALL {
-            if !set.chains.iter().any(|c| c.name == name) {
-                changed |= self.remove(table, parent, name)?;
+        for table in tables() {
+            let now = self.snapshot(table)?;
+            for chain in set.chains.iter().filter(|c| c.table == table) {
+                changed |= self.ensure(chain, &now)?;
+            }
+            for (_, parent, name) in ALL.iter().filter(|(t, _, _)| *t == table) {
+                if !set.chains.iter().any(|c| c.name == *name) {
+                    changed |= self.remove(table, parent, name, &now)?;
+                }
             }
         }
         Ok(changed)
@@ -48,35 +53,34 @@ impl Firewall {
     /// Removes every chain edgevx owns (for `edgevx cleanup`).
     pub fn remove_all(&self) -> Result<bool> {
         let mut changed = false;
-        for (table, parent, name) in ALL {
-            changed |= self.remove(table, parent, name)?;
+        for table in tables() {
+            let now = self.snapshot(table)?;
+            for (_, parent, name) in ALL.iter().filter(|(t, _, _)| *t == table) {
+                changed |= self.remove(table, parent, name, &now)?;
+            }
         }
         Ok(changed)
     }
 
-    /// The rule specifications in a chain, as `iptables -S` prints them.
+    /// Every chain of `table` and its rules, as `iptables -t TABLE -S`
+    /// prints them (`-P`/`-N` name a chain, `-A CHAIN spec` a rule).
     /// (Not the crate's `list`: numeric mode adds `-n`, which `-S` refuses.)
-    fn rules_of(&self, table: &str, name: &str) -> Result<Vec<String>> {
-        let out = self.ipt.execute(table, &format!("-S {name}")).map_err(err(format!("cannot list {table}/{name}")))?;
+    fn snapshot(&self, table: &str) -> Result<Table> {
+        let out = self.ipt.execute(table, "-S").map_err(err(format!("cannot list the {table} table")))?;
         if !out.status.success() {
-            return Err(anyhow!("cannot list {table}/{name}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            return Err(anyhow!("cannot list the {table} table: {}", String::from_utf8_lossy(&out.stderr).trim()));
         }
-        let prefix = format!("-A {name} ");
-        Ok(String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.strip_prefix(&prefix))
-            .map(str::to_string)
-            .collect())
+        Ok(Table::parse(&String::from_utf8_lossy(&out.stdout)))
     }
 
-    fn ensure(&self, c: &Chain) -> Result<bool> {
+    fn ensure(&self, c: &Chain, now: &Table) -> Result<bool> {
         let mut changed = false;
         let what = || format!("{}/{}", c.table, c.name);
-        if !self.ipt.chain_exists(c.table, c.name).map_err(err(format!("cannot look up {}", what())))? {
+        if now.rules(c.name).is_none() {
             self.ipt.new_chain(c.table, c.name).map_err(err(format!("cannot create {}", what())))?;
             changed = true;
         }
-        if self.rules_of(c.table, c.name)? != c.rules {
+        if now.rules(c.name).unwrap_or_default() != c.rules {
             // a brief flush, only when the plan changed (or on first start)
             self.ipt.flush_chain(c.table, c.name).map_err(err(format!("cannot flush {}", what())))?;
             for r in &c.rules {
@@ -86,8 +90,8 @@ impl Firewall {
             changed = true;
         }
         let jump = c.jump();
-        let hooked = self.ipt.exists(c.table, c.parent, &jump).map_err(err(format!("cannot check {}", c.parent)))?;
-        if !hooked {
+        let parent = now.rules(c.parent).unwrap_or_default();
+        if !parent.contains(&jump) {
             let added = if c.jump_first {
                 self.ipt.insert(c.table, c.parent, &jump, 1)
             } else {
@@ -95,7 +99,7 @@ impl Firewall {
             };
             added.map_err(err(format!("cannot hook {} into {}/{}", c.name, c.table, c.parent)))?;
             changed = true;
-        } else if c.jump_first && !self.first_in(c.table, c.parent, &jump)? {
+        } else if c.jump_first && parent.first() != Some(&jump) {
             // an operator's `iptables -I INPUT 1 … -j ACCEPT` went ahead of
             // us: what it accepts would never reach our drops. The order is
             // state like the rules: put the jump back in front.
@@ -114,23 +118,55 @@ impl Firewall {
         Ok(changed)
     }
 
-    /// Whether `jump` is the first rule of the built-in chain `parent`.
-    fn first_in(&self, table: &str, parent: &str, jump: &str) -> Result<bool> {
-        Ok(self.rules_of(table, parent)?.first().is_some_and(|r| r == jump))
-    }
-
-    fn remove(&self, table: &str, parent: &str, name: &str) -> Result<bool> {
-        if !self.ipt.chain_exists(table, name).map_err(err(format!("cannot look up {table}/{name}")))? {
+    fn remove(&self, table: &str, parent: &str, name: &str, now: &Table) -> Result<bool> {
+        if now.rules(name).is_none() {
             return Ok(false);
         }
         let jump = jump_rule(name);
-        while self.ipt.exists(table, parent, &jump).map_err(err(format!("cannot check {table}/{parent}")))? {
+        let hooks = now.rules(parent).unwrap_or_default().iter().filter(|r| **r == jump).count();
+        for _ in 0..hooks {
             self.ipt.delete(table, parent, &jump).map_err(err(format!("cannot unhook {name} from {parent}")))?;
         }
         self.ipt.flush_chain(table, name).map_err(err(format!("cannot flush {table}/{name}")))?;
         self.ipt.delete_chain(table, name).map_err(err(format!("cannot delete {table}/{name}")))?;
         info!(chain = name, table, "firewall chain removed");
         Ok(true)
+    }
+}
+
+/// The tables edgevx's chains are in, each once.
+fn tables() -> Vec<&'static str> {
+    let mut t: Vec<&str> = ALL.iter().map(|(table, _, _)| *table).collect();
+    t.sort_unstable();
+    t.dedup();
+    t
+}
+
+/// One table as `iptables -S` prints it: each chain's rules, in order.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Table(BTreeMap<String, Vec<String>>);
+
+impl Table {
+    fn parse(text: &str) -> Self {
+        let mut t = Table::default();
+        for line in text.lines() {
+            let mut words = line.splitn(3, ' ');
+            match (words.next(), words.next(), words.next()) {
+                (Some("-P" | "-N"), Some(chain), _) => {
+                    t.0.entry(chain.to_string()).or_default();
+                }
+                (Some("-A"), Some(chain), Some(rule)) => {
+                    t.0.entry(chain.to_string()).or_default().push(rule.to_string())
+                }
+                _ => {}
+            }
+        }
+        t
+    }
+
+    /// The rules of `chain`, or `None` when the table has no such chain.
+    fn rules(&self, chain: &str) -> Option<&[String]> {
+        self.0.get(chain).map(Vec::as_slice)
     }
 }
 
@@ -191,7 +227,24 @@ fn writes_nftables(version: &str) -> bool {
 
 #[cfg(test)]
 mod backend_tests {
-    use super::writes_nftables;
+    use super::{Table, writes_nftables};
+
+    #[test]
+    fn a_table_reads_its_chains_and_their_rules_in_order() {
+        let t = Table::parse(
+            "-P INPUT ACCEPT\n-P FORWARD DROP\n-N EDGEVX-INPUT\n-N EMPTY\n\
+             -A INPUT -m comment --comment \"edgevx edgevx-input\" -j EDGEVX-INPUT\n\
+             -A INPUT -j ACCEPT\n-A EDGEVX-INPUT -p udp -m udp --dport 8472 -m addrtype --dst-type BROADCAST -j DROP\n",
+        );
+        assert_eq!(
+            t.rules("INPUT").unwrap(),
+            ["-m comment --comment \"edgevx edgevx-input\" -j EDGEVX-INPUT", "-j ACCEPT"]
+        );
+        assert_eq!(t.rules("EDGEVX-INPUT").unwrap().len(), 1);
+        assert_eq!(t.rules("EMPTY"), Some(&[][..]), "a chain with no rules exists");
+        assert_eq!(t.rules("FORWARD"), Some(&[][..]));
+        assert_eq!(t.rules("EDGEVX-FWD"), None, "no such chain");
+    }
 
     #[test]
     fn the_version_line_names_the_backend() {

@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::{edgevx_bin, topo::Host};
+use crate::{edgevx_bin, netns::Netns, topo::Host};
 
 pub struct Agent {
     child: Option<Child>,
@@ -202,8 +202,13 @@ pub fn cleanup(host: &Host, extra: &[&str]) -> Result<Output> {
     Ok(out)
 }
 
-pub fn status(state_dir: &Path, bpffs: &Path) -> Result<Value> {
-    let out = Command::new(edgevx_bin())
+/// `edgevx status --json` inside the node `ns`, for a stopped agent (or
+/// one not started through [`Agent`]): the clsact fallback's filters can
+/// only be seen there, so outside it a kernel without TCX (6.1) would read
+/// as not attached.
+pub fn status(ns: &Netns, state_dir: &Path, bpffs: &Path) -> Result<Value> {
+    let out = ns
+        .cmd(&edgevx_bin().to_string_lossy())
         .args(["status", "--json", "--state-dir"])
         .arg(state_dir)
         .arg("--bpffs")

@@ -50,7 +50,7 @@ fn every_setting_can_come_from_the_environment() -> Result<()> {
             std::thread::sleep(Duration::from_millis(50));
         }
     })();
-    let s = status(&h.state_dir(), &h.bpffs_dir());
+    let s = status(&h.ns, &h.state_dir(), &h.bpffs_dir());
     let _ = child.kill();
     let _ = child.wait();
     result?;

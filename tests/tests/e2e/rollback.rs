@@ -152,7 +152,7 @@ fn cleanup_refuses_what_it_cannot_do_safely() -> Result<()> {
             .output()?;
     let err = String::from_utf8_lossy(&out.stderr);
     ensure!(out.status.code() == Some(2) && err.contains("no agent record"), "{err}");
-    ensure!(agent::status(&h.state_dir(), &h.bpffs_dir())?["dataplane_attached"] == true, "it detached anyway");
+    ensure!(agent::status(&h.ns, &h.state_dir(), &h.bpffs_dir())?["dataplane_attached"] == true, "it detached anyway");
     ensure!(ping(&h.pod, pod_ip(2), 5, "0.05")? == (5, 5), "node1 -> node2 after the refusal");
     Ok(())
 }

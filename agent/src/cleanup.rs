@@ -72,11 +72,23 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
                 info!(program = name, iface, "removed the clsact filter");
             }
         }
-        // and the qdiscs the fallback added, once nothing else uses them
+        // and the qdiscs the fallback added, once nothing else uses them; not
+        // on a hand-over: deleting a qdisc of a device that is up stops its
+        // transmit queues for a moment (the kernel's qdisc_graft runs
+        // dev_deactivate, for a clsact qdisc too), and what the kernel sends
+        // then is dropped, where the hand-over must lose nothing. An empty
+        // clsact qdisc does nothing.
         let mut ifaces = vec![vtep, rec.iface.as_str(), rec.pod_bridge.as_str()];
         ifaces.dedup();
         for iface in ifaces.into_iter().filter(|i| !i.is_empty()) {
-            if crate::dataplane::clsact::remove_if_empty(&handle, iface).await? {
+            if kept_vtep.is_some() {
+                if crate::dataplane::clsact::present(&handle, iface).await? {
+                    info!(
+                        iface,
+                        "kept the empty clsact qdisc: deleting it now would drop packets; `tc qdisc del dev {iface} clsact` removes it"
+                    );
+                }
+            } else if crate::dataplane::clsact::remove_if_empty(&handle, iface).await? {
                 info!(iface, "removed the clsact qdisc");
             }
         }

@@ -76,15 +76,7 @@ pub async fn remove_if_empty(handle: &Handle, iface: &str) -> Result<bool> {
     let Some(index) = device::ifindex(iface).with_context(|| format!("cannot look up {iface}"))? else {
         return Ok(false);
     };
-    let qdiscs: Vec<_> = handle
-        .qdisc()
-        .get()
-        .execute()
-        .try_collect()
-        .await
-        .with_context(|| format!("cannot list the qdiscs of {iface}"))?;
-    let clsact = qdiscs.iter().any(|q| q.header.index == index as i32 && q.header.parent == NlHandle::CLSACT);
-    if !clsact {
+    if !has_clsact(handle, iface, index).await? {
         return Ok(false);
     }
     for ingress in [true, false] {
@@ -102,6 +94,26 @@ pub async fn remove_if_empty(handle: &Handle, iface: &str) -> Result<bool> {
     del.message_mut().header.handle = NlHandle::from(CLSACT_HANDLE);
     del.execute().await.with_context(|| format!("cannot remove the clsact qdisc of {iface}"))?;
     Ok(true)
+}
+
+/// Whether `iface` has a clsact qdisc (`tc qdisc show dev IFACE`); `false`
+/// when the interface is gone.
+pub async fn present(handle: &Handle, iface: &str) -> Result<bool> {
+    match device::ifindex(iface).with_context(|| format!("cannot look up {iface}"))? {
+        Some(index) => has_clsact(handle, iface, index).await,
+        None => Ok(false),
+    }
+}
+
+async fn has_clsact(handle: &Handle, iface: &str, index: u32) -> Result<bool> {
+    let qdiscs: Vec<_> = handle
+        .qdisc()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .with_context(|| format!("cannot list the qdiscs of {iface}"))?;
+    Ok(qdiscs.iter().any(|q| q.header.index == index as i32 && q.header.parent == NlHandle::CLSACT))
 }
 
 /// Whether our filter sits on `iface` for `kind` (the kernel's word, read

@@ -65,15 +65,15 @@ impl Firewall {
     /// Every chain of `table` and its rules, as `iptables -t TABLE -S`
     /// prints them (`-P`/`-N` name a chain, `-A CHAIN spec` a rule).
     /// (Not the crate's `list`: numeric mode adds `-n`, which `-S` refuses.)
-    fn snapshot(&self, table: &str) -> Result<Table> {
+    fn snapshot(&self, table: &str) -> Result<Listing> {
         let out = self.ipt.execute(table, "-S").map_err(err(format!("cannot list the {table} table")))?;
         if !out.status.success() {
             return Err(anyhow!("cannot list the {table} table: {}", String::from_utf8_lossy(&out.stderr).trim()));
         }
-        Ok(Table::parse(&String::from_utf8_lossy(&out.stdout)))
+        Ok(Listing::parse(&String::from_utf8_lossy(&out.stdout)))
     }
 
-    fn ensure(&self, c: &Chain, now: &Table) -> Result<bool> {
+    fn ensure(&self, c: &Chain, now: &Listing) -> Result<bool> {
         let mut changed = false;
         let what = || format!("{}/{}", c.table, c.name);
         if now.rules(c.name).is_none() {
@@ -118,7 +118,7 @@ impl Firewall {
         Ok(changed)
     }
 
-    fn remove(&self, table: &str, parent: &str, name: &str, now: &Table) -> Result<bool> {
+    fn remove(&self, table: &str, parent: &str, name: &str, now: &Listing) -> Result<bool> {
         if now.rules(name).is_none() {
             return Ok(false);
         }
@@ -144,11 +144,11 @@ fn tables() -> Vec<&'static str> {
 
 /// One table as `iptables -S` prints it: each chain's rules, in order.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct Table(BTreeMap<String, Vec<String>>);
+struct Listing(BTreeMap<String, Vec<String>>);
 
-impl Table {
+impl Listing {
     fn parse(text: &str) -> Self {
-        let mut t = Table::default();
+        let mut t = Listing::default();
         for line in text.lines() {
             let mut words = line.splitn(3, ' ');
             match (words.next(), words.next(), words.next()) {
@@ -227,11 +227,11 @@ fn writes_nftables(version: &str) -> bool {
 
 #[cfg(test)]
 mod backend_tests {
-    use super::{Table, writes_nftables};
+    use super::{Listing, writes_nftables};
 
     #[test]
     fn a_table_reads_its_chains_and_their_rules_in_order() {
-        let t = Table::parse(
+        let t = Listing::parse(
             "-P INPUT ACCEPT\n-P FORWARD DROP\n-N EDGEVX-INPUT\n-N EMPTY\n\
              -A INPUT -m comment --comment \"edgevx edgevx-input\" -j EDGEVX-INPUT\n\
              -A INPUT -j ACCEPT\n-A EDGEVX-INPUT -p udp -m udp --dport 8472 -m addrtype --dst-type BROADCAST -j DROP\n",

@@ -85,7 +85,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
                 if crate::dataplane::clsact::present(&handle, iface).await? {
                     info!(
                         iface,
-                        "kept the empty clsact qdisc: deleting it now would drop packets; `tc qdisc del dev {iface} clsact` removes it"
+                        "kept the clsact qdisc, our filters gone: deleting it now would drop packets; `tc qdisc del dev {iface} clsact` removes it"
                     );
                 }
             } else if crate::dataplane::clsact::remove_if_empty(&handle, iface).await? {

@@ -50,16 +50,10 @@ impl Firewall {
         Ok(changed)
     }
 
-    /// Removes every chain edgevx owns (for `edgevx cleanup`).
+    /// Removes every chain edgevx owns (for `edgevx cleanup`): what
+    /// [`apply`](Self::apply) does with a set that names none.
     pub fn remove_all(&self) -> Result<bool> {
-        let mut changed = false;
-        for table in tables() {
-            let now = self.snapshot(table)?;
-            for (_, parent, name) in ALL.iter().filter(|(t, _, _)| *t == table) {
-                changed |= self.remove(table, parent, name, &now)?;
-            }
-        }
-        Ok(changed)
+        self.apply(&RuleSet { chains: Vec::new() })
     }
 
     /// Every chain of `table` and its rules, as `iptables -t TABLE -S`

@@ -23,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
         let Ok(r6) = subnet_range::subnet_range6(v6) else { return };
         assert!(r6.len <= 126 && r6.len >= v6.network.prefix_len() + 2, "{r6:?}");
         assert!(v6.network.contains(&r6.min) && v6.network.contains(&r6.max), "{r6:?}");
-        if let Some(n6) = subnet_range::allocate6(r6, &[], None, u64::from(conf.vni)) {
+        if let Some(n6) = subnet_range::allocate(r6, &[], None, u64::from(conf.vni)) {
             assert!(r6.fits(n6) && v6.network.contains(&n6), "{n6}");
         }
     }

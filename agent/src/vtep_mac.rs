@@ -6,6 +6,12 @@
 //! Whatever is chosen is saved, so a reboot brings back the same MAC and
 //! peers that never saw an update keep working. In dual-stack the IPv6
 //! VTEP's MAC is chosen the same way from `backend-v6-data` and its own file.
+//!
+//! The choice is made once, at bring-up ([`choose`], from `run/plan.rs`).
+//! The etcd source must write a MAC into a new lease before that, as
+//! flannel's `AcquireLease` carries the device's: it publishes a
+//! [`candidate`], read without writing, which bring-up then finds as our
+//! published MAC and saves.
 use anyhow::{Context, Result};
 use tracing::info;
 
@@ -28,7 +34,7 @@ pub enum MacSource {
 /// draws a separate MAC per device, and kernel flannel peers only see a
 /// new IPv6 one when the IPv4 half changes too, so both must be as stable.
 pub fn choose<N: Family>(published: Option<VtepMac>, state: &StateDir) -> Result<(VtepMac, MacSource)> {
-    let file = if N::V6 { MAC6_FILE } else { MAC_FILE };
+    let file = mac_file::<N>();
     let saved = state.load_mac(file)?;
     let (mac, source) = match (published, saved) {
         (Some(m), _) => (m, MacSource::Annotation),
@@ -44,6 +50,20 @@ pub fn choose<N: Family>(published: Option<VtepMac>, state: &StateDir) -> Result
     }
     info!(%mac, ?source, ipv6 = N::V6, "VTEP MAC chosen");
     Ok((mac, source))
+}
+
+/// The MAC a source publishes for a family before bring-up has chosen one:
+/// the saved one, else a new random one. Nothing is written; the MAC
+/// becomes ours when [`choose`] finds it published.
+pub fn candidate<N: Family>(state: &StateDir) -> Result<VtepMac> {
+    match state.load_mac(mac_file::<N>())? {
+        Some(saved) => Ok(saved),
+        None => VtepMac::random().context("cannot read /dev/urandom for a new VTEP MAC"),
+    }
+}
+
+fn mac_file<N: Family>() -> &'static str {
+    if N::V6 { MAC6_FILE } else { MAC_FILE }
 }
 
 #[cfg(test)]
@@ -89,6 +109,21 @@ mod tests {
         assert_eq!(choose::<Ipv6Net>(None, &s).unwrap(), (m6, MacSource::StateDir));
         assert_eq!(choose::<Ipv6Net>(Some(a), &s).unwrap(), (a, MacSource::Annotation));
         assert_eq!((s.load_mac(MAC_FILE).unwrap(), s.load_mac(MAC6_FILE).unwrap()), (Some(m4), Some(a)));
+        fs::remove_dir_all(&s.0).unwrap();
+    }
+
+    #[test]
+    fn a_candidate_writes_nothing_and_becomes_ours_when_bring_up_finds_it_published() {
+        let s = dir("cand");
+        let c = candidate::<Ipv4Net>(&s).unwrap();
+        assert_eq!(s.load_mac(MAC_FILE).unwrap(), None, "a candidate is not saved");
+        assert_eq!(choose::<Ipv4Net>(Some(c), &s).unwrap(), (c, MacSource::Annotation));
+        assert_eq!(s.load_mac(MAC_FILE).unwrap(), Some(c), "bring-up saves it");
+        assert_eq!(candidate::<Ipv4Net>(&s).unwrap(), c, "and the next run offers the saved one");
+        assert_eq!(s.load_mac(MAC6_FILE).unwrap(), None);
+        let c6 = candidate::<Ipv6Net>(&s).unwrap();
+        assert_ne!(c6, c, "the IPv6 VTEP's candidate is drawn apart");
+        assert_eq!(s.load_mac(MAC6_FILE).unwrap(), None);
         fs::remove_dir_all(&s.0).unwrap();
     }
 }

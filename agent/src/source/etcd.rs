@@ -44,6 +44,8 @@ pub struct LocalNode {
     pub public_ipv6: Option<Ipv6Addr>,
     /// The underlay interface.
     pub iface: String,
+    /// Read for the VTEP MACs a new lease publishes
+    /// ([`vtep_mac::candidate`]); the source writes nothing here.
     pub state: StateDir,
     pub subnet_file: PathBuf,
 }
@@ -143,10 +145,17 @@ impl Session {
                 .with_context(|| format!("cannot delete {prefix}{key}"))?;
             all.remove(&key);
         }
-        let (mac, _) = vtep_mac::choose::<Ipv4Net>(published.and_then(|(m, _)| m), &me.state)?;
-        let mac6 = match public_ipv6 {
-            Some(_) => Some(vtep_mac::choose::<Ipv6Net>(published.and_then(|(_, m6)| m6), &me.state)?.0),
-            None => None,
+        // the lease publishes a VtepMAC before bring-up chooses one (flannel's
+        // lease carries its device's): ours as published, else the saved one or
+        // a new one, which bring-up then finds published and saves
+        let mac = match published.and_then(|(m, _)| m) {
+            Some(m) => m,
+            None => vtep_mac::candidate::<Ipv4Net>(&me.state)?,
+        };
+        let mac6 = match (public_ipv6, published.and_then(|(_, m6)| m6)) {
+            (None, _) => None,
+            (Some(_), Some(m6)) => Some(m6),
+            (Some(_), None) => Some(vtep_mac::candidate::<Ipv6Net>(&me.state)?),
         };
         let mut s = Session {
             client,

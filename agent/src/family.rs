@@ -12,8 +12,9 @@ use std::{
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::packet_route::AddressFamily;
 
-/// A prefix of one address family, and what the family decides.
-pub trait Family: Copy + Ord + Debug + Display + Into<IpNet> {
+/// A prefix of one address family, and what the family decides. Its
+/// `Default` is the whole space (`0.0.0.0/0`, `::/0`).
+pub trait Family: Copy + Ord + Debug + Display + Default + Into<IpNet> {
     type Addr: Copy + Ord + Debug + Display + Into<IpAddr>;
     /// The netlink family its routes are dumped in (`ip -4` / `ip -6`).
     const NETLINK: AddressFamily;

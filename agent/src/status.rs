@@ -71,7 +71,7 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
                 "in_dataplane": programmed.iter().any(|(net, e)| *net == p.subnet
                     && e.vtep_mac == p.vtep_mac.0
                     && e.public_ip == p.public_ip.octets())
-                    && accepted.iter().any(|(ip, _)| *ip == p.public_ip),
+                    && accepted.contains_key(&p.public_ip),
                 // DirectRouting: a plain route through the underlay, read from the kernel
                 "route": if direct.get(&p.subnet) == Some(&p.public_ip) { "direct" } else { "vxlan" },
                 "tx_packets": s.tx_packets,

@@ -19,7 +19,9 @@ use edgevx_common::{
 };
 use ipnet::{Ipv4Net, Ipv6Net};
 
-use crate::{dataplane::bpffs::PinDir, reconcile::Accept};
+use tracing::warn;
+
+use crate::{dataplane::bpffs::PinDir, family::Family, reconcile::Accept};
 
 /// BPF_NOEXIST: insert only if absent (keeps counters across re-adds).
 const NOEXIST: u64 = 1;
@@ -72,18 +74,18 @@ impl From<&Accept<Ipv6Net>> for PeerAccept6 {
     }
 }
 
-/// A value in the IPv6 accept map that no [`Accept`] could have written.
-#[derive(Clone, Debug, thiserror::Error)]
-#[error("the IPv6 accept entry of {peer} has prefix length {prefix_len}, more than 128")]
-pub struct BadAccept6 {
-    pub peer: Ipv6Addr,
-    pub prefix_len: u8,
-}
-
-fn accept6_of(peer: Ipv6Addr, e: &PeerAccept6) -> Result<Accept<Ipv6Net>, BadAccept6> {
-    let subnet = Ipv6Net::new(Ipv6Addr::from(e.pod_subnet), e.prefix_len)
-        .map_err(|_| BadAccept6 { peer, prefix_len: e.prefix_len })?;
-    Ok(Accept { subnet, any_inner_source: e.flags & ACCEPT_ANY_INNER_SOURCE != 0 })
+/// A peer's accept entry as the programs hold it (its subnet's network
+/// address, prefix length and flags), read the same way for both
+/// families. An impossible prefix length (only a hand-written entry has
+/// one) reads as the family's whole space (0.0.0.0/0, ::/0), which no plan
+/// contains, so the pass rewrites the entry or deletes it; the peer is
+/// named in a warning, and the other peers are read as ever.
+fn accept_of<N: Family>(peer: N::Addr, network: N::Addr, prefix_len: u8, flags: u8) -> Accept<N> {
+    let subnet = N::with_len(network, prefix_len).unwrap_or_else(|| {
+        warn!(%peer, prefix_len, "a peer's accept entry has an impossible prefix length (written by hand?); the next pass rewrites it");
+        N::default()
+    });
+    Accept { subnet, any_inner_source: flags & ACCEPT_ANY_INNER_SOURCE != 0 }
 }
 
 /// Sums a per-CPU peer counter set.
@@ -143,11 +145,12 @@ impl Maps {
     }
 
     /// Every peer we accept VXLAN from, with its binding (what decap sees).
-    pub fn accepted(&self) -> Result<Vec<(Ipv4Addr, PeerAccept)>> {
-        let mut out = Vec::new();
+    pub fn accepted(&self) -> Result<BTreeMap<Ipv4Addr, Accept<Ipv4Net>>> {
+        let mut out = BTreeMap::new();
         for item in self.accept.iter() {
-            let (key, value) = item.context("cannot read the peer accept map")?;
-            out.push((Ipv4Addr::from(key), value));
+            let (key, e) = item.context("cannot read the peer accept map")?;
+            let peer = Ipv4Addr::from(key);
+            out.insert(peer, accept_of(peer, e.pod_subnet.into(), e.prefix_len, e.flags));
         }
         Ok(out)
     }
@@ -263,9 +266,9 @@ impl Maps {
     pub fn accept6_entries(&self) -> Result<BTreeMap<Ipv6Addr, Accept<Ipv6Net>>> {
         let mut out = BTreeMap::new();
         for item in self.accept6.iter() {
-            let (key, value) = item.context("cannot read the IPv6 peer accept map")?;
+            let (key, e) = item.context("cannot read the IPv6 peer accept map")?;
             let peer = Ipv6Addr::from(key);
-            out.insert(peer, accept6_of(peer, &value)?);
+            out.insert(peer, accept_of(peer, e.pod_subnet.into(), e.prefix_len, e.flags));
         }
         Ok(out)
     }
@@ -292,6 +295,10 @@ impl Maps {
 mod tests {
     use super::*;
 
+    fn read6(peer: Ipv6Addr, e: &PeerAccept6) -> Accept<Ipv6Net> {
+        accept_of(peer, e.pod_subnet.into(), e.prefix_len, e.flags)
+    }
+
     #[test]
     fn an_ipv6_accept_entry_round_trips() {
         for a in [
@@ -300,7 +307,17 @@ mod tests {
             Accept { subnet: "fd00::7/128".parse().unwrap(), any_inner_source: false },
         ] {
             let peer: Ipv6Addr = "fd00:198:18::2".parse().unwrap();
-            assert_eq!(accept6_of(peer, &PeerAccept6::from(&a)).unwrap(), a);
+            assert_eq!(read6(peer, &PeerAccept6::from(&a)), a);
+        }
+    }
+
+    #[test]
+    fn an_ipv4_accept_entry_round_trips() {
+        let peer: Ipv4Addr = "198.18.0.2".parse().unwrap();
+        for (net, any) in [("10.244.2.0/24", false), ("10.244.0.0/16", true), ("10.244.2.7/32", false)] {
+            let e = accept_entry(net.parse().unwrap(), any);
+            let a: Accept<Ipv4Net> = accept_of(peer, e.pod_subnet.into(), e.prefix_len, e.flags);
+            assert_eq!((a.subnet, a.any_inner_source), (net.parse().unwrap(), any));
         }
     }
 
@@ -313,10 +330,13 @@ mod tests {
     }
 
     #[test]
-    fn an_impossible_prefix_length_names_the_peer() {
-        let peer: Ipv6Addr = "fd00:198:18::2".parse().unwrap();
-        let e = PeerAccept6 { prefix_len: 129, ..Default::default() };
-        let err = accept6_of(peer, &e).unwrap_err();
-        assert_eq!((err.peer, err.prefix_len), (peer, 129));
+    fn an_impossible_prefix_length_reads_as_the_whole_space_in_both_families() {
+        // the whole space is in no plan (a peer's subnet lies inside the
+        // Network), so the pass's diff rewrites or deletes the entry
+        let e6 = PeerAccept6 { prefix_len: 129, flags: ACCEPT_ANY_INNER_SOURCE, ..Default::default() };
+        let a6 = read6("fd00:198:18::2".parse().unwrap(), &e6);
+        assert_eq!((a6.subnet, a6.any_inner_source), ("::/0".parse().unwrap(), true));
+        let a4: Accept<Ipv4Net> = accept_of("198.18.0.2".parse().unwrap(), [10, 244, 2, 0].into(), 33, 0);
+        assert_eq!((a4.subnet, a4.any_inner_source), ("0.0.0.0/0".parse().unwrap(), false));
     }
 }

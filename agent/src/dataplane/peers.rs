@@ -5,7 +5,6 @@
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use anyhow::Result;
-use edgevx_common::maps::ACCEPT_ANY_INNER_SOURCE;
 use ipnet::Ipv4Net;
 use rtnetlink::Handle;
 
@@ -45,17 +44,9 @@ impl PeerTable for Programmed<'_> {
             .into_iter()
             .map(|(net, e)| (net, Tunnel { public_ip: e.public_ip.into(), vtep_mac: e.vtep_mac }))
             .collect();
-        let accept: BTreeMap<Ipv4Addr, Accept<Ipv4Net>> = self
-            .maps
-            .accepted()?
-            .into_iter()
-            .map(|(ip, a)| {
-                // an entry with a bad prefix (written by hand) reads as 0.0.0.0/0, which no
-                // plan contains: the diff overwrites it
-                let subnet = Ipv4Net::new(a.pod_subnet.into(), a.prefix_len).unwrap_or_default();
-                (ip, Accept { subnet, any_inner_source: a.flags & ACCEPT_ANY_INNER_SOURCE != 0 })
-            })
-            .collect();
+        // an entry with a bad prefix (written by hand) reads as 0.0.0.0/0, which no
+        // plan contains: the diff overwrites it
+        let accept = self.maps.accepted()?;
         // a direct route is ours only through a programmed peer's address or
         // to a programmed peer's subnet: anyone else's route into the Network
         // through the underlay (an appliance's, written by hand) is left alone

@@ -46,20 +46,28 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SkLookup> {
 
 /// Loads the guard into the kernel (the verifier runs here). A kernel
 /// whose verifier refuses the ingress-interface check (before 5.17) gets
-/// the compat guard, with a warning: there a peer's VXLAN arriving on
-/// another interface is judged by its outer source only.
+/// the compat guard, with a warning: there a rule in `EDGEVX-INPUT`
+/// refuses VXLAN arriving on another interface instead.
 pub fn load(ebpf: &mut Ebpf) -> Result<()> {
     let Err(e) = program(ebpf, GUARD)?.load() else { return Ok(()) };
     warn!(
         "the kernel refused {GUARD} ({e}); loading {GUARD_COMPAT}, without the check that a peer's VXLAN \
-         arrives on the underlay (bpf_sk_lookup.ingress_ifindex needs Linux 5.17)"
+         arrives on the underlay (bpf_sk_lookup.ingress_ifindex needs Linux 5.17); a firewall rule refuses \
+         VXLAN arriving on another interface instead"
     );
     program(ebpf, GUARD_COMPAT)?.load().with_context(|| format!("the verifier rejected {GUARD_COMPAT}"))
 }
 
+/// Whether the guard `load` loaded refuses a peer's VXLAN off the
+/// underlay itself (the full guard); without it the firewall does
+/// (`netfilter::Settings::vxlan_only_on`).
+pub fn checks_iface(ebpf: &mut Ebpf) -> Result<bool> {
+    Ok(program(ebpf, GUARD)?.fd().is_ok())
+}
+
 /// The variant `load` loaded.
 fn loaded(ebpf: &mut Ebpf) -> Result<&mut SkLookup> {
-    let name = if program(ebpf, GUARD)?.fd().is_ok() { GUARD } else { GUARD_COMPAT };
+    let name = if checks_iface(ebpf)? { GUARD } else { GUARD_COMPAT };
     program(ebpf, name)
 }
 

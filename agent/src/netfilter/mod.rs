@@ -22,4 +22,4 @@ mod iptables;
 mod plan;
 
 pub use iptables::{Firewall, check_backend, check_binary, kube_proxy_present};
-pub use plan::plan;
+pub use plan::{Settings, plan};

@@ -10,7 +10,7 @@ use ipnet::Ipv6Net;
 use rtnetlink::Handle;
 use tracing::{info, warn};
 
-use super::{check::Checked, config, plan::Plan};
+use super::{config, plan::Plan};
 use crate::{
     dataplane::{
         device,
@@ -42,16 +42,13 @@ pub(super) struct Side6 {
 /// only in name: the IPv6 VTEP is flannel's kernel device with kernel
 /// entries, with no programs, maps or pods of its own, and the IPv4
 /// bring-up calls this one after its own VTEP.
-pub(super) async fn bring_up6(c: &Checked, conf: &NetConf, plan: Plan<Ipv6Net>, handle: &Handle) -> Result<Side6> {
-    let (ip_masq, forward) = (c.args.ip_masq, c.args.iptables_forward_rules);
+pub(super) async fn bring_up6(plan: Plan<Ipv6Net>, rules: &netfilter::Settings, handle: &Handle) -> Result<Side6> {
     let Plan { spec, subnet, network } = plan;
     let (mac, public_ip) = (spec.mac, spec.local);
     let index = vtep::ensure_vtep(handle, &spec).await?;
     vtep::ensure_address(handle, index, subnet, network).await?;
     let firewall = netfilter::Firewall::new::<Ipv6Net>()?;
-    firewall
-        .apply(&netfilter::plan(network, subnet, conf.port, ip_masq, forward))
-        .context("cannot install the IPv6 firewall rules")?;
+    firewall.apply(&netfilter::plan(network, subnet, rules)).context("cannot install the IPv6 firewall rules")?;
     info!(device = %spec.name, %mac, %public_ip, %subnet, mtu = spec.mtu, "IPv6 VTEP ready");
     let record = Record6 { device: spec.name, mac, public_ip, subnet, network, mtu: spec.mtu };
     Ok(Side6 { index, record, firewall, known: Known::default(), skipped: Vec::new() })
@@ -170,9 +167,9 @@ impl Side6 {
     }
 
     /// Re-asserts the IPv6 firewall chains.
-    pub(super) fn enforce_rules(&self, port: u16, ip_masq: bool, forward: bool) {
+    pub(super) fn enforce_rules(&self, rules: &netfilter::Settings) {
         let r = &self.record;
-        if let Err(e) = self.firewall.apply(&netfilter::plan(r.network, r.subnet, port, ip_masq, forward)) {
+        if let Err(e) = self.firewall.apply(&netfilter::plan(r.network, r.subnet, rules)) {
             warn!("cannot restore the IPv6 firewall rules: {e:#}");
         }
     }

@@ -58,6 +58,16 @@ pub(crate) fn adopted_in_place(attach: &str) -> &'static str {
     if attach == "tcx" { "adopted pinned link" } else { "replaced the clsact filter in place" }
 }
 
+/// Whether the agent loads the full socket-lookup guard here, which
+/// refuses a peer's VXLAN off the underlay itself: from Linux 5.17
+/// (`bpf_sk_lookup.ingress_ifindex`; the agent tries it, the test expects
+/// upstream's numbering, so the two are checked against each other).
+/// Without it a firewall rule in `EDGEVX-INPUT` refuses VXLAN arriving on
+/// any other interface.
+pub(crate) fn full_guard() -> bool {
+    !before(5, 17)
+}
+
 /// Loads the socket-lookup guards this verifier accepts and returns their
 /// names: the compat guard everywhere, the full one from Linux 5.17 on
 /// (`bpf_sk_lookup.ingress_ifindex`), as the agent's fallback expects.

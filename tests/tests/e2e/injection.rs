@@ -7,6 +7,7 @@
 //! arrive when it is allowed to. Broadcast and multicast VXLAN is refused
 //! for everyone, by the firewall rule in `EDGEVX-INPUT` where decap does not
 //! see it.
+use crate::features;
 use anyhow::{Context, Result};
 use edgevx_tests::{
     agent::Agent,
@@ -96,7 +97,7 @@ const PATHS: [Path; 5] = [
         stranger: ATTACKER_2ND,
         link: "eth1",
         to: NODE1_2ND,
-        stranger_refused_by: Counted::Agent("drop_unknown_peer_socket"),
+        stranger_refused_by: Counted::StrangerOffUnderlay,
         broadcast: false,
         on_underlay: false,
     },
@@ -110,6 +111,15 @@ enum Counted {
     /// The packets of node 1's `EDGEVX-INPUT` rule for this destination
     /// address type (`BROADCAST`, `MULTICAST`).
     Firewall(&'static str),
+    /// A peer's VXLAN off the underlay: the full guard's
+    /// `drop_vxlan_off_underlay`, or where the kernel gives the guard no
+    /// `ingress_ifindex` (before 5.17), the `EDGEVX-INPUT` rule that drops
+    /// VXLAN arriving anywhere but on the underlay.
+    OffUnderlay,
+    /// A stranger's VXLAN off the underlay: the guard's
+    /// `drop_unknown_peer_socket`, or that same rule, which INPUT runs
+    /// before the socket lookup.
+    StrangerOffUnderlay,
 }
 
 /// Sends one VXLAN frame holding UDP `inner_src` -> pod 1, port 9999.
@@ -211,12 +221,12 @@ impl Setup {
         Ok(self.a1.status()?["counters"][name].as_u64().unwrap_or(0))
     }
 
-    /// Packets dropped by node 1's `EDGEVX-INPUT` rule for `dst_type`.
-    fn firewall_drops(&self, dst_type: &str) -> Result<u64> {
+    /// Packets dropped by node 1's `EDGEVX-INPUT` rule whose listing line
+    /// holds `rule` (`iptables -L -v -n`: `dst-type BROADCAST`, or `!eth0`
+    /// for VXLAN off the underlay).
+    fn firewall_drops(&self, rule: &str) -> Result<u64> {
         let listing = self.c.host(1).ns.run(&["iptables", "-L", "EDGEVX-INPUT", "-v", "-x", "-n"])?;
-        let rule = format!("dst-type {dst_type}");
-        let line =
-            listing.lines().find(|l| l.contains(&rule)).with_context(|| format!("no {rule} rule:\n{listing}"))?;
+        let line = listing.lines().find(|l| l.contains(rule)).with_context(|| format!("no {rule} rule:\n{listing}"))?;
         let packets = line.split_whitespace().next().context("empty rule line")?;
         packets.parse().with_context(|| format!("packet count in `{line}`"))
     }
@@ -224,7 +234,10 @@ impl Setup {
     fn count(&self, by: Counted) -> Result<u64> {
         match by {
             Counted::Agent(name) => self.counter(name),
-            Counted::Firewall(dst_type) => self.firewall_drops(dst_type),
+            Counted::Firewall(dst_type) => self.firewall_drops(&format!("dst-type {dst_type}")),
+            Counted::OffUnderlay if features::full_guard() => self.counter("drop_vxlan_off_underlay"),
+            Counted::StrangerOffUnderlay if features::full_guard() => self.counter("drop_unknown_peer_socket"),
+            Counted::OffUnderlay | Counted::StrangerOffUnderlay => self.firewall_drops("!eth0"),
         }
     }
 
@@ -303,7 +316,7 @@ fn vxlan_from_a_stranger_is_refused_by_every_path_and_an_exempt_peer_gets_throug
             s.refused(&spoofed, PEER, p.link, p.to, "raw", Counted::Agent("drop_spoofed_source"))?;
         } else {
             // off the underlay a peer's VXLAN is refused whole, the exempt one's too
-            let off = Counted::Agent("drop_vxlan_off_underlay");
+            let off = Counted::OffUnderlay;
             s.refused(&exempt, EXEMPT_IP, p.link, p.to, "raw", off)?;
             s.refused(&spoofed, PEER, p.link, p.to, "raw", off)?;
         }
@@ -313,8 +326,13 @@ fn vxlan_from_a_stranger_is_refused_by_every_path_and_an_exempt_peer_gets_throug
     let short = Counted::Agent("drop_short_fragment");
     s.refused("8 bytes of UDP in the first fragment", PEER, "eth0", "198.18.0.1", "frag8", short)?;
     s.refused("16 bytes of UDP in the first fragment", PEER, "eth0", "198.18.0.1", "frag16", short)?;
-    // the peers refused off the underlay are named in the log (at the next check, 10 s at most)
-    s.a1.wait_log("drop_vxlan_off_underlay", std::time::Duration::from_secs(20))?;
+    // the peers the guard refused off the underlay are named in the log (at
+    // the next check, 10 s at most); where the firewall refuses them, the
+    // agent said so when it loaded the compat guard
+    match features::full_guard() {
+        true => s.a1.wait_log("drop_vxlan_off_underlay", std::time::Duration::from_secs(20))?,
+        false => s.a1.wait_log("a firewall rule refuses", std::time::Duration::from_secs(20))?,
+    }
     Ok(())
 }
 

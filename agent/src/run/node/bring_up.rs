@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use super::Node;
 use crate::{
-    dataplane::{bpffs, device, features::Features, loader, maps::Maps, vtep},
+    dataplane::{bpffs, device, features::Features, guard, loader, maps::Maps, vtep},
     metrics::startup::{Milestone, Startup},
     netconf::NetConf,
     netfilter,
@@ -64,7 +64,15 @@ pub(in crate::run) async fn bring_up(
         tcx = features.tcx,
         "kernel features probed"
     );
-    let ebpf = loader::load(&pins, &features)?;
+    let mut ebpf = loader::load(&pins, &features)?;
+    // the firewall's settings, for both families: where the guard cannot
+    // refuse a peer's VXLAN off the underlay, a rule does
+    let rules = netfilter::Settings {
+        vxlan_port: conf.port,
+        ip_masq: c.args.ip_masq,
+        forward: c.args.iptables_forward_rules,
+        vxlan_only_on: (!guard::checks_iface(&mut ebpf)?).then(|| c.iface.clone()),
+    };
 
     let vtep_index = match &plan4 {
         Some(p) => {
@@ -120,7 +128,7 @@ pub(in crate::run) async fn bring_up(
     // only now that the programs judge IPv6 VXLAN: the device's socket
     let v6 = match plan6 {
         Some(p) => {
-            let v6 = crate::run::node6::bring_up6(c, conf, p, handle).await?;
+            let v6 = crate::run::node6::bring_up6(p, &rules, handle).await?;
             // IPv6-only: this is the VTEP (dual-stack: flannel.<VNI> was first)
             startup.reached(Milestone::VtepUp, Instant::now());
             Some(v6)
@@ -128,13 +136,12 @@ pub(in crate::run) async fn bring_up(
         None => None,
     };
 
-    let forward_rules = c.args.iptables_forward_rules;
     let firewall = match &plan4 {
         Some(p) => {
             // always: the broadcast and multicast VXLAN guard is in the rule set whatever the flags
             let firewall = netfilter::Firewall::new::<Ipv4Net>()?;
             firewall
-                .apply(&netfilter::plan(conf.network, p.subnet, conf.port, c.args.ip_masq, forward_rules))
+                .apply(&netfilter::plan(conf.network, p.subnet, &rules))
                 .context("cannot install the firewall rules")?;
             Some(firewall)
         }
@@ -182,7 +189,7 @@ pub(in crate::run) async fn bring_up(
         loaded: None,
         bridge: None,
         firewall,
-        forward_rules,
+        rules,
         pins,
         accepted: Vec::new(),
         known: Default::default(),

@@ -42,7 +42,8 @@ pub(super) struct Node {
     bridge: Option<u32>,
     /// The IPv4 firewall chains (`None` in an IPv6-only network).
     firewall: Option<netfilter::Firewall>,
-    forward_rules: bool,
+    /// What both families' firewall rules are planned with.
+    rules: netfilter::Settings,
     pins: bpffs::PinDir,
     handle: Handle,
     maps: Maps,
@@ -212,13 +213,12 @@ impl Node {
     pub(super) fn enforce_rules(&self) {
         let r = &self.record;
         if let (Some(fw), Some(v4)) = (&self.firewall, &r.v4) {
-            let rules = netfilter::plan(v4.network, v4.subnet, r.port, r.ip_masq, self.forward_rules);
-            if let Err(e) = fw.apply(&rules) {
+            if let Err(e) = fw.apply(&netfilter::plan(v4.network, v4.subnet, &self.rules)) {
                 warn!("cannot restore the firewall rules: {e:#}");
             }
         }
         if let Some(v6) = &self.v6 {
-            v6.enforce_rules(r.port, r.ip_masq, self.forward_rules);
+            v6.enforce_rules(&self.rules);
         }
     }
 }
@@ -227,8 +227,7 @@ pub(super) async fn readdress(n: &mut Node, own: &OwnNode, state: &StateDir) -> 
     if let (Some(index), Some(v4), Some(subnet)) = (n.vtep_index, n.record.v4.as_mut(), own.subnet) {
         vtep::ensure_address(&n.handle, index, subnet, v4.network).await?;
         if let Some(fw) = &n.firewall {
-            let rules = netfilter::plan(v4.network, subnet, n.record.port, n.record.ip_masq, n.forward_rules);
-            fw.apply(&rules).context("cannot update the firewall rules")?;
+            fw.apply(&netfilter::plan(v4.network, subnet, &n.rules)).context("cannot update the firewall rules")?;
         }
         v4.subnet = subnet;
     }

@@ -241,6 +241,16 @@ impl Setup {
         }
     }
 
+    /// Whether node 1's kernel routes `ip` as a broadcast address (`ip route
+    /// show table local type broadcast`), which depends on the kernel, not
+    /// on edgevx: an older kernel routes a prefix's lowest address as one
+    /// too (5.10 does; 6.1 and 6.18 do not).
+    fn broadcast_on_node1(&self, ip: &str) -> Result<bool> {
+        let local = self.c.host(1).ns.run(&["ip", "-4", "route", "show", "table", "local", "type", "broadcast"])?;
+        // `broadcast 10.244.1.0 dev cni0 proto kernel ...`
+        Ok(local.lines().any(|l| l.split_whitespace().take(2).any(|t| t == ip)))
+    }
+
     /// UDP datagrams pod 1's stack saw for a port nobody listens on.
     fn pod_no_ports(&self) -> Result<u64> {
         let snmp = self.c.host(1).pod.run(&["cat", "/proc/net/snmp"])?;
@@ -310,7 +320,13 @@ fn vxlan_from_a_stranger_is_refused_by_every_path_and_an_exempt_peer_gets_throug
         }
         let (exempt, spoofed) =
             (format!("the exempt peer {}", p.what), format!("a spoofed inner source from a peer {}", p.what));
-        if p.on_underlay {
+        if p.on_underlay && s.broadcast_on_node1(p.to)? {
+            // a kernel that routes a prefix's lowest address as a broadcast
+            // (5.10: cni0's 10.244.1.0/24 makes 10.244.1.0 one, the address
+            // flannel.1 holds) hands it to EDGEVX-INPUT's broadcast rule
+            s.refused(&exempt, EXEMPT_IP, p.link, p.to, "raw", Counted::Firewall("BROADCAST"))?;
+            s.refused(&spoofed, PEER, p.link, p.to, "raw", Counted::Agent("drop_spoofed_source"))?;
+        } else if p.on_underlay {
             s.delivered(&exempt, EXEMPT_IP, p.link, p.to)?;
             // a peer (or anyone spoofing it) with a forged inner source
             s.refused(&spoofed, PEER, p.link, p.to, "raw", Counted::Agent("drop_spoofed_source"))?;

@@ -320,14 +320,14 @@ fn vxlan_from_a_stranger_is_refused_by_every_path_and_an_exempt_peer_gets_throug
         }
         let (exempt, spoofed) =
             (format!("the exempt peer {}", p.what), format!("a spoofed inner source from a peer {}", p.what));
-        if p.on_underlay && s.broadcast_on_node1(p.to)? {
-            // a kernel that routes a prefix's lowest address as a broadcast
-            // (5.10: cni0's 10.244.1.0/24 makes 10.244.1.0 one, the address
-            // flannel.1 holds) hands it to EDGEVX-INPUT's broadcast rule
-            s.refused(&exempt, EXEMPT_IP, p.link, p.to, "raw", Counted::Firewall("BROADCAST"))?;
-            s.refused(&spoofed, PEER, p.link, p.to, "raw", Counted::Agent("drop_spoofed_source"))?;
-        } else if p.on_underlay {
-            s.delivered(&exempt, EXEMPT_IP, p.link, p.to)?;
+        if p.on_underlay {
+            match s.broadcast_on_node1(p.to)? {
+                // a kernel that routes a prefix's lowest address as a broadcast
+                // (5.10: cni0's 10.244.1.0/24 makes 10.244.1.0 one, the address
+                // flannel.1 holds) hands it to EDGEVX-INPUT's broadcast rule
+                true => s.refused(&exempt, EXEMPT_IP, p.link, p.to, "raw", Counted::Firewall("BROADCAST"))?,
+                false => s.delivered(&exempt, EXEMPT_IP, p.link, p.to)?,
+            }
             // a peer (or anyone spoofing it) with a forged inner source
             s.refused(&spoofed, PEER, p.link, p.to, "raw", Counted::Agent("drop_spoofed_source"))?;
         } else {

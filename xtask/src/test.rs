@@ -234,7 +234,7 @@ fn parts() -> usize {
 /// The e2e tests the amd64 guests run: `filter`'s, with none the edge set
 /// [`vm::EDGE_TESTS`], listed by the binary itself.
 fn listed(binary: &str, filter: Option<&str>) -> Result<Vec<String>> {
-    let filters: Vec<&str> = filter.map_or_else(|| vm::EDGE_TESTS.to_vec(), |f| vec![f]);
+    let filters: Vec<&str> = filter.map_or_else(|| vm::EDGE_TESTS.to_vec(), |f| f.split_whitespace().collect());
     let out = exec::output(Command::new(binary).arg("--list").args(&filters))?;
     let names: Vec<String> = out.lines().filter_map(|l| l.strip_suffix(": test")).map(str::to_string).collect();
     if names.is_empty() {
@@ -259,7 +259,10 @@ fn shared_out(names: &[String], n: usize) -> Vec<Vec<String>> {
 fn guest_command(spec: &kernels::Spec, binary: &str, filter: Option<&str>, ci: bool) -> String {
     let prog_tests = format!("{binary} --test-threads=1 prog_test_run");
     match (filter, ci) {
-        (Some(f), _) => format!("{binary} --test-threads=1 {}", quote(f)),
+        (Some(f), _) => {
+            let filters: Vec<String> = f.split_whitespace().map(quote).collect();
+            format!("{binary} --test-threads=1 {}", filters.join(" "))
+        }
         (None, true) => {
             let share = vm::ci_tests(spec);
             format!("{prog_tests} && {binary} --test-threads=1 --exact {}", share.join(" "))

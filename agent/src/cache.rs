@@ -2,7 +2,7 @@
 //! that starts cut off from the cloud can bring its dataplane back at once.
 use anyhow::Result;
 
-use crate::{source::Desired, state::StateDir};
+use crate::{peer::Desired, state::StateDir};
 
 pub const VIEW_FILE: &str = "last-view.json";
 

@@ -4,7 +4,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
-use crate::{family::Family, mac::VtepMac};
+use crate::{family::Family, mac::VtepMac, netconf::NetConf};
 
 /// A remote node: its IPv4 VTEP, its IPv6 VTEP, or both (dual-stack).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,6 +90,14 @@ pub struct OwnNode {
 pub struct Rejection {
     pub node: String,
     pub reason: String,
+}
+
+/// One complete view from a source: the network config and the node
+/// list read with it. A source sends only what it read in full.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Desired {
+    pub conf: NetConf,
+    pub view: ClusterView,
 }
 
 /// One interpretation of a whole node list.

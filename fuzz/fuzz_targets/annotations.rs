@@ -5,7 +5,7 @@
 use edgevx::{
     annotations::AnnotationNames,
     netconf::{Ipv6Conf, NetConf},
-    source::{NodeReader, peer_record},
+    source::{flannel_rules::NodeReader, peer_record},
 };
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};

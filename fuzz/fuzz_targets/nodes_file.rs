@@ -5,7 +5,7 @@
 use edgevx::{
     annotations::{AnnotationNames, DEFAULT_PREFIX},
     netconf::{Ipv6Conf, NetConf},
-    source::{NodeReader, nodes_file, peer_record},
+    source::{flannel_rules::NodeReader, nodes_file, peer_record},
 };
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;

@@ -18,17 +18,15 @@
 //! Nothing here keeps a record of what it programmed: every pass starts
 //! from what the kernel holds, so drift (a route deleted by hand, a map
 //! entry changed under us, a second writer) is repaired by the next pass.
-mod apply;
 mod capacity;
 mod on_link;
 mod plan;
 mod select;
 mod table;
 
-pub use apply::{Dataplane, Outcome, apply};
 pub use capacity::{CAPACITY_FILE, Fill, Nag, Say, fit};
 pub use on_link::{Hop, OnLink};
-pub use plan::{Accept, Changes, Contents, Tunnel, VTEP_GATEWAY, diff, plan};
+pub use plan::{Accept, Changes, Contents, Dataplane, Outcome, Tunnel, VTEP_GATEWAY, apply, diff, plan};
 pub use select::{claiming_ours, select};
 pub use table::{Known, PeerTable};
 

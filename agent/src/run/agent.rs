@@ -21,8 +21,8 @@ use crate::{
         LoopReport, Stage,
         startup::{Milestone, STARTUP_FILE},
     },
-    peer::ClusterView,
-    source::{Desired, LocalVtep},
+    peer::{ClusterView, Desired},
+    source::LocalVtep,
     state::StateDir,
 };
 

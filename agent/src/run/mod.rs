@@ -21,7 +21,8 @@ use crate::{
     cli::RunArgs,
     dataplane::bpffs::PinDir,
     metrics::{self, LoopReport},
-    source::{Desired, LocalVtep, NodeReader, etcd, kube, nodes_file},
+    peer::Desired,
+    source::{LocalVtep, etcd, flannel_rules::NodeReader, kube, nodes_file},
     state::StateDir,
 };
 

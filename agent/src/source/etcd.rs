@@ -21,14 +21,13 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use super::{
-    Desired,
     etcd_config::{Ranges, RefusedConfig, public_ipv6_now, read_config},
     etcd_settings::EtcdSettings,
     etcd_tls, leases, subnet_range,
 };
 use crate::{
     netconf::NetConf,
-    peer::{ClusterView, OwnNode},
+    peer::{ClusterView, Desired, OwnNode},
     state::StateDir,
     vtep_mac,
 };

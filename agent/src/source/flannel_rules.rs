@@ -9,8 +9,29 @@ use super::node_error::{NodeError, parse_ip};
 use crate::{
     annotations::{ANY_INNER_SOURCE, AnnotationNames},
     mac::VtepMac,
-    peer::{ClusterView, Half, OwnNode, Peer, Rejection},
+    netconf::NetConf,
+    peer::{ClusterView, Desired, Half, OwnNode, Peer, Rejection},
 };
+
+/// Reads Node objects (from a file or the API) with flannel's rules.
+#[derive(Clone)]
+pub struct NodeReader {
+    pub names: AnnotationNames,
+    pub own_name: String,
+    pub conf: NetConf,
+}
+
+impl NodeReader {
+    pub fn desired(&self, nodes: &[Value]) -> Desired {
+        let rules = Rules {
+            names: &self.names,
+            own_name: &self.own_name,
+            network: self.conf.ipv4.then_some(self.conf.network),
+            network6: self.conf.ipv6.as_ref().map(|v6| v6.network),
+        };
+        Desired { conf: self.conf.clone(), view: rules.view(nodes) }
+    }
+}
 
 /// How to read a node list for one agent.
 pub struct Rules<'a> {

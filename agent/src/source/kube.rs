@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use super::{Desired, LocalVtep, NodeReader};
-use crate::annotations::AnnotationNames;
+use super::{LocalVtep, flannel_rules::NodeReader};
+use crate::{annotations::AnnotationNames, peer::Desired};
 
 /// A client from `kubeconfig`, else the in-cluster service account.
 /// `user_agent` matters behind OpenYurt's YurtHub, which caches responses

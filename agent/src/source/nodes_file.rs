@@ -21,8 +21,8 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use super::{Desired, NodeReader};
-use crate::events::file::DirWatch;
+use super::flannel_rules::NodeReader;
+use crate::{events::file::DirWatch, peer::Desired};
 
 /// The safety net behind inotify (e.g. a file on a filesystem without it).
 const STAT_EVERY: Duration = Duration::from_secs(10);

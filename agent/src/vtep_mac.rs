@@ -23,7 +23,9 @@ use crate::{
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MacSource {
-    Annotation,
+    /// Our own node's `backend-data` (or `backend-v6-data`), or our etcd
+    /// lease's: a new lease publishes a [`candidate`] before bring-up.
+    Published,
     StateDir,
     Generated,
 }
@@ -37,7 +39,7 @@ pub fn choose<N: Family>(published: Option<VtepMac>, state: &StateDir) -> Result
     let file = mac_file::<N>();
     let saved = state.load_mac(file)?;
     let (mac, source) = match (published, saved) {
-        (Some(m), _) => (m, MacSource::Annotation),
+        (Some(m), _) => (m, MacSource::Published),
         (None, Some(m)) => (m, MacSource::StateDir),
         (None, None) => {
             (VtepMac::random().context("cannot read /dev/urandom for a new VTEP MAC")?, MacSource::Generated)
@@ -92,7 +94,7 @@ mod tests {
         assert_eq!(choose::<Ipv4Net>(None, &s).unwrap(), (m, MacSource::StateDir), "and reused");
 
         s.save_mac(MAC_FILE, b).unwrap();
-        assert_eq!(choose::<Ipv4Net>(Some(a), &s).unwrap(), (a, MacSource::Annotation));
+        assert_eq!(choose::<Ipv4Net>(Some(a), &s).unwrap(), (a, MacSource::Published));
         assert_eq!(s.load_mac(MAC_FILE).unwrap(), Some(a), "the MAC in use is always saved");
         fs::remove_dir_all(&s.0).unwrap();
     }
@@ -107,7 +109,7 @@ mod tests {
         assert_ne!(m4, m6, "one random MAC per device, as flannel draws them");
         assert_eq!((s.load_mac(MAC_FILE).unwrap(), s.load_mac(MAC6_FILE).unwrap()), (Some(m4), Some(m6)));
         assert_eq!(choose::<Ipv6Net>(None, &s).unwrap(), (m6, MacSource::StateDir));
-        assert_eq!(choose::<Ipv6Net>(Some(a), &s).unwrap(), (a, MacSource::Annotation));
+        assert_eq!(choose::<Ipv6Net>(Some(a), &s).unwrap(), (a, MacSource::Published));
         assert_eq!((s.load_mac(MAC_FILE).unwrap(), s.load_mac(MAC6_FILE).unwrap()), (Some(m4), Some(a)));
         fs::remove_dir_all(&s.0).unwrap();
     }
@@ -117,7 +119,7 @@ mod tests {
         let s = dir("cand");
         let c = candidate::<Ipv4Net>(&s).unwrap();
         assert_eq!(s.load_mac(MAC_FILE).unwrap(), None, "a candidate is not saved");
-        assert_eq!(choose::<Ipv4Net>(Some(c), &s).unwrap(), (c, MacSource::Annotation));
+        assert_eq!(choose::<Ipv4Net>(Some(c), &s).unwrap(), (c, MacSource::Published));
         assert_eq!(s.load_mac(MAC_FILE).unwrap(), Some(c), "bring-up saves it");
         assert_eq!(candidate::<Ipv4Net>(&s).unwrap(), c, "and the next run offers the saved one");
         assert_eq!(s.load_mac(MAC6_FILE).unwrap(), None);

@@ -84,6 +84,10 @@ const IMAGE: &[(Probe, &str)] = &[
 /// arm64 tests, and the image's check before it is written).
 const CROSS: &[(Probe, &str)] = &[
     (Probe::Command("aarch64-linux-gnu-gcc"), "gcc-aarch64-linux-gnu"),
+    // the C library headers ring's C code includes for arm64; only a
+    // recommendation of the compiler's package, which is installed without
+    // them (found on a machine that never had them installed by hand)
+    (Probe::File("/usr/aarch64-linux-gnu/include/bits/libc-header-start.h"), "libc6-dev-arm64-cross"),
     (Probe::Command("qemu-aarch64-static"), "qemu-user-static"),
     // boots Debian's arm64 kernel for the programs' tests (vm_arm64.rs)
     (Probe::Command("qemu-system-aarch64"), "qemu-system-arm"),

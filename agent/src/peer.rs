@@ -92,8 +92,9 @@ pub struct Rejection {
     pub reason: String,
 }
 
-/// One complete view from a source: the network config and the node
-/// list read with it. A source sends only what it read in full.
+/// One complete view from a source: the network config and the peers read
+/// with it (from Nodes, or etcd leases). A source sends only what it read
+/// in full.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Desired {
     pub conf: NetConf,

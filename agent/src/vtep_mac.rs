@@ -1,5 +1,6 @@
 //! Which VTEP MAC this node uses. The first that exists wins:
-//! 1. the VtepMAC our own Node publishes in `backend-data`;
+//! 1. the VtepMAC our own Node publishes in `backend-data` (with etcd, our
+//!    lease's);
 //! 2. the MAC saved in the state dir;
 //! 3. a new random one, saved (fsync + rename) before any device exists.
 //!
@@ -32,7 +33,7 @@ pub enum MacSource {
 
 /// The MAC of a family's VTEP (`flannel.<VNI>` or `flannel-v6.<VNI>`):
 /// `published` is the VtepMAC of our `backend-data` (or
-/// `backend-v6-data`), and each family's state file is its own. flannel
+/// `backend-v6-data`; with etcd, our lease's), and each family's state file is its own. flannel
 /// draws a separate MAC per device, and kernel flannel peers only see a
 /// new IPv6 one when the IPv4 half changes too, so both must be as stable.
 pub fn choose<N: Family>(published: Option<VtepMac>, state: &StateDir) -> Result<(VtepMac, MacSource)> {

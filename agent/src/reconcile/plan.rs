@@ -387,12 +387,7 @@ mod tests {
 #[cfg(test)]
 mod apply_tests {
     use super::*;
-    use crate::reconcile::test_peer as peer;
-    use crate::reconcile::{Contents, OnLink};
-    use crate::{
-        peer::Peer,
-        reconcile::{Hop, diff, fit, plan, select},
-    };
+    use crate::reconcile::{Hop, fit, select, test_peer as peer};
 
     /// A dataplane in memory that logs each write and can fail one key. Its
     /// maps refuse a new key when they hold `capacity` (as the kernel's do,

@@ -1,7 +1,8 @@
 //! Sources of desired state: the nodes file, the Kubernetes API and etcd.
 //! Each one sends complete [`Desired`](crate::peer::Desired) views to the
-//! run loop and nothing else; none of them touches the dataplane. A source sends only what it
-//! read in full, so an unreachable control plane never looks like "no peers".
+//! run loop and nothing else; none of them touches the dataplane. A source
+//! sends only what it read in full, so an unreachable control plane never
+//! looks like "no peers".
 pub mod etcd;
 mod etcd_config;
 pub mod etcd_settings;

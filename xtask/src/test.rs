@@ -105,6 +105,9 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
     if names.is_empty() {
         bail!("--kernel {kernels:?} names no kernel");
     }
+    if let Some(f) = filter.filter(|f| f.split_whitespace().next().is_none()) {
+        bail!("the filter {f:?} names no test: give one or more, separated by spaces, or none for the edge set");
+    }
     let mut specs: Vec<&kernels::Spec> = Vec::new();
     for name in &names {
         let spec = kernels::spec(name)?;
@@ -153,7 +156,7 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
             Some(command) => Guest::Native(vm::prepare(&native_run(spec, command, part, &tools, &ipam, patience))?),
             None => {
                 // every prog test, with --ci too: the arm64 guest runs nothing else
-                let filters = filter.map_or_else(|| vm_arm64::TESTS.to_vec(), |f| vec![f]);
+                let filters = filter.map_or_else(|| vm_arm64::TESTS.to_vec(), |f| f.split_whitespace().collect());
                 Guest::Arm64(vm_arm64::prepare(spec.name, &filters)?)
             }
         });

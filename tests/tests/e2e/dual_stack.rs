@@ -345,10 +345,7 @@ fn only_ipv6_peers_get_in_and_only_with_their_own_pod_sources() -> Result<()> {
     for a in [stranger.to_string(), underlay_ip6(2).to_string()] {
         attacker.ip(&["-6", "addr", "add", &format!("{a}/64"), "dev", "eth0", "nodad"])?;
     }
-    let rx = || -> Result<u64> {
-        let v = h1.ns.run(&["cat", "/sys/class/net/flannel-v6.1/statistics/rx_packets"])?;
-        v.trim().parse().context("rx_packets")
-    };
+    let rx = || flannel_v6_rx(&h1.ns);
     let counter = |name: &str| -> Result<u64> {
         p.agent.status()?["counters"][name].as_u64().with_context(|| format!("no counter {name}"))
     };
@@ -416,16 +413,8 @@ fn a_pod_cannot_send_ipv6_vxlan() -> Result<()> {
 fn ipv6_multicast_vxlan_on_a_second_interface_is_dropped_by_the_firewall() -> Result<()> {
     let p = pair()?;
     let h1 = p.c.host(1);
-    let attacker = Netns::new(&format!("{}atm", p.c.tag))?;
-    h1.ns.ip(&["link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", &attacker.name])?;
-    h1.ns.ip(&["-6", "addr", "add", "fd00:198:19::1/64", "dev", "eth1", "nodad"])?;
-    h1.ns.ip(&["link", "set", "eth1", "up"])?;
-    attacker.ip(&["-6", "addr", "add", "fd00:198:19::66/64", "dev", "eth0", "nodad"])?;
-    attacker.ip(&["link", "set", "eth0", "up"])?;
-    let rx = || -> Result<u64> {
-        let v = h1.ns.run(&["cat", "/sys/class/net/flannel-v6.1/statistics/rx_packets"])?;
-        v.trim().parse().context("rx_packets")
-    };
+    let attacker = on_a_second_interface(&p, "atm")?;
+    let rx = || flannel_v6_rx(&h1.ns);
     // the packets ip6tables' EDGEVX-INPUT dropped
     let dropped = || -> Result<u64> {
         let out = h1.ns.run(&["ip6tables", "-L", "EDGEVX-INPUT", "-v", "-x", "-n"])?;
@@ -454,5 +443,55 @@ fn ipv6_multicast_vxlan_on_a_second_interface_is_dropped_by_the_firewall() -> Re
         wait_until(Duration::from_secs(5), "the multicast VXLAN dropped by ip6tables", || Ok(dropped()? > before))?;
         assert_eq!(rx()?, rx_before, "{ext:?}: flannel-v6.1 received it");
     }
+    Ok(())
+}
+
+/// An attacker on a second interface of node 1 (`eth1`, fd00:198:19::1),
+/// its own end `eth0` holding fd00:198:19::66.
+fn on_a_second_interface(p: &Pair, tag: &str) -> Result<Netns> {
+    let h1 = p.c.host(1);
+    let attacker = Netns::new(&format!("{}{tag}", p.c.tag))?;
+    h1.ns.ip(&["link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", &attacker.name])?;
+    h1.ns.ip(&["-6", "addr", "add", "fd00:198:19::1/64", "dev", "eth1", "nodad"])?;
+    h1.ns.ip(&["link", "set", "eth1", "up"])?;
+    attacker.ip(&["-6", "addr", "add", "fd00:198:19::66/64", "dev", "eth0", "nodad"])?;
+    attacker.ip(&["link", "set", "eth0", "up"])?;
+    Ok(attacker)
+}
+
+/// Frames node 1's `flannel-v6.1` received.
+fn flannel_v6_rx(node1: &Netns) -> Result<u64> {
+    let v = node1.run(&["cat", "/sys/class/net/flannel-v6.1/statistics/rx_packets"])?;
+    v.trim().parse().context("rx_packets")
+}
+
+/// A peer's IPv6 VXLAN arriving anywhere but on the underlay is refused
+/// whole, as the IPv4 injection test shows for IPv4: by the socket-lookup
+/// guard (`drop_vxlan_off_underlay`), or before Linux 5.17, where the
+/// guard cannot read `ingress_ifindex`, by the rule at the end of
+/// ip6tables' `EDGEVX-INPUT` that drops VXLAN off the underlay.
+#[test]
+fn a_peers_ipv6_vxlan_on_a_second_interface_is_refused() -> Result<()> {
+    let p = pair()?;
+    let h1 = p.c.host(1);
+    let attacker = on_a_second_interface(&p, "ats")?;
+    // the attacker sends as node 2, whose address it holds too
+    let peer = underlay_ip6(2).to_string();
+    attacker.ip(&["-6", "addr", "add", &format!("{peer}/128"), "dev", "eth0", "nodad"])?;
+    let refused = || -> Result<u64> {
+        if crate::features::full_guard() {
+            let name = "drop_vxlan_off_underlay";
+            return p.agent.status()?["counters"][name].as_u64().with_context(|| format!("no counter {name}"));
+        }
+        let out = h1.ns.run(&["ip6tables", "-L", "EDGEVX-INPUT", "-v", "-x", "-n"])?;
+        let line = out.lines().find(|l| l.contains("!eth0")).with_context(|| format!("no rule for !eth0:\n{out}"))?;
+        line.split_whitespace().next().context("no count")?.parse().context("count")
+    };
+    let (before, rx_before) = (refused()?, flannel_v6_rx(&h1.ns)?);
+    let inside = "fd00:10:244:2::9"; // in node 2's IPv6 pod subnet: judged as good on the underlay
+    attacker.run(&["python3", "-c", crate::underlay_v6::SEND, &peer, "fd00:198:19::1", &p.macs.1, "eth0", inside])?;
+    wait_until(Duration::from_secs(5), "node 2's IPv6 VXLAN off the underlay refused", || Ok(refused()? > before))?;
+    assert_eq!(refused()?, before + 1, "counted once");
+    assert_eq!(flannel_v6_rx(&h1.ns)?, rx_before, "flannel-v6.1 received it");
     Ok(())
 }

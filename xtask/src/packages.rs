@@ -99,11 +99,14 @@ const FUZZ: &[(Probe, &str)] = &[(Probe::Command("c++"), "g++")];
 
 /// What the kernel matrix (`cargo xtask test --kernel`) needs: QEMU, and
 /// for virtme-ng's initramfs a static busybox, and depmod for the kernel's modules
-/// (dpkg-deb, which unpacks them, is part of every Debian system).
+/// (dpkg-deb, which unpacks them, is part of every Debian system); the C
+/// libraries virtiofsd links, to build it (`toolchain::ensure_virtiofsd`).
 const VM: &[(Probe, &str)] = &[
     (Probe::Command("qemu-system-x86_64"), "qemu-system-x86"),
     (Probe::Command("busybox"), "busybox-static"),
     (Probe::Command("depmod"), "kmod"),
+    (Probe::File("/usr/include/seccomp.h"), "libseccomp-dev"),
+    (Probe::File("/usr/include/cap-ng.h"), "libcap-ng-dev"),
 ];
 
 /// Everything the tests, demo and bench need.

@@ -19,6 +19,7 @@ use crate::exec;
 pub const EBPF_TOOLCHAIN: &str = "nightly";
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
+const VIRTIOFSD_VERSION: &str = "1.14.0";
 
 /// Where the tools are, for the children that need them.
 pub struct Tools {
@@ -124,19 +125,32 @@ fn ensure_bpf_linker() -> Result<PathBuf> {
 /// (nothing is installed into ~/.cargo/bin); returns the directory of the
 /// `cargo-fuzz` binary, to put on PATH for `cargo +nightly fuzz`.
 pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
-    let root = cache_root()?.join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}"));
+    ensure_crate_bin("cargo-fuzz", "cargo-fuzz", CARGO_FUZZ_VERSION, "about a minute")
+}
+
+/// The Rust virtiofsd, built from crates.io into the tools cache, for the
+/// kernel matrix's guests (`vm.rs`: virtme-ng shares the root over
+/// virtio-fs with it, over 9p without it); returns its directory, to put
+/// on virtme-ng's PATH. Debian 12 packages no Rust virtiofsd, and QEMU
+/// 7.2's C one takes other flags, so virtme-ng passes it over.
+pub fn ensure_virtiofsd() -> Result<PathBuf> {
+    ensure_crate_bin("virtiofsd", "virtiofsd", VIRTIOFSD_VERSION, "a few minutes")
+}
+
+/// `krate` at `version` built from crates.io with its own lock file into
+/// the tools cache (nothing is installed into ~/.cargo/bin), unless a
+/// working `bin` is there already; returns the directory of `bin`.
+fn ensure_crate_bin(krate: &str, bin: &str, version: &str, how_long: &str) -> Result<PathBuf> {
+    let root = cache_root()?.join(format!("{krate}-{version}"));
     let bin_dir = root.join("bin");
-    let bin = bin_dir.join("cargo-fuzz");
-    if bin.exists() && Command::new(&bin).arg("--version").output().is_ok_and(|o| o.status.success()) {
+    let path = bin_dir.join(bin);
+    if path.exists() && Command::new(&path).arg("--version").output().is_ok_and(|o| o.status.success()) {
         return Ok(bin_dir);
     }
-    eprintln!("xtask: building cargo-fuzz {CARGO_FUZZ_VERSION} (about a minute)");
+    eprintln!("xtask: building {krate} {version} ({how_long})");
     exec::run(
-        Command::new("cargo")
-            .args(["install", "cargo-fuzz", "--locked", "--version", CARGO_FUZZ_VERSION])
-            .arg("--root")
-            .arg(&root),
+        Command::new("cargo").args(["install", krate, "--locked", "--version", version]).arg("--root").arg(&root),
     )
-    .context("missing: cargo-fuzz, and `cargo install cargo-fuzz` failed (needs crates.io)")?;
+    .with_context(|| format!("missing: {krate}, and `cargo install {krate}` failed (needs crates.io)"))?;
     Ok(bin_dir)
 }

@@ -2,23 +2,32 @@
 //! a QEMU guest that boots Debian's own kernel package.
 //!
 //! virtme-ng boots it: it shares this machine's root filesystem read-only
-//! over 9p (with writable overlays on /etc, /tmp, /var, ...), links the
-//! guest's `/lib/modules/<release>` to the unpacked package, and runs one
-//! script. So the guest runs the very binaries, CNI plugins, iptables and
-//! etcd the native tests run, and only the kernel differs. A runner of our
-//! own (QEMU, `-kernel`, an initramfs that loads Debian's 9p modules, an
-//! init script) would have to rebuild exactly that; virtme-ng is maintained
-//! for this job, installs from PyPI into a venv under the cache, and is
-//! what the kernel's own BPF CI tooling grew from.
+//! (with writable overlays on /etc, /tmp, /var, ...), links the guest's
+//! `/lib/modules/<release>` to the unpacked package, and runs one script.
+//! So the guest runs the very binaries, CNI plugins, iptables and etcd the
+//! native tests run, and only the kernel differs. A runner of our own
+//! (QEMU, `-kernel`, an initramfs that loads Debian's modules, an init
+//! script) would have to rebuild exactly that; virtme-ng is maintained for
+//! this job, installs from PyPI into a venv under the cache, and is what
+//! the kernel's own BPF CI tooling grew from.
+//!
+//! The root is shared over virtio-fs, with the Rust virtiofsd built into
+//! the tools cache ([`toolchain::ensure_virtiofsd`]), and not over
+//! virtme-ng's fallback, 9p: virtme-ng mounts 9p without a page cache, so
+//! under TCG every process start read its binary and its libraries across
+//! again, while virtiofsd lets the guest keep them (`/bin/true` in the
+//! 5.10 guest: 0.42 s a start over 9p, 0.18 s over virtio-fs, measured
+//! side by side with a build running). The run says which it got.
 //!
 //! KVM is tried first where `/dev/kvm` exists; a guest that never starts
 //! its script (nested KVM dies at once on some hosts) is booted again
 //! under TCG, and the run says which it used.
 use std::{
     fs,
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::Command,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
@@ -26,6 +35,16 @@ use anyhow::{Context, Result, bail};
 use crate::{exec, kernels, toolchain};
 
 const VIRTME_NG_VERSION: &str = "1.42";
+
+/// Added to the guest kernel's command line. Under TCG the kernel's
+/// check that the virtual CPUs' TSCs agree fails on emulation jitter
+/// alone (every vCPU reads the one host clock), on 5.10 and 6.1 alike,
+/// and it falls back to the HPET: then every `clock_gettime` is a system
+/// call and an emulated device read (measured in the 5.10 guest: 20,000
+/// reads 3.3 s over a bare loop's time with the HPET, 0.1 s with the
+/// TSC), and the tests' pings, timers and tokio read the clock all the
+/// time. The clock source is no part of what the matrix tests.
+const GUEST_KERNEL_ARGS: &str = "tsc=reliable";
 
 /// How many times longer the test harness waits in a guest that has the
 /// host's CPUs to itself: TCG runs the agent's iptables writes and program
@@ -160,10 +179,10 @@ pub struct Run<'a> {
 /// cache. Counted with `strace -f -e execve` over the CI share natively:
 /// iptables and ip alone are about 90% of the process starts.
 ///
-/// Under TCG the guest's root is 9p without a page cache, so every start
-/// reads its binary and its libraries across it again: `/bin/true` takes
-/// 0.64 s on 5.10, and 0.13 s with itself and its libraries in a tmpfs;
-/// the agent's binary 2.9 s against 0.25. The guest stages these, their
+/// Over 9p without a page cache (before the root came over virtio-fs)
+/// every start read its binary and its libraries across again:
+/// `/bin/true` took 0.64 s on 5.10, and 0.13 s with itself and its
+/// libraries in a tmpfs; the agent's binary 2.9 s against 0.25. The guest stages these, their
 /// libraries and [`Run::hot`] in a tmpfs once ([`stage_hot_files`]), so
 /// every path stays the one the native run uses: on 5.10,
 /// `kernel::the_agent_loads_the_encap...` took 123 s after 16 s of
@@ -229,17 +248,20 @@ pub struct Prepared {
     distro: &'static str,
     kernel: kernels::Fetched,
     vng: PathBuf,
+    /// The directory of the virtiofsd virtme-ng shares the root with.
+    virtiofsd: PathBuf,
     out: PathBuf,
     script: PathBuf,
     job: String,
 }
 
-/// Fetches the kernel and virtme-ng, and writes the guest's script into
+/// Fetches the kernel, virtme-ng and virtiofsd, and writes the guest's script into
 /// an emptied `target/vm/<kernel>/`.
 pub fn prepare(run: &Run) -> Result<Prepared> {
     let spec = kernels::spec(run.kernel)?;
     let kernel = kernels::fetch(spec)?;
     let vng = ensure_virtme_ng()?;
+    let virtiofsd = toolchain::ensure_virtiofsd()?;
     let name = match run.part {
         Some((i, n)) => format!("{}.{i}of{n}", spec.name),
         None => spec.name.to_string(),
@@ -251,7 +273,7 @@ pub fn prepare(run: &Run) -> Result<Prepared> {
     fs::write(&script, guest_script(run, &out, &hot_files(&run.hot, &run.path_env)))
         .with_context(|| format!("cannot write {}", script.display()))?;
     eprintln!("xtask: kernel {} ({}, {}), results in {}", kernel.release, spec.distro, kernel.package, out.display());
-    Ok(Prepared { name, distro: spec.distro, kernel, vng, out, script, job: run.job.to_string() })
+    Ok(Prepared { name, distro: spec.distro, kernel, vng, virtiofsd, out, script, job: run.job.to_string() })
 }
 
 impl Prepared {
@@ -262,7 +284,7 @@ impl Prepared {
     /// Boots the guest with `cpus` virtual CPUs, waits for its command, and
     /// fails when the command failed.
     pub fn boot(self, cpus: usize) -> Result<()> {
-        let Prepared { name, distro, kernel, vng, out, script, job } = self;
+        let Prepared { name, distro, kernel, vng, virtiofsd, out, script, job } = self;
         let root = exec::workspace_root();
         let started = Instant::now();
         let mut accel = if Path::new("/dev/kvm").exists() { Accel::Kvm } else { Accel::Tcg };
@@ -270,11 +292,12 @@ impl Prepared {
             eprintln!("xtask: booting {} under {} ({cpus} CPUs)", kernel.release, accel.name());
             let console = out.join(format!("console-{}.log", accel.name()));
             let mut cmd = Command::new(&vng);
-            // vng runs its helpers (virtme-run) from PATH
-            cmd.env("PATH", prepend_path(vng.parent().unwrap_or(Path::new("."))))
+            // vng runs its helpers (virtme-run) from PATH, and finds virtiofsd there
+            cmd.env("PATH", prepend_path(&[vng.parent().unwrap_or(Path::new(".")), &virtiofsd]))
                 .arg("--run")
                 .arg(&kernel.vmlinuz)
                 .args(["--cpus", &cpus.to_string(), "--memory", "4G", "--verbose"])
+                .args(["--append", GUEST_KERNEL_ARGS])
                 .arg("--rwdir")
                 .arg(&out)
                 .arg("--cwd")
@@ -285,8 +308,15 @@ impl Prepared {
             // the script is a file: a long command line panics the guest at boot
             cmd.arg("--").arg(format!("bash {}", script.display()));
             cmd.stdout(fs::File::create(&console)?).stderr(fs::File::create(out.join("vng-stderr.log"))?);
-            let status = cmd.status().with_context(|| format!("cannot start {}", vng.display()))?;
-            if out.join("started").exists() {
+            // its own process group: a hung guest is killed with QEMU and virtiofsd
+            cmd.process_group(0);
+            let mut child = cmd.spawn().with_context(|| format!("cannot start {}", vng.display()))?;
+            let started = out.join("started");
+            let status = match accel {
+                Accel::Kvm => wait_for_start(&mut child, &started, KVM_START_TIMEOUT)?,
+                Accel::Tcg => format!("{}", child.wait().context("cannot wait for virtme-ng")?),
+            };
+            if started.exists() {
                 break;
             }
             if accel == Accel::Kvm {
@@ -301,6 +331,14 @@ impl Prepared {
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
             .with_context(|| format!("the guest wrote no exit status; see {}", log.display()))?;
+        match fs::read_to_string(out.join("rootfs")).map(|f| f.trim().to_string()) {
+            Ok(f) if f == "virtiofs" => eprintln!("xtask: [{name}] the root came over virtiofs"),
+            f => eprintln!(
+                "xtask: [{name}] warning: the root came over {} and not virtiofs: every process start read its \
+                 binary again, and the run was slower (vng-stderr.log says why)",
+                f.unwrap_or_else(|e| format!("an unknown filesystem ({e})"))
+            ),
+        }
         let summary = fs::read_to_string(&log).unwrap_or_default();
         let shown = |l: &&str| l.starts_with("test result:") || l.contains("FAILED") || l.starts_with("bench:");
         for line in summary.lines().filter(shown) {
@@ -320,6 +358,37 @@ impl Prepared {
     }
 }
 
+/// How long a guest under KVM has to start its script before it is taken
+/// for hung and booted again under TCG. A KVM boot takes seconds; a nested
+/// KVM that cannot run the guest either dies at once or hangs early in the
+/// boot (seen here: at "Probing EDD", QEMU spinning a CPU, with the root
+/// over virtio-fs).
+const KVM_START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Waits for `child` (virtme-ng) to exit, or to have started its script
+/// (`started` exists) and then exit, whatever it takes: a started guest
+/// runs the whole job. One that has neither started nor exited within
+/// `limit` is killed with its process group (QEMU, virtiofsd). Says how it
+/// ended.
+fn wait_for_start(child: &mut std::process::Child, started: &Path, limit: Duration) -> Result<String> {
+    let since = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().context("cannot wait for virtme-ng")? {
+            return Ok(status.to_string());
+        }
+        if started.exists() {
+            return Ok(child.wait().context("cannot wait for virtme-ng")?.to_string());
+        }
+        if since.elapsed() >= limit {
+            // the group's id is the child's (process_group(0))
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
+            let _ = child.wait();
+            return Ok(format!("no start within {} s, killed", limit.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Accel {
     Kvm,
@@ -335,8 +404,8 @@ impl Accel {
     }
 }
 
-fn prepend_path(dir: &Path) -> std::ffi::OsString {
-    let mut paths = vec![dir.to_path_buf()];
+fn prepend_path(dirs: &[&Path]) -> std::ffi::OsString {
+    let mut paths: Vec<PathBuf> = dirs.iter().map(|d| d.to_path_buf()).collect();
     if let Some(p) = std::env::var_os("PATH") {
         paths.extend(std::env::split_paths(&p));
     }
@@ -364,6 +433,9 @@ fn guest_script(run: &Run, out: &Path, hot: &[PathBuf]) -> String {
     // what the tests may need to load is in the package's modules (virtme-ng
     // linked them); the guest's hostname and uname are the kernel's
     s += &format!("uname -a > {o}/uname\n");
+    // which filesystem the root came over (virtiofs, or 9p when virtme-ng
+    // could not start virtiofsd): said by the host after the run
+    s += &format!("findmnt -n -o FSTYPE / > {o}/rootfs 2>&1\n");
     let command: Vec<String> = run.command.iter().map(|a| quote(a)).collect();
     s += &format!("{} > {o}/{}.log 2>&1\necho $? > {o}/status\n", command.join(" "), run.job);
     s += &format!("dmesg > {o}/dmesg.log 2>&1\n");
@@ -476,6 +548,43 @@ mod tests {
     }
 
     #[test]
+    fn a_guest_that_never_starts_is_killed_with_its_group_and_a_started_one_is_waited_for() {
+        let dir = std::env::temp_dir().join(format!("xtask-vm-start-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let started = dir.join("started");
+        // hung: a child of the group that outlives its parent is killed too
+        let pid_file = dir.join("grandchild");
+        let mut hung = Command::new("sh")
+            .arg("-c")
+            .arg(format!("sleep 300 & echo $! > {}; wait", pid_file.display()))
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let said = wait_for_start(&mut hung, &started, Duration::from_secs(2)).unwrap();
+        assert!(said.contains("killed"), "{said}");
+        let grandchild = fs::read_to_string(&pid_file).unwrap();
+        let alive = Path::new("/proc").join(grandchild.trim());
+        // the killed sleep is reaped by init; its entry goes with it
+        for _ in 0..50 {
+            if !alive.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(!alive.exists(), "the group's sleep {} survived", grandchild.trim());
+        // started, then slower than the limit: waited for to the end
+        let mut slow = Command::new("sh")
+            .arg("-c")
+            .arg(format!("touch {}; sleep 3; exit 7", started.display()))
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let said = wait_for_start(&mut slow, &started, Duration::from_secs(1)).unwrap();
+        assert!(said.contains('7'), "{said}");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn guests_sharing_the_cpus_wait_as_many_times_longer() {
         let host = host_cpus();
         assert_eq!(patience(1, host), GUEST_PATIENCE, "a lone guest with every CPU");
@@ -504,6 +613,8 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("echo $? > '/w/target/vm/5.10'/status"), "{s}");
+        // the root's filesystem, for the host to say after the run
+        assert!(s.contains("findmnt -n -o FSTYPE / > '/w/target/vm/5.10'/rootfs"), "{s}");
         // staged before the command runs: a file in an overlay copied up,
         // a workspace file bind-mounted over itself from /run
         let command = s.find("tests.log").unwrap_or(0);

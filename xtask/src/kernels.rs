@@ -6,8 +6,9 @@
 //! the machine's own apt configuration is never changed.
 //!
 //! The *generic* flavour (`-amd64-unsigned`) is taken, not `-cloud-amd64`:
-//! virtme-ng shares the root filesystem over 9p, which the cloud flavour
-//! does not build.
+//! virtme-ng shares the root filesystem over virtio-fs, or over 9p where
+//! virtiofsd does not start, and the cloud flavour builds no 9p (the
+//! generic 5.10 and 6.1 build both as modules).
 use std::{
     fs,
     path::{Path, PathBuf},

@@ -125,7 +125,7 @@ fn ensure_bpf_linker() -> Result<PathBuf> {
 /// (nothing is installed into ~/.cargo/bin); returns the directory of the
 /// `cargo-fuzz` binary, to put on PATH for `cargo +nightly fuzz`.
 pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
-    ensure_crate_bin("cargo-fuzz", "cargo-fuzz", CARGO_FUZZ_VERSION, "about a minute")
+    ensure_crate_bin("cargo-fuzz", CARGO_FUZZ_VERSION, "about a minute")
 }
 
 /// The Rust virtiofsd, built from crates.io into the tools cache, for the
@@ -134,16 +134,17 @@ pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
 /// on virtme-ng's PATH. Debian 12 packages no Rust virtiofsd, and QEMU
 /// 7.2's C one takes other flags, so virtme-ng passes it over.
 pub fn ensure_virtiofsd() -> Result<PathBuf> {
-    ensure_crate_bin("virtiofsd", "virtiofsd", VIRTIOFSD_VERSION, "a few minutes")
+    ensure_crate_bin("virtiofsd", VIRTIOFSD_VERSION, "about a minute and a half")
 }
 
 /// `krate` at `version` built from crates.io with its own lock file into
-/// the tools cache (nothing is installed into ~/.cargo/bin), unless a
-/// working `bin` is there already; returns the directory of `bin`.
-fn ensure_crate_bin(krate: &str, bin: &str, version: &str, how_long: &str) -> Result<PathBuf> {
+/// the tools cache (nothing is installed into ~/.cargo/bin), unless its
+/// binary of the same name is there already and runs; returns the
+/// binary's directory.
+fn ensure_crate_bin(krate: &str, version: &str, how_long: &str) -> Result<PathBuf> {
     let root = cache_root()?.join(format!("{krate}-{version}"));
     let bin_dir = root.join("bin");
-    let path = bin_dir.join(bin);
+    let path = bin_dir.join(krate);
     if path.exists() && Command::new(&path).arg("--version").output().is_ok_and(|o| o.status.success()) {
         return Ok(bin_dir);
     }

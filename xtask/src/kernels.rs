@@ -38,19 +38,6 @@ pub struct Spec {
     /// The Debian architecture (`amd64` boots under virtme-ng, `arm64` in
     /// qemu-system-aarch64 with an initramfs: vm_arm64.rs).
     pub arch: &'static str,
-    /// What `--ci` runs on it besides every prog test (`vm::ci_tests`).
-    pub ci_share: CiShare,
-}
-
-/// CI's share of the edge set on a kernel of the matrix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CiShare {
-    /// One test of each part of the edge set (`vm::CI_TESTS`).
-    EdgeSet,
-    /// The tests through the program variants only this kernel loads
-    /// (`vm::CI_TESTS_COMPAT`): under TCG its process starts cost about
-    /// 2.5 times 6.1's, and the whole share would not fit CI's 90 minutes.
-    CompatPaths,
 }
 
 pub const MATRIX: &[Spec] = &[
@@ -61,7 +48,6 @@ pub const MATRIX: &[Spec] = &[
         prefix: "linux-image-5.10.0-",
         suffix: "-amd64-unsigned",
         arch: "amd64",
-        ci_share: CiShare::CompatPaths,
     },
     Spec {
         name: "6.1",
@@ -70,7 +56,6 @@ pub const MATRIX: &[Spec] = &[
         prefix: "linux-image-6.1.0-",
         suffix: "-amd64-unsigned",
         arch: "amd64",
-        ci_share: CiShare::EdgeSet,
     },
     Spec {
         name: "6.12",
@@ -79,7 +64,6 @@ pub const MATRIX: &[Spec] = &[
         prefix: "linux-image-6.12.",
         suffix: "+deb12-amd64-unsigned",
         arch: "amd64",
-        ci_share: CiShare::EdgeSet,
     },
     Spec {
         name: "6.1-arm64",
@@ -88,7 +72,6 @@ pub const MATRIX: &[Spec] = &[
         prefix: "linux-image-6.1.0-",
         suffix: "-arm64-unsigned",
         arch: "arm64",
-        ci_share: CiShare::EdgeSet,
     },
 ];
 

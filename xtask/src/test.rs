@@ -131,9 +131,7 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
             Some(binary) if spec.arch != "arm64" => {
                 let parts = if specs.len() == 1 && !ci { parts() } else { 1 };
                 match parts {
-                    1 => {
-                        jobs.push(GuestJob { spec, command: Some(guest_command(spec, binary, filter, ci)), part: None })
-                    }
+                    1 => jobs.push(GuestJob { spec, command: Some(guest_command(binary, filter, ci)), part: None }),
                     n => {
                         let shares = shared_out(&listed(binary, filter)?, n);
                         let n = shares.len();
@@ -257,9 +255,9 @@ fn shared_out(names: &[String], n: usize) -> Vec<Vec<String>> {
     shares
 }
 
-/// What one amd64 guest of `spec` runs when it is the kernel's only one:
+/// What an amd64 guest runs when it is its kernel's only one:
 /// `filter`'s tests, or CI's share, or the edge set.
-fn guest_command(spec: &kernels::Spec, binary: &str, filter: Option<&str>, ci: bool) -> String {
+fn guest_command(binary: &str, filter: Option<&str>, ci: bool) -> String {
     let prog_tests = format!("{binary} --test-threads=1 prog_test_run");
     match (filter, ci) {
         (Some(f), _) => {
@@ -267,8 +265,7 @@ fn guest_command(spec: &kernels::Spec, binary: &str, filter: Option<&str>, ci: b
             format!("{binary} --test-threads=1 {}", filters.join(" "))
         }
         (None, true) => {
-            let share = vm::ci_tests(spec);
-            format!("{prog_tests} && {binary} --test-threads=1 --exact {}", share.join(" "))
+            format!("{prog_tests} && {binary} --test-threads=1 --exact {}", vm::CI_TESTS.join(" "))
         }
         (None, false) => format!("{binary} --test-threads=1 {}", vm::EDGE_TESTS.join(" ")),
     }

@@ -102,12 +102,15 @@ pub const EDGE_TESTS: &[&str] = &[
     "outage::",
 ];
 
-/// What CI runs on each kernel of the matrix besides every prog test
-/// (exact test names): one test for each row of the the kernel table (docs/src/kernels.md)
-/// and each part of the edge set, sized so that two kernels under TCG fit
-/// CI's 90 minutes beside the full native suite. The whole edge set
-/// ([`EDGE_TESTS`]) takes hours under TCG on two cores; `cargo xtask test
-/// --kernel NAME` runs it.
+/// What CI runs on each amd64 kernel of the matrix besides every prog test
+/// (exact test names): one test for each row of the the kernel table
+/// (docs/src/kernels.md) and each part of the edge set, sized so that two
+/// kernels under TCG fit CI's 90 minutes beside the full native suite. The
+/// whole edge set ([`EDGE_TESTS`]) takes about an hour a kernel under TCG
+/// on two cores; `cargo xtask test --kernel NAME` runs it. VXLAN through a
+/// second interface is here for the kernels before 5.17, where the compat
+/// socket-lookup guard leaves it to a firewall rule; on the others it
+/// meets the full guard, as natively.
 pub const CI_TESTS: &[&str] = &[
     "kernel::the_dataplane_comes_up_and_forwards_without_kernel_btf",
     "kernel::the_agent_loads_the_encap_this_kernel_takes_and_says_why",
@@ -116,6 +119,7 @@ pub const CI_TESTS: &[&str] = &[
     "real_node::clusterip_nftables::edgevx_ip_masq",
     "restart::no_ping_is_lost_across_kill_9_and_restart",
     "injection::a_pod_cannot_send_vxlan_to_any_node",
+    "injection::vxlan_through_a_second_interface_is_refused_whoever_sends_it",
     "dual_stack::dual_stack_interoperates_with_a_kernel_flannel_node_both_ways",
     "ipv6_only::ipv6_only_interoperates_with_a_kernel_ipv6_only_flannel_node",
     "direct_routing::direct_routing_routes_on_link_peers_plainly_and_encapsulates_the_rest",
@@ -123,35 +127,6 @@ pub const CI_TESTS: &[&str] = &[
     "rollback::rolling_back_to_flanneld_keeps_the_node_forwarding",
     "cli::bad_input_exits_2_naming_the_culprit_and_changes_nothing",
 ];
-
-/// CI's share on a kernel whose namespace tests cost too much under TCG to
-/// run [`CI_TESTS`] beside everything else in CI's 90 minutes (5.10, whose
-/// process starts take about 0.9 s there against 6.1's 0.35): the tests
-/// through the program variants only such a kernel loads. The compat encap
-/// (no `bpf_check_mtu`, per-CPU IP IDs, no `ENCAP_L2_ETH`): the agent's
-/// choice, forwarding without BTF, interop with TCP under GSO, the MTU
-/// answer, kill -9 and restart; and the compat socket-lookup guard (no
-/// `ingress_ifindex`), whose injection path a firewall rule refuses there:
-/// VXLAN through a second interface, the one test here that [`CI_TESTS`]
-/// does not name (6.1 loads the full guard, as the native run does). The
-/// rest of [`CI_TESTS`] runs on 5.10 by hand (`cargo xtask test --kernel
-/// 5.10`), a pod's VXLAN under clsact included: 6.1 attaches the same way.
-pub const CI_TESTS_COMPAT: &[&str] = &[
-    "kernel::the_dataplane_comes_up_and_forwards_without_kernel_btf",
-    "kernel::the_agent_loads_the_encap_this_kernel_takes_and_says_why",
-    "interop::default_mode_interoperates_with_kernel_flannel_both_ways",
-    "mtu::before_the_agent_follows_df_frames_get_frag_needed_from_the_encap_program",
-    "restart::no_ping_is_lost_across_kill_9_and_restart",
-    "injection::vxlan_through_a_second_interface_is_refused_whoever_sends_it",
-];
-
-/// What `--ci` runs on `spec` besides every prog test.
-pub fn ci_tests(spec: &kernels::Spec) -> &'static [&'static str] {
-    match spec.ci_share {
-        kernels::CiShare::EdgeSet => CI_TESTS,
-        kernels::CiShare::CompatPaths => CI_TESTS_COMPAT,
-    }
-}
 
 /// One command to run in a guest booting a matrix kernel.
 pub struct Run<'a> {
@@ -581,9 +556,9 @@ mod tests {
     /// libtest's `--exact` runs nothing for a name that matches no test,
     /// silently: each name must be a test in the e2e sources.
     #[test]
-    fn every_ci_test_names_an_e2e_test_and_the_compat_share_is_part_of_the_edge_set() {
+    fn every_ci_test_names_an_e2e_test_of_the_edge_set() {
         let e2e = exec::workspace_root().join("tests/tests/e2e");
-        for name in CI_TESTS.iter().chain(CI_TESTS_COMPAT) {
+        for name in CI_TESTS {
             let mut parts = name.split("::");
             let module = parts.next().unwrap_or_default();
             let source = fs::read_to_string(e2e.join(format!("{module}.rs"))).unwrap_or_default();
@@ -592,10 +567,6 @@ mod tests {
             }
             assert!(EDGE_TESTS.iter().any(|f| name.contains(f)), "{name} is outside the edge set");
         }
-        // the compat share is CI_TESTS' tests through the compat variants,
-        // and the one test of a variant only such a kernel loads
-        let own: Vec<_> = CI_TESTS_COMPAT.iter().filter(|n| !CI_TESTS.contains(n)).collect();
-        assert_eq!(own, [&"injection::vxlan_through_a_second_interface_is_refused_whoever_sends_it"]);
     }
 
     #[test]

@@ -278,7 +278,8 @@ fn nftables_reject_of_one_pod_port(setup: Setup) -> Result<()> {
         let blocked = TcpServer::start(&pod_a.netns, 7001)?;
         let dialed = tcp_dial(client, at(pod_a.ip, 7001));
         let reached = blocked.finish()?;
-        ensure!(dialed? == Dialed::Refused, "port 7001 of {} was not refused", pod_a.ip);
+        let dialed = dialed?;
+        ensure!(dialed == Dialed::Refused, "port 7001 of {} was not refused: {dialed:?}", pod_a.ip);
         ensure!(reached.is_none(), "a connection reached the rejected port: {reached:?}");
         Ok(())
     })

@@ -266,7 +266,7 @@ fn nftables_reject_of_one_pod_port(setup: Setup) -> Result<()> {
     let rc = setup.start()?;
     let pod_a = rc.pod(1, 0);
     let rules = format!(
-        "table inet netpol {{\n\tchain forward {{\n\t\ttype filter hook forward priority filter; policy accept;\n\t\ttcp dport 7001 ct state new ip daddr {} reject\n\t}}\n}}\n",
+        "table inet netpol {{\n\tchain forward {{\n\t\ttype filter hook forward priority filter; policy accept;\n\t\ttcp dport 7001 ct state new ip daddr {} counter reject\n\t}}\n}}\n",
         pod_a.ip
     );
     edgevx_tests::kube_proxy::feed(&rc.node(1).ns, &["nft", "-f", "-"], &rules)?;

@@ -104,10 +104,11 @@ pub const EDGE_TESTS: &[&str] = &[
 
 /// What CI runs on each amd64 kernel of the matrix besides every prog test
 /// (exact test names): one test for each row of the the kernel table
-/// (docs/src/kernels.md) and each part of the edge set, sized so that two
-/// kernels under TCG fit CI's 90 minutes beside the full native suite. The
-/// whole edge set ([`EDGE_TESTS`]) takes about an hour a kernel under TCG
-/// on two cores; `cargo xtask test --kernel NAME` runs it. VXLAN through a
+/// (docs/src/kernels.md) and each part of the edge set, sized so that the
+/// amd64 kernels under TCG fit CI's 90 minutes beside the full native suite
+/// (`.ci/run` says what each costs). The whole edge set ([`EDGE_TESTS`])
+/// took 20 to 52 minutes of tests a kernel under TCG on two cores;
+/// `cargo xtask test --kernel NAME` runs it. VXLAN through a
 /// second interface is here for the kernels before 5.17, where the compat
 /// socket-lookup guard leaves it to a firewall rule; on the others it
 /// meets the full guard, as natively.

@@ -103,7 +103,7 @@ pub const EDGE_TESTS: &[&str] = &[
 ];
 
 /// What CI runs on each amd64 kernel of the matrix besides every prog test
-/// (exact test names): one test for each row of the the kernel table
+/// (exact test names): one test for each row of the kernel table
 /// (docs/src/kernels.md) and each part of the edge set, sized so that the
 /// amd64 kernels under TCG fit CI's 90 minutes beside the full native suite
 /// (`.ci/run` says what each costs). The whole edge set ([`EDGE_TESTS`])

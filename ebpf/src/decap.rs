@@ -56,7 +56,7 @@ use crate::{
     judge6,
     maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS, EDGEVX_PEER_ACCEPT, EDGEVX_PEER_SUBNETS},
     stats, tagged,
-    tunnel::{INNER_ETH_AT, NEXT, TUNNEL_LEN, VXLAN_AT, sub},
+    tunnel::{INNER_ETH_AT, NEXT, TUNNEL_LEN, VXLAN_AT, load_tunnel, sub},
 };
 
 pub fn run(ctx: &TcContext) -> i32 {
@@ -92,9 +92,8 @@ pub fn run(ctx: &TcContext) -> i32 {
         stats::add(Counter::DropUnknownPeer, 1);
         return TC_ACT_SHOT;
     };
-    let (Ok(tunnel), Ok(inner_ip)) =
-        (ctx.load::<[u8; TUNNEL_LEN]>(udp_off), ctx.load::<[u8; IPV4_HLEN]>(udp_off + TUNNEL_LEN))
-    else {
+    // one read after the other, never both at once: see `load_tunnel`
+    let Some((tunnel, inner_ip)) = load_tunnel::<IPV4_HLEN>(ctx, udp_off) else {
         let reason = if ip.is_first_fragment() { Counter::DropShortFragment } else { Counter::DropInnerNotIpv4 };
         stats::add(reason, 1);
         return TC_ACT_SHOT;

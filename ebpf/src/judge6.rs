@@ -44,7 +44,7 @@ use edgevx_common::{
 use crate::{
     maps::EDGEVX_PEER_ACCEPT6,
     stats,
-    tunnel::{INNER_ETH_AT, NEXT, TUNNEL_LEN, VXLAN_AT, sub},
+    tunnel::{INNER_ETH_AT, NEXT, TUNNEL_LEN, VXLAN_AT, load_tunnel, sub},
 };
 
 /// The longest extension header chain walked to find a peer's UDP header.
@@ -116,9 +116,8 @@ pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
         stats::add(Counter::DropUnknownPeer, 1);
         return TC_ACT_SHOT;
     };
-    let (Ok(tunnel), Ok(inner_ip)) =
-        (ctx.load::<[u8; TUNNEL_LEN]>(udp_at), ctx.load::<[u8; IPV6_HLEN]>(udp_at + TUNNEL_LEN))
-    else {
+    // one read after the other, never both at once: see `load_tunnel`
+    let Some((tunnel, inner_ip)) = load_tunnel::<IPV6_HLEN>(ctx, udp_at) else {
         // a first fragment must hold all that is judged: the kernel would
         // reassemble it and decapsulate what this program never saw
         let reason = if first_fragment { Counter::DropShortFragment } else { Counter::DropInnerNotIpv6 };

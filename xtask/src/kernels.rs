@@ -38,6 +38,21 @@ pub struct Spec {
     /// The Debian architecture (`amd64` boots under virtme-ng, `arm64` in
     /// qemu-system-aarch64 with an initramfs: vm_arm64.rs).
     pub arch: &'static str,
+    /// Which of the builds the sources hold.
+    build: Build,
+}
+
+/// Which build of a kernel line the matrix boots, of those the archive holds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Build {
+    /// The highest ABI number: a node kept up to date.
+    Newest,
+    /// The lowest: a node installed from the point release and never
+    /// upgraded. Its verifier is an older program than the newest build's
+    /// (a line's stable updates change the verifier too: 5.10.222 let
+    /// privileged programs read stack slots never written), so a program
+    /// one build takes the other may refuse.
+    Oldest,
 }
 
 pub const MATRIX: &[Spec] = &[
@@ -48,6 +63,19 @@ pub const MATRIX: &[Spec] = &[
         prefix: "linux-image-5.10.0-",
         suffix: "-amd64-unsigned",
         arch: "amd64",
+        build: Build::Newest,
+    },
+    // the point release's own kernel, which a Debian 11 node installed from
+    // it and never upgraded still boots: the lowest ABI bullseye main holds
+    // (5.10.0-30 in November 2026), chosen from what the archive lists
+    Spec {
+        name: "5.10-oldest",
+        distro: "Debian 11 (bullseye), its point release's kernel",
+        sources: &["{debian} bullseye main"],
+        prefix: "linux-image-5.10.0-",
+        suffix: "-amd64-unsigned",
+        arch: "amd64",
+        build: Build::Oldest,
     },
     Spec {
         name: "6.1",
@@ -56,6 +84,7 @@ pub const MATRIX: &[Spec] = &[
         prefix: "linux-image-6.1.0-",
         suffix: "-amd64-unsigned",
         arch: "amd64",
+        build: Build::Newest,
     },
     Spec {
         name: "6.12",
@@ -64,6 +93,7 @@ pub const MATRIX: &[Spec] = &[
         prefix: "linux-image-6.12.",
         suffix: "+deb12-amd64-unsigned",
         arch: "amd64",
+        build: Build::Newest,
     },
     Spec {
         name: "6.1-arm64",
@@ -72,6 +102,7 @@ pub const MATRIX: &[Spec] = &[
         prefix: "linux-image-6.1.0-",
         suffix: "-arm64-unsigned",
         arch: "arm64",
+        build: Build::Newest,
     },
 ];
 
@@ -92,12 +123,13 @@ pub struct Fetched {
     pub vmlinuz: PathBuf,
 }
 
-/// The newest package of `spec` in Debian's archive, downloaded and
-/// unpacked once into the cache; later runs reuse it.
+/// The package of `spec` in Debian's archive (its newest build, or its
+/// oldest: [`Build`]), downloaded and unpacked once into the cache; later
+/// runs reuse it.
 pub fn fetch(spec: &Spec) -> Result<Fetched> {
     let root = toolchain::cache_root()?.join("kernels");
     let apt = Apt::new(&root.join(format!("apt-{}", spec.name)), spec.sources, Some(spec.arch), spec.distro)?;
-    let package = newest(&apt, spec)?;
+    let package = chosen(&apt, spec)?;
     let unpacked = root.join(&package);
     if let Some(found) = unpacked_kernel(&unpacked, &package)? {
         return Ok(found);
@@ -141,23 +173,35 @@ fn release_of(dir: &Path) -> Result<String> {
     }
 }
 
-/// The package of `spec` with the highest ABI number.
-fn newest(apt: &Apt, spec: &Spec) -> Result<String> {
+/// The package of `spec` with the highest ABI number, or the lowest
+/// ([`Build`]), of those apt lists from its sources.
+fn chosen(apt: &Apt, spec: &Spec) -> Result<String> {
     let pattern = format!("^{}[0-9.]+{}$", regex_escape(spec.prefix), regex_escape(spec.suffix));
     let found = apt.cache(&["search", "--names-only", &pattern])?;
-    found
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|name| name.strip_prefix(spec.prefix).and_then(|r| r.strip_suffix(spec.suffix)).is_some())
-        .max_by_key(|name| abi(name, spec))
-        .map(str::to_string)
+    pick(&found, spec)
         .with_context(|| format!("Debian's archive lists no {}<abi>{} for {}", spec.prefix, spec.suffix, spec.distro))
+}
+
+/// `spec`'s build among the packages `apt-cache search` printed (`name - description` lines).
+fn pick(search: &str, spec: &Spec) -> Option<String> {
+    let names = search.lines().filter_map(|l| l.split_whitespace().next()).filter(|name| {
+        middle(name, spec).is_some_and(|m| !m.is_empty() && m.chars().all(|c| c.is_ascii_digit() || c == '.'))
+    });
+    match spec.build {
+        Build::Newest => names.max_by_key(|name| abi(name, spec)),
+        Build::Oldest => names.min_by_key(|name| abi(name, spec)),
+    }
+    .map(str::to_string)
+}
+
+/// What lies between the prefix and the suffix: the ABI number.
+fn middle<'a>(name: &'a str, spec: &Spec) -> Option<&'a str> {
+    name.strip_prefix(spec.prefix).and_then(|r| r.strip_suffix(spec.suffix))
 }
 
 /// The numbers between the prefix and the suffix, for ordering.
 fn abi(name: &str, spec: &Spec) -> Vec<u32> {
-    let middle = name.strip_prefix(spec.prefix).and_then(|r| r.strip_suffix(spec.suffix)).unwrap_or("");
-    middle.split('.').map(|n| n.parse().unwrap_or(0)).collect()
+    middle(name, spec).unwrap_or("").split('.').map(|n| n.parse().unwrap_or(0)).collect()
 }
 
 fn regex_escape(s: &str) -> String {
@@ -177,8 +221,19 @@ mod tests {
     }
 
     #[test]
+    fn the_oldest_build_is_the_lowest_abi_and_the_newest_the_highest() {
+        let search = "linux-image-5.10.0-30-amd64-unsigned - Linux 5.10 for 64-bit PCs\n\
+                      linux-image-5.10.0-9-amd64-unsigned - Linux 5.10 for 64-bit PCs\n\
+                      linux-image-5.10.0-46-amd64-unsigned - Linux 5.10 for 64-bit PCs\n\
+                      linux-image-5.10.0-46-cloud-amd64-unsigned - Linux 5.10 for x86-64 cloud\n";
+        assert_eq!(pick(search, spec("5.10").unwrap()).as_deref(), Some("linux-image-5.10.0-46-amd64-unsigned"));
+        assert_eq!(pick(search, spec("5.10-oldest").unwrap()).as_deref(), Some("linux-image-5.10.0-9-amd64-unsigned"));
+        assert_eq!(pick("", spec("5.10-oldest").unwrap()), None);
+    }
+
+    #[test]
     fn unknown_kernel_names_the_matrix() {
         let e = spec("4.19").err().unwrap().to_string();
-        assert!(e.contains("5.10, 6.1, 6.12, 6.1-arm64"), "{e}");
+        assert!(e.contains("5.10, 5.10-oldest, 6.1, 6.12, 6.1-arm64"), "{e}");
     }
 }

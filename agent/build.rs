@@ -18,7 +18,10 @@ fn cached_bpf_linker_dirs() -> Vec<PathBuf> {
     entries.flatten().map(|e| e.path().join("bin")).filter(|b| b.join("bpf-linker").exists()).collect()
 }
 
+include!("../build-support/commit.rs");
+
 fn main() {
+    emit_commit();
     let mut paths: Vec<PathBuf> = env::var_os("PATH").map(|p| env::split_paths(&p).collect()).unwrap_or_default();
     if !paths.iter().any(|p| p.join("bpf-linker").exists()) {
         paths.extend(cached_bpf_linker_dirs());

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::annotations::DEFAULT_PREFIX;
 
 #[derive(Parser)]
-#[command(name = "edgevx", version, about = "eBPF VXLAN dataplane compatible with flannel's vxlan backend")]
+#[command(name = "edgevx", version = crate::VERSION_LINE, about = "eBPF VXLAN dataplane compatible with flannel's vxlan backend")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -157,6 +157,21 @@ pub struct RunArgs {
     /// Address to serve /healthz, /readyz and /metrics (Prometheus) on.
     #[arg(long, env = "EDGEVX_METRICS_ADDR", default_value = "127.0.0.1:9117")]
     pub metrics_addr: std::net::SocketAddr,
+    /// flanneld's (klog's) `-v=N`, as a log level: 0 and 1 info, 2 to 4
+    /// debug, 5 and up trace. EDGEVX_LOG, when set, wins.
+    #[arg(long = "v", value_name = "N", hide = true)]
+    pub verbosity: Option<u8>,
+}
+
+impl RunArgs {
+    /// The log filter `-v=N` asks for, if any.
+    pub fn log_filter(&self) -> Option<&'static str> {
+        self.verbosity.map(|v| match v {
+            0 | 1 => "info",
+            2..=4 => "debug",
+            _ => "trace",
+        })
+    }
 }
 
 #[derive(Args, Clone, Debug)]

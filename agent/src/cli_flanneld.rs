@@ -22,6 +22,10 @@ pub enum Meaning {
     /// No edgevx meaning: exit 2 with the reason and what to do instead. A
     /// bool whose value is its default (false) is harmless and accepted.
     Refused { reason: &'static str, bool_default_false: bool },
+    /// `--healthz-ip` (`port: false`) or `--healthz-port`: flanneld serves
+    /// `/healthz` on IP:PORT when PORT is not 0; edgevx serves its probes and
+    /// metrics there (`--metrics-addr`) unless `--metrics-addr` is given.
+    Healthz { port: bool },
 }
 
 use Meaning::*;
@@ -61,20 +65,8 @@ pub const FLAGS: &[(&str, Meaning)] = &[
     ("kube-annotation-prefix", Value { edgevx: "kube-annotation-prefix" }),
     ("kubeconfig-file", Value { edgevx: "kubeconfig" }),
     ("version", Refused { reason: "use `edgevx --version` (before the subcommand)", bool_default_false: true }),
-    (
-        "healthz-ip",
-        Refused {
-            reason: "edgevx always serves /healthz, /readyz and /metrics on --metrics-addr IP:PORT (default 127.0.0.1:9117)",
-            bool_default_false: false,
-        },
-    ),
-    (
-        "healthz-port",
-        Refused {
-            reason: "edgevx always serves /healthz, /readyz and /metrics on --metrics-addr IP:PORT (default 127.0.0.1:9117)",
-            bool_default_false: false,
-        },
-    ),
+    ("healthz-ip", Healthz { port: false }),
+    ("healthz-port", Healthz { port: true }),
     (
         "iptables-resync",
         Refused {
@@ -92,7 +84,8 @@ pub const FLAGS: &[(&str, Meaning)] = &[
     ),
     ("net-config-path", Value { edgevx: "net-conf" }),
     ("set-node-network-unavailable", Value { edgevx: "set-node-network-unavailable" }),
-    ("v", Refused { reason: "set the log level with EDGEVX_LOG (e.g. EDGEVX_LOG=debug)", bool_default_false: false }),
+    // klog's verbosity, as a log level (EDGEVX_LOG, when set, wins)
+    ("v", Value { edgevx: "v" }),
     (
         "vmodule",
         Refused {
@@ -149,6 +142,35 @@ fn minutes_to_secs(flag: &str, value: &str) -> Result<String, FlanneldError> {
     Ok((m * 60).to_string())
 }
 
+/// flanneld's `--healthz-ip` (default 0.0.0.0) and `--healthz-port`
+/// (default 0: no server), as given.
+#[derive(Default)]
+struct HealthzAddr {
+    ip: Option<String>,
+    port: Option<String>,
+}
+
+impl HealthzAddr {
+    fn set(&mut self, port: bool, value: String) {
+        if port { self.port = Some(value) } else { self.ip = Some(value) }
+    }
+
+    /// `--metrics-addr=IP:PORT` for a port that is not 0 (flanneld serves
+    /// nothing on port 0, and edgevx keeps its own default then).
+    fn metrics_addr(&self) -> Result<Option<String>, FlanneldError> {
+        let bad = |flag: &str, value: &str, why: &str| FlanneldError::BadValue {
+            flag: flag.into(),
+            value: value.into(),
+            why: why.into(),
+        };
+        let Some(port) = &self.port else { return Ok(None) };
+        let n: u16 = port.parse().map_err(|_| bad("healthz-port", port, "a port, 0 to 65535"))?;
+        let ip = self.ip.as_deref().unwrap_or("0.0.0.0");
+        let ip: std::net::IpAddr = ip.parse().map_err(|_| bad("healthz-ip", ip, "an IP address"))?;
+        Ok((n != 0).then(|| format!("--metrics-addr={}", std::net::SocketAddr::new(ip, n))))
+    }
+}
+
 /// Rewrites the arguments after `run`: flanneld's spellings into ours,
 /// refused flags into an error, then `FLANNELD_*` settings the command line
 /// and the `EDGEVX_*` variables leave open, appended as flags.
@@ -160,6 +182,7 @@ pub fn translate(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> R
     let mut out: Vec<OsString> = args[..2].to_vec();
     // the edgevx long names given on the command line
     let mut given: Vec<&'static str> = Vec::new();
+    let mut healthz = HealthzAddr::default();
     let mut rest = args[2..].iter();
     while let Some(arg) = rest.next() {
         let Some(text) = arg.to_str() else {
@@ -177,6 +200,9 @@ pub fn translate(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> R
             None => (body, None),
         };
         let Some(meaning) = lookup(name) else {
+            if name == "metrics-addr" {
+                given.push("metrics-addr");
+            }
             // one of our own names for a setting flanneld has too: the command line wins over FLANNELD_*
             if let Some(ours) = FLAGS.iter().find_map(|(_, m)| match m {
                 Value { edgevx } | Switch { edgevx } if *edgevx == name => Some(*edgevx),
@@ -224,12 +250,24 @@ pub fn translate(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> R
                     return Err(FlanneldError::Refused { flag: name.into(), reason });
                 }
             }
+            Healthz { port } => {
+                let value = match inline {
+                    Some(v) => v,
+                    None => rest.next().and_then(|v| v.to_str()).unwrap_or_default().to_string(),
+                };
+                healthz.set(port, value);
+            }
         }
     }
+    let mut healthz_env = HealthzAddr::default();
     for (flag, meaning) in FLAGS {
         let var = env_name(flag);
         let Some(value) = env(&var) else { continue };
         let edgevx = match meaning {
+            Healthz { port } => {
+                healthz_env.set(*port, value);
+                continue;
+            }
             Value { edgevx } | Switch { edgevx } => *edgevx,
             Minutes { edgevx_secs } => *edgevx_secs,
             Refused { reason, bool_default_false } => {
@@ -256,6 +294,14 @@ pub fn translate(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> R
             Minutes { .. } => out.push(format!("--{edgevx}={}", minutes_to_secs(&var, &value)?).into()),
             _ => out.push(format!("--{edgevx}={value}").into()),
         }
+    }
+    // the command line's healthz settings, each filled from FLANNELD_* where not given
+    let healthz = HealthzAddr { ip: healthz.ip.or(healthz_env.ip), port: healthz.port.or(healthz_env.port) };
+    if let Some(addr) = healthz.metrics_addr()?
+        && !given.contains(&"metrics-addr")
+        && env(&edgevx_env("metrics-addr")).is_none()
+    {
+        out.push(addr.into());
     }
     Ok(out)
 }
@@ -301,8 +347,6 @@ mod tests {
     fn refused_flags_name_themselves_and_what_to_do() {
         let e = run(&["--ip-blackhole-route"], &[]).unwrap_err().to_string();
         assert!(e.contains("--ip-blackhole-route") && e.contains("drop the flag"), "{e}");
-        let e = run(&["-v=2"], &[]).unwrap_err().to_string();
-        assert!(e.contains("--v ") && e.contains("EDGEVX_LOG"), "{e}");
         assert!(run(&["--ip-blackhole-route=false"], &[]).unwrap().is_empty(), "the default is harmless");
         let e = run(&[], &[("FLANNELD_KUBE_API_URL", "https://10.0.0.1")]).unwrap_err().to_string();
         assert!(e.contains("FLANNELD_KUBE_API_URL") && e.contains("kubeconfig"), "{e}");
@@ -336,6 +380,45 @@ mod tests {
     fn the_public_ipv6_of_a_dual_stack_flanneld_is_taken() {
         assert_eq!(run(&[], &[("FLANNELD_PUBLIC_IPV6", "fd00::1")]).unwrap(), ["--public-ipv6=fd00::1"]);
         assert_eq!(run(&["-public-ipv6=fd00::2"], &[]).unwrap(), ["--public-ipv6=fd00::2"]);
+    }
+
+    #[test]
+    fn kube_flannel_yml_args_run_unchanged() {
+        // Documentation/kube-flannel.yml's container args (flannel HEAD)
+        assert_eq!(
+            run(&["--ip-masq", "--kube-subnet-mgr", "--healthz-port=8081"], &[]).unwrap(),
+            ["--ip-masq", "--kube", "--metrics-addr=0.0.0.0:8081"]
+        );
+        // its older args, and a verbosity as flannel's troubleshooting asks for
+        assert_eq!(run(&["--ip-masq", "--kube-subnet-mgr", "-v=2"], &[]).unwrap(), ["--ip-masq", "--kube", "--v=2"]);
+        assert_eq!(run(&["--v", "4"], &[]).unwrap(), ["--v", "4"]);
+    }
+
+    #[test]
+    fn healthz_becomes_the_metrics_address_unless_one_is_given() {
+        assert_eq!(
+            run(&["--healthz-ip", "10.0.0.5", "--healthz-port", "8081"], &[]).unwrap(),
+            ["--metrics-addr=10.0.0.5:8081"]
+        );
+        assert_eq!(run(&["--healthz-ip=fd00::5", "--healthz-port=8081"], &[]).unwrap(), ["--metrics-addr=[fd00::5]:8081"]);
+        // port 0 (flanneld's default) serves nothing there: edgevx's own default stays
+        assert!(run(&["--healthz-port=0", "--healthz-ip=10.0.0.5"], &[]).unwrap().is_empty());
+        assert!(run(&["--healthz-ip=10.0.0.5"], &[]).unwrap().is_empty());
+        // ours wins, on the command line or in the environment
+        assert_eq!(
+            run(&["--metrics-addr", "127.0.0.1:9117", "--healthz-port=8081"], &[]).unwrap(),
+            ["--metrics-addr", "127.0.0.1:9117"]
+        );
+        assert!(run(&["--healthz-port=8081"], &[("EDGEVX_METRICS_ADDR", "127.0.0.1:1")]).unwrap().is_empty());
+        // flanneld's environment fills what the command line leaves open
+        assert_eq!(
+            run(&["--healthz-port=8081"], &[("FLANNELD_HEALTHZ_IP", "10.0.0.6")]).unwrap(),
+            ["--metrics-addr=10.0.0.6:8081"]
+        );
+        let e = run(&["--healthz-port=http"], &[]).unwrap_err().to_string();
+        assert!(e.contains("--healthz-port \"http\""), "{e}");
+        let e = run(&["--healthz-port=8081", "--healthz-ip=nowhere"], &[]).unwrap_err().to_string();
+        assert!(e.contains("--healthz-ip \"nowhere\""), "{e}");
     }
 
     #[test]

@@ -26,6 +26,13 @@ pub mod status;
 pub mod subnet_env;
 pub mod vtep_mac;
 
+/// The release (the workspace's version, Cargo.toml: the one place it is written).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The commit this binary was built from (build-support/commit.rs).
+pub const COMMIT: &str = env!("EDGEVX_COMMIT");
+/// What `edgevx --version` prints after the name.
+pub const VERSION_LINE: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("EDGEVX_COMMIT"), ")");
+
 /// A bad flag or config value: exit code 2, before the host is changed.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

@@ -45,10 +45,15 @@ fn main() -> ExitCode {
         }
     };
     let cli = cli::Cli::parse_from(args);
+    // EDGEVX_LOG, else flanneld's -v=N, else info
+    let verbosity = match &cli.command {
+        cli::Command::Run(a) => a.log_filter(),
+        _ => None,
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("EDGEVX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(verbosity.unwrap_or("info"))),
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)

@@ -38,6 +38,10 @@ use wire::{CniError, Code, IpamResult};
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).is_some_and(|a| a == "--version") {
+        println!("edgevx-ipam {} (commit {})", env!("CARGO_PKG_VERSION"), env!("EDGEVX_COMMIT"));
+        return ExitCode::SUCCESS;
+    }
     if let [_, verb, dir] = argv.as_slice() {
         if verb != "install" {
             eprintln!("edgevx-ipam: usage: edgevx-ipam install DIR (or run as a CNI plugin)");

@@ -52,6 +52,12 @@ impl Agent {
         Self::spawn_inner(host, &[], &[], args)
     }
 
+    /// Starts the agent through `wrapper` with no `--iface`: `args` (or the
+    /// default route) choose the underlay; waits for nothing.
+    pub fn spawn_choosing_iface_via(host: &Host, wrapper: &[&str], args: &[&str]) -> Result<Self> {
+        Self::spawn_inner(host, wrapper, &[], args)
+    }
+
     fn spawn_inner(host: &Host, wrapper: &[&str], iface: &[&str], args: &[&str]) -> Result<Self> {
         let log = host.dir.join(format!("{}.log", crate::unique("agent")));
         let bin = edgevx_bin();

@@ -8,9 +8,11 @@ mod demo;
 mod docs;
 mod exec;
 mod fuzz;
+mod host;
 mod image;
 mod kernels;
 mod packages;
+mod release;
 mod seccomp;
 mod sysroot;
 mod test;
@@ -54,6 +56,10 @@ enum Job {
         /// With --kernel and no filter: CI's share of the edge set (every prog test and one test per part).
         #[arg(long, requires = "kernel")]
         ci: bool,
+        /// Instead: boot this host (debian11) in QEMU, install the release tarball as README.md says,
+        /// and test the systemd unit there (readiness, reboots, an offline reboot, a bad flag).
+        #[arg(long, value_name = "NAME", conflicts_with_all = ["kernel", "ci"])]
+        host: Option<String>,
     },
     /// Build the OCI image archive target/image/edgevx-<version>-<arch>.oci.tar (FROM scratch, buildah);
     /// with --arch all, both and one multi-arch index, target/image/edgevx-<version>.oci.tar.
@@ -62,6 +68,10 @@ enum Job {
         #[arg(long, value_enum)]
         arch: Option<image::Platforms>,
     },
+    /// Write target/dist/edgevx-<version>/: static binaries (amd64, arm64) with the systemd unit in
+    /// tarballs, the multi-arch image archive, each overlay rendered with the image pinned by that
+    /// archive's digest, and SHA256SUMS; then verify it.
+    Release,
     /// Build the book (docs/) into target/book: the flag reference written from the binary,
     /// then every link and path checked.
     Docs {
@@ -125,9 +135,11 @@ fn main() -> ExitCode {
             .and_then(|_| toolchain::ensure())
             .and_then(|t| build::agent(&t))
             .and_then(|_| build::ipam().map(|_| ())),
-        Job::Test { filter, kernel, ci } => test::run(filter.as_deref(), kernel.as_deref(), ci),
+        Job::Test { filter, host: Some(host), .. } => host::run(&host, filter.as_deref()),
+        Job::Test { filter, kernel, ci, host: None } => test::run(filter.as_deref(), kernel.as_deref(), ci),
         Job::Image { arch: Some(platforms) } => image::build_for(platforms).map(|_| ()),
         Job::Image { arch: None } => image::Arch::host().and_then(image::build).map(|_| ()),
+        Job::Release => release::build().map(|_| ()),
         Job::Docs { check } => packages::ensure_build().and_then(|_| docs::build(check)).map(|_| ()),
         Job::Fuzz { seconds } => fuzz::run(seconds),
         Job::Seccomp => seccomp::write(),

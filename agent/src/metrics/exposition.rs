@@ -183,10 +183,21 @@ struct MilestoneLabels {
     milestone: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    commit: &'static str,
+}
+
 /// The whole exposition. `dataplane` is `None` when the maps cannot be
 /// read (before the first bring-up): the loop's metrics are still served.
 pub fn render(report: &LoopReport, dataplane: Option<&Snapshot>) -> Result<String, std::fmt::Error> {
     let mut reg = Registry::with_prefix("edgevx");
+    reg.register(
+        "build",
+        "The running agent's version and the commit it was built from",
+        prometheus_client::metrics::info::Info::new(BuildLabels { version: crate::VERSION, commit: crate::COMMIT }),
+    );
     run_loop(&mut reg, report);
     reg.register(
         "dataplane_maps_readable",
@@ -235,6 +246,7 @@ mod tests {
         report.view_from_source();
         let text = render(&report, Some(&snapshot(1))).unwrap();
         let l = lines(&text);
+        let build_info = format!(r#"edgevx_build_info{{version="{}",commit="{}"}} 1"#, crate::VERSION, crate::COMMIT);
         for want in [
             r#"edgevx_packets_total{direction="egress",path="encap"} 1"#,
             r#"edgevx_bytes_total{direction="egress",path="encap"} 2"#,
@@ -254,6 +266,7 @@ mod tests {
             r#"edgevx_source_connected{source="nodes file"} 1"#,
             "edgevx_ready 1",
             "edgevx_dataplane_maps_readable 1",
+            &build_info,
             "# EOF",
         ] {
             assert!(l.contains(&want), "no {want:?} in\n{text}");

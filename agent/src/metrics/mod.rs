@@ -7,7 +7,7 @@
 //! - `families`: which metric family and labels each BPF counter becomes;
 //! - `snapshot`: reading the pinned maps at scrape time;
 //! - `exposition`: the Prometheus (OpenMetrics) text;
-//! - `server`: binding the address and serving it off the run loop's thread;
+//! - `server`: binding the address (as soon as the host lets it) and serving it off the run loop's thread;
 //! - `startup`: the time from process start to each step of the first bring-up.
 mod exposition;
 mod families;
@@ -17,5 +17,5 @@ mod server;
 mod snapshot;
 pub mod startup;
 
-pub use report::{LoopReport, Stage};
-pub use server::{bind, serve};
+pub use report::{LoopReport, Readiness, Stage};
+pub use server::serve;

@@ -26,8 +26,14 @@ pub fn liveness(since_tick: Duration) -> Verdict {
     }
 }
 
-pub fn readiness(r: Readiness) -> Verdict {
-    Verdict { ok: r == Readiness::Ready, text: format!("{}\n", r.reason()) }
+/// Ready only when the dataplane is; before the first bring-up the text
+/// says what the agent waits for, if it waits for the host.
+pub fn readiness(r: Readiness, waiting: Option<&str>) -> Verdict {
+    let text = match waiting {
+        Some(what) if r == Readiness::Starting => format!("waiting for the host: {what}\n"),
+        _ => format!("{}\n", r.reason()),
+    };
+    Verdict { ok: r == Readiness::Ready, text }
 }
 
 #[cfg(test)]
@@ -46,8 +52,15 @@ mod tests {
     #[test]
     fn only_ready_is_ready() {
         for r in [Readiness::Starting, Readiness::NotAttached, Readiness::Rebuilding] {
-            assert!(!readiness(r).ok, "{r:?}");
+            assert!(!readiness(r, None).ok, "{r:?}");
         }
-        assert_eq!(readiness(Readiness::Ready), Verdict { ok: true, text: "ready\n".into() });
+        assert_eq!(readiness(Readiness::Ready, None), Verdict { ok: true, text: "ready\n".into() });
+    }
+
+    #[test]
+    fn waiting_for_the_host_is_said_until_the_first_bring_up() {
+        let v = readiness(Readiness::Starting, Some("no IPv4 default route"));
+        assert_eq!(v, Verdict { ok: false, text: "waiting for the host: no IPv4 default route\n".into() });
+        assert_eq!(readiness(Readiness::Ready, Some("stale")).text, "ready\n");
     }
 }

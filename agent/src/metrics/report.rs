@@ -105,6 +105,9 @@ pub struct LoopReport {
     /// Milliseconds from `started` to the loop's last tick.
     last_tick_ms: AtomicU64,
     readiness: Mutex<Readiness>,
+    /// What the agent waits for before its first bring-up (a host state
+    /// that fixes itself: no default route yet, no bpffs yet), if anything.
+    waiting: Mutex<Option<String>>,
     connected: AtomicBool,
     /// When the view in use arrived from the source (a cached view: when it was cached).
     view_at: Mutex<Option<SystemTime>>,
@@ -131,6 +134,7 @@ impl LoopReport {
             started: Instant::now(),
             last_tick_ms: AtomicU64::new(0),
             readiness: Mutex::new(Readiness::Starting),
+            waiting: Mutex::new(None),
             connected: AtomicBool::new(false),
             view_at: Mutex::new(None),
             peers: Mutex::new(Vec::new()),
@@ -159,6 +163,16 @@ impl LoopReport {
 
     pub fn readiness(&self) -> Readiness {
         *lock(&self.readiness)
+    }
+
+    /// The agent waits for the host (`Some`: what for), or no longer does.
+    pub fn waiting_for(&self, what: Option<String>) {
+        *lock(&self.waiting) = what;
+    }
+
+    /// What the agent waits for, if anything (`/readyz` says it).
+    pub fn waiting(&self) -> Option<String> {
+        lock(&self.waiting).clone()
     }
 
     /// The dataplane was found broken; it is rebuilt from the next pass on.

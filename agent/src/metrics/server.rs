@@ -1,6 +1,8 @@
-//! The HTTP endpoint (`--metrics-addr`). It is bound before the host is
-//! changed, so a port in use is a usage error, and it is served from a
-//! thread of its own with its own runtime: the agent's runtime has one
+//! The HTTP endpoint (`--metrics-addr`). An address the host cannot give
+//! yet (not configured yet, or its port held by another process) never
+//! stops the dataplane: it is bound again every few seconds, with a warning,
+//! until it can be. It is served from a thread of its own with its own
+//! runtime: the agent's runtime has one
 //! thread, and a slow scrape, or a client that never finishes its request,
 //! must not hold up the run loop (nor a stuck loop hang the probes, which
 //! must be able to say the loop is stuck).
@@ -24,7 +26,7 @@ use hyper_util::rt::TokioIo;
 use tracing::{debug, info, warn};
 
 use super::{exposition, probe, report::LoopReport, snapshot::Snapshot};
-use crate::{UsageError, dataplane::bpffs::PinDir};
+use crate::dataplane::bpffs::PinDir;
 
 /// A connection gets this long to send its request and take the answer.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,20 +38,43 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// need one each.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// The bound, not yet served, endpoint.
-pub struct Endpoint {
-    listener: TcpListener,
-    pub addr: SocketAddr,
+/// A bind that failed is tried again this often.
+const BIND_RETRY: Duration = Duration::from_secs(2);
+/// A bind that keeps failing is logged again this often.
+const BIND_WARN_EVERY: Duration = Duration::from_secs(30);
+
+/// Binds `addr` (non-blocking), naming the flag in the error.
+fn bind(addr: SocketAddr) -> Result<TcpListener> {
+    let listener = TcpListener::bind(addr).with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
+    listener.set_nonblocking(true).with_context(|| format!("cannot make the listener on {addr} non-blocking"))?;
+    Ok(listener)
 }
 
-/// Binds `addr`; a failure (port in use, an address this host does not
-/// have) is a usage error naming the flag.
-pub fn bind(addr: SocketAddr) -> Result<Endpoint> {
-    let listener = TcpListener::bind(addr)
-        .map_err(|e| anyhow::Error::new(UsageError(format!("--metrics-addr {addr}: cannot listen: {e}"))))?;
-    listener.set_nonblocking(true).with_context(|| format!("cannot make the listener on {addr} non-blocking"))?;
-    let addr = listener.local_addr().unwrap_or(addr);
-    Ok(Endpoint { listener, addr })
+/// Binds `addr` as soon as the host lets it: an address not on the host
+/// yet, or a port another process holds, is tried again every
+/// [`BIND_RETRY`], with a warning at once and every [`BIND_WARN_EVERY`].
+async fn bind_when_possible(addr: SocketAddr) -> TcpListener {
+    let mut warned: Option<std::time::Instant> = None;
+    loop {
+        match bind(addr) {
+            Ok(l) => {
+                if warned.is_some() {
+                    info!(%addr, "the metrics address can be bound now");
+                }
+                return l;
+            }
+            Err(e) if warned.is_none_or(|at| at.elapsed() >= BIND_WARN_EVERY) => {
+                warn!(
+                    "{e:#}; the dataplane does not wait for it, and the probes answer once it can be bound (tried \
+                     again every {}s)",
+                    BIND_RETRY.as_secs()
+                );
+                warned = Some(std::time::Instant::now());
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(BIND_RETRY).await;
+    }
 }
 
 /// What the thread needs to answer a request.
@@ -94,7 +119,7 @@ impl Scrape {
         }
         match path {
             "/healthz" => verdict(probe::liveness(self.report.since_tick())),
-            "/readyz" => verdict(probe::readiness(self.report.readiness())),
+            "/readyz" => verdict(probe::readiness(self.report.readiness(), self.report.waiting().as_deref())),
             "/metrics" => self.metrics(),
             _ => reply(StatusCode::NOT_FOUND, TEXT, "try /healthz, /readyz or /metrics\n".into()),
         }
@@ -138,20 +163,25 @@ async fn accept_loop(listener: TcpListener, scrape: Arc<Scrape>) {
     }
 }
 
-/// Serves `/healthz`, `/readyz` and `/metrics` on `endpoint` from a thread
-/// of its own, for as long as the process lives.
-pub fn serve(endpoint: Endpoint, report: Arc<LoopReport>, pins: PinDir) -> Result<()> {
+/// Serves `/healthz`, `/readyz` and `/metrics` on `addr` from a thread of
+/// its own, for as long as the process lives, once the address can be bound.
+pub fn serve(addr: SocketAddr, report: Arc<LoopReport>, pins: PinDir) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the metrics endpoint's runtime")?;
-    let Endpoint { listener, addr } = endpoint;
     let scrape = Arc::new(Scrape { report, pins });
     std::thread::Builder::new()
         .name("edgevx-metrics".into())
-        .spawn(move || runtime.block_on(accept_loop(listener, scrape)))
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = bind_when_possible(addr).await;
+                let bound = listener.local_addr().unwrap_or(addr);
+                info!(addr = %bound, "serving /healthz, /readyz and /metrics");
+                accept_loop(listener, scrape).await;
+            })
+        })
         .context("cannot start the metrics endpoint's thread")?;
-    info!(%addr, "serving /healthz, /readyz and /metrics");
     Ok(())
 }
 
@@ -160,15 +190,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_port_in_use_is_a_usage_error_naming_the_flag() {
+    fn a_port_in_use_names_the_flag_and_is_bound_once_free() {
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = taken.local_addr().unwrap();
         let e = bind(addr).err().unwrap();
-        assert!(e.downcast_ref::<UsageError>().is_some(), "{e:#}");
         assert!(e.to_string().contains("--metrics-addr"), "{e:#}");
         // an address this host does not have
         let e = bind("192.0.2.1:9117".parse().unwrap()).err().unwrap();
-        assert!(e.downcast_ref::<UsageError>().is_some(), "{e:#}");
+        assert!(e.to_string().contains("--metrics-addr 192.0.2.1:9117"), "{e:#}");
+        // freed while waited for: bound at the next try
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let bound = rt.block_on(async {
+            let waiting = tokio::spawn(bind_when_possible(addr));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(!waiting.is_finished(), "bound while the port was taken");
+            drop(taken);
+            waiting.await.unwrap()
+        });
+        assert_eq!(bound.local_addr().unwrap(), addr);
     }
 
     fn scrape(report: LoopReport) -> Scrape {

@@ -1,7 +1,9 @@
 //! Everything `edgevx run` checks before it touches the host (the flags,
 //! the net-conf, the kernel and the bpffs, the state files and the pins of
-//! other versions), and the choice of source. A failure here is a usage
-//! error: exit code 2.
+//! other versions), and the choice of source. [`check`] refuses what the
+//! operator must change (exit code 2); [`settle`] then waits out what the
+//! host fixes by itself: an interface, address or default route not there
+//! yet, a bpffs not mounted yet ([`NotYet`]).
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
@@ -23,6 +25,7 @@ use crate::{
 };
 
 /// Where desired state comes from.
+#[derive(Clone)]
 pub(super) enum Source {
     File(PathBuf),
     Kube(::kube::Client),
@@ -38,6 +41,40 @@ impl Source {
         }
     }
 }
+
+/// What [`check`] found right, before the host's state is looked at:
+/// everything of [`Checked`] but the underlay.
+pub(super) struct Pending {
+    args: RunArgs,
+    node: String,
+    conf: NetConf,
+    names: AnnotationNames,
+    source: Source,
+    etcd_annotations: Option<::kube::Client>,
+    /// `node-public-ip` and `node-public-ipv6`, as flanneld reads them first.
+    stored: (Option<std::net::Ipv4Addr>, Option<std::net::Ipv6Addr>),
+    /// The last bring-up's record: its public IP chooses the underlay when
+    /// nothing else can (no flag, no default route).
+    recorded: Option<crate::state::AgentRecord>,
+}
+
+impl Pending {
+    pub(super) fn source_name(&self) -> &'static str {
+        self.source.name()
+    }
+    pub(super) fn args(&self) -> &RunArgs {
+        &self.args
+    }
+    pub(super) fn node(&self) -> &str {
+        &self.node
+    }
+}
+
+/// A host state that fixes itself and is waited for: the message says what
+/// is missing and which flag or record would choose otherwise.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct NotYet(pub(super) String);
 
 /// Everything `run` needs, checked before the host is touched.
 pub(super) struct Checked {
@@ -155,7 +192,7 @@ fn check_files(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
+pub(super) async fn check(args: RunArgs, state: &StateDir) -> Result<Pending> {
     let node = args
         .node_name
         .clone()
@@ -180,26 +217,13 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
         None => NetConf::default(),
     };
     crate::netfilter::check_backend(conf.nftables).map_err(|e| usage(format!("--net-conf: {e:#}")))?;
-    let state = crate::state::StateDir(args.paths.state_dir.clone());
-    let (stored, stored6) = stored_public_ip(&source, &node, &names, &state).await;
-    let want =
-        super::iface::Wanted { ifaces: &args.iface, regexes: &args.iface_regex, can_reach: args.iface_can_reach };
-    // the address selection settled on stands in for --public-ip(v6); node-public-ip(v6) still beats it.
-    // With IPv4 on, IPv4 chooses; an IPv6-only network chooses by flannel's IPv6 stack rules
-    let (iface, address) = if conf.ipv4 {
-        let chosen = super::iface::choose::<Ipv4Net>(handle, &want, stored.or(args.public_ip)).await;
-        chosen.map(|c| (c.name, std::net::IpAddr::V4(c.address)))
+    let want = wanted(&args);
+    if conf.ipv4 {
+        super::iface::validate::<Ipv4Net>(&want)
     } else {
-        let chosen = super::iface::choose::<Ipv6Net>(handle, &want, stored6.or(args.public_ipv6)).await;
-        chosen.map(|c| (c.name, std::net::IpAddr::V6(c.address)))
+        super::iface::validate::<Ipv6Net>(&want)
     }
     .map_err(|e| usage(e.to_string()))?;
-    let mut args = args;
-    match address {
-        std::net::IpAddr::V4(a) => args.public_ip = args.public_ip.or(Some(a)),
-        std::net::IpAddr::V6(a) => args.public_ipv6 = args.public_ipv6.or(Some(a)),
-    }
-    let underlay = device::underlay(handle, &iface).await?;
     if args.host_routing && args.bypass_netfilter {
         return Err(usage("--host-routing and --bypass-netfilter contradict each other".into()));
     }
@@ -216,18 +240,79 @@ pub(super) async fn check(args: RunArgs, handle: &Handle) -> Result<Checked> {
         }
     }
     check_files(&args)?;
-    // a newer edgevx's dataplane is here: leave it alone, whatever else is wrong
-    bpffs::no_newer_version(&args.paths.bpffs).map_err(|e| usage(e.to_string()))?;
     // last, so a mistyped flag is reported as such on any host
     let facts = KernelFacts::of_this_host(&args.paths.bpffs);
     if facts.version.is_none() {
         warn!("cannot read the kernel version; assuming it has what edgevx needs ({} or later)", kernel::minimum());
     }
-    let missing = kernel::check(&facts);
-    if !missing.is_empty() {
-        return Err(usage(missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")));
+    let refused: Vec<String> =
+        kernel::check(&facts).iter().filter(|m| !m.fixes_itself()).map(ToString::to_string).collect();
+    if !refused.is_empty() {
+        return Err(usage(refused.join("\n")));
     }
-    Ok(Checked { args, node, conf, names, iface, underlay, source, etcd_annotations })
+    let stored = stored_public_ip(&source, &node, &names, state).await;
+    let recorded = match state.load_agent() {
+        Ok(r) => r,
+        Err(e) => {
+            warn!("cannot read the record of the last bring-up, so it cannot choose the underlay: {e:#}");
+            None
+        }
+    };
+    Ok(Pending { args, node, conf, names, source, etcd_annotations, stored, recorded })
+}
+
+fn wanted(args: &RunArgs) -> super::iface::Wanted<'_> {
+    super::iface::Wanted { ifaces: &args.iface, regexes: &args.iface_regex, can_reach: args.iface_can_reach }
+}
+
+/// The host's part of the checks, tried again until it holds: the bpffs
+/// mounted, then the underlay chosen by flanneld's rules (or, with no flag
+/// and no default route, the interface of the last bring-up's public IP).
+/// `Err` is a usage error (exit 2); `Ok(Err)` a host state to wait for.
+pub(super) async fn settle(p: &Pending, handle: &Handle) -> Result<std::result::Result<Checked, NotYet>> {
+    if let Err(e) = bpffs::on_bpffs(&p.args.paths.bpffs) {
+        return Ok(Err(NotYet(format!("{e}; waiting for the host to mount one"))));
+    }
+    // a newer edgevx's dataplane is here: leave it alone, whatever else is wrong
+    bpffs::no_newer_version(&p.args.paths.bpffs).map_err(|e| usage(e.to_string()))?;
+    let recorded = p.recorded.as_ref();
+    let want = wanted(&p.args);
+    let (stored, stored6) = p.stored;
+    // the address selection settled on stands in for --public-ip(v6); node-public-ip(v6) still beats it.
+    // With IPv4 on, IPv4 chooses; an IPv6-only network chooses by flannel's IPv6 stack rules
+    let chosen = if p.conf.ipv4 {
+        let rec = recorded.and_then(<Ipv4Net as super::iface::ChoosingFamily>::recorded);
+        let chosen = super::iface::choose::<Ipv4Net>(handle, &want, stored.or(p.args.public_ip), rec).await;
+        chosen.map(|c| (c.name, std::net::IpAddr::V4(c.address)))
+    } else {
+        let rec = recorded.and_then(<Ipv6Net as super::iface::ChoosingFamily>::recorded);
+        let chosen = super::iface::choose::<Ipv6Net>(handle, &want, stored6.or(p.args.public_ipv6), rec).await;
+        chosen.map(|c| (c.name, std::net::IpAddr::V6(c.address)))
+    };
+    let (iface, address) = match chosen {
+        Ok(c) => c,
+        Err(e) if e.fixes_itself() => return Ok(Err(NotYet(format!("{e}; waiting for it")))),
+        Err(e) => return Err(usage(e.to_string())),
+    };
+    let underlay = match device::underlay(handle, &iface).await {
+        Ok(u) => u,
+        Err(e) => return Ok(Err(NotYet(format!("the underlay {iface}: {e:#}; waiting for it")))),
+    };
+    let mut args = p.args.clone();
+    match address {
+        std::net::IpAddr::V4(a) => args.public_ip = args.public_ip.or(Some(a)),
+        std::net::IpAddr::V6(a) => args.public_ipv6 = args.public_ipv6.or(Some(a)),
+    }
+    Ok(Ok(Checked {
+        args,
+        node: p.node.clone(),
+        conf: p.conf.clone(),
+        names: p.names.clone(),
+        iface,
+        underlay,
+        source: p.source.clone(),
+        etcd_annotations: p.etcd_annotations.clone(),
+    }))
 }
 
 /// This Node's `node-public-ip` and `node-public-ipv6` annotations as

@@ -17,6 +17,15 @@
 //! 4. with none of those flags: the interface that owns the public IP
 //!    (`node-public-ip(v6)`, else `--public-ip(v6)`) when one does, else the
 //!    interface of the family's default route.
+//! 5. edgevx only: with none of those flags and no default route (an edge
+//!    node booting while its WAN, LTE or VPN is down), the interface that
+//!    owns the public IP of the last bring-up recorded in the state dir, so
+//!    the node restores and forwards as on any start. flanneld exits here.
+//!
+//! What cannot match yet (an interface, an address or a route not there
+//! yet) is a [`IfaceError::fixes_itself`] state: `edgevx run` waits for it.
+//! What no host state can fix (a bad regex, a flag of the wrong family) is
+//! refused by [`validate`] before anything is looked up.
 //!
 //! Interfaces are tried in ifindex order, as Go's `net.Interfaces()` lists them.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -36,6 +45,7 @@ use rtnetlink::{
 use crate::{
     dataplane::{device, routes},
     family::Family,
+    state::AgentRecord,
 };
 
 /// What the flags ask for.
@@ -87,7 +97,9 @@ pub enum IfaceError {
     NoMatch { tried: String, available: String },
     #[error("--iface-can-reach {0}: no route to it")]
     Unreachable(Ipv4Addr),
-    #[error("no --iface, --iface-regex or --iface-can-reach and no IPv4 default route to take the interface from")]
+    #[error(
+        "no --iface, --iface-regex or --iface-can-reach, no IPv4 default route to take the interface from, and no interface with the public IP of an earlier bring-up"
+    )]
     NoDefaultRoute,
     #[error(
         "no interface matches {tried} (interfaces: {available}); in an IPv6-only network (EnableIPv4 false) an interface qualifies only with a global IPv6 address"
@@ -98,11 +110,28 @@ pub enum IfaceError {
     )]
     CanReachIpv6Only(Ipv4Addr),
     #[error(
-        "no --iface or --iface-regex and no IPv6 default route to take the interface from (the network is IPv6-only)"
+        "no --iface or --iface-regex, no IPv6 default route to take the interface from (the network is IPv6-only), and no interface with the public IPv6 of an earlier bring-up"
     )]
     NoDefaultRoute6,
     #[error("cannot read the interfaces: {0:#}")]
     Netlink(anyhow::Error),
+}
+
+impl IfaceError {
+    /// Whether a change of the host alone can make selection succeed (an
+    /// interface, address or route that is not there yet): waited for. The
+    /// rest need the operator to change a flag: exit 2.
+    pub fn fixes_itself(&self) -> bool {
+        match self {
+            IfaceError::BadRegex { .. } | IfaceError::Ipv6(_) | IfaceError::CanReachIpv6Only(_) => false,
+            IfaceError::NoMatch { .. }
+            | IfaceError::Unreachable(_)
+            | IfaceError::NoDefaultRoute
+            | IfaceError::NoMatch6 { .. }
+            | IfaceError::NoDefaultRoute6
+            | IfaceError::Netlink(_) => true,
+        }
+    }
 }
 
 /// What selection does differently for the family that chooses the underlay.
@@ -119,9 +148,14 @@ pub trait ChoosingFamily: Family {
     async fn reach(handle: &Handle, to: Ipv4Addr) -> Result<(u32, Option<Self::Addr>), IfaceError>;
     fn no_match(tried: String, available: String) -> IfaceError;
     fn no_default_route() -> IfaceError;
+    /// Whether `--iface-can-reach` (an IPv4 route) can choose for the family.
+    const CAN_REACH: bool;
+    /// The public IP of the family that the last bring-up recorded.
+    fn recorded(rec: &AgentRecord) -> Option<Self::Addr>;
 }
 
 impl ChoosingFamily for Ipv4Net {
+    const CAN_REACH: bool = true;
     fn addresses(l: &Link) -> &[Ipv4Addr] {
         &l.ipv4
     }
@@ -137,9 +171,13 @@ impl ChoosingFamily for Ipv4Net {
     fn no_default_route() -> IfaceError {
         IfaceError::NoDefaultRoute
     }
+    fn recorded(rec: &AgentRecord) -> Option<Ipv4Addr> {
+        rec.v4.as_ref().map(|v4| v4.public_ip)
+    }
 }
 
 impl ChoosingFamily for Ipv6Net {
+    const CAN_REACH: bool = false;
     fn addresses(l: &Link) -> &[Ipv6Addr] {
         &l.ipv6
     }
@@ -154,6 +192,9 @@ impl ChoosingFamily for Ipv6Net {
     }
     fn no_default_route() -> IfaceError {
         IfaceError::NoDefaultRoute6
+    }
+    fn recorded(rec: &AgentRecord) -> Option<Ipv6Addr> {
+        rec.v6.as_ref().map(|v6| v6.public_ip)
     }
 }
 
@@ -316,13 +357,34 @@ async fn route_get(handle: &Handle, to: Ipv4Addr) -> Option<(u32, Option<Ipv4Add
     Some((oif, src))
 }
 
+/// Refuses what no host state can make match: a regex that does not
+/// compile, a flag of the wrong family. Checked before anything is looked up,
+/// so only [`IfaceError::fixes_itself`] errors are left to [`choose`].
+pub fn validate<N: ChoosingFamily>(want: &Wanted<'_>) -> Result<(), IfaceError> {
+    for value in want.ifaces {
+        if let Ok(ip) = value.parse::<IpAddr>()
+            && N::of(ip).is_none()
+        {
+            N::other_family(value)?;
+        }
+    }
+    for r in want.regexes {
+        Regex::new(r).map_err(|e| IfaceError::BadRegex { regex: r.clone(), reason: e.to_string() })?;
+    }
+    match want.can_reach {
+        Some(ip) if !N::CAN_REACH => Err(IfaceError::CanReachIpv6Only(ip)),
+        _ => Ok(()),
+    }
+}
+
 /// Chooses the underlay by flanneld's rules for the family `N` (see the
 /// module doc); `public` is the public IP in force (`node-public-ip(v6)`,
-/// else `--public-ip(v6)`).
+/// else `--public-ip(v6)`), `recorded` the last bring-up's (rule 5).
 pub async fn choose<N: ChoosingFamily>(
     handle: &Handle,
     want: &Wanted<'_>,
     public: Option<N::Addr>,
+    recorded: Option<N::Addr>,
 ) -> Result<Chosen<N::Addr>, IfaceError> {
     let reach = match want.can_reach {
         Some(ip) => Some(N::reach(handle, ip).await?),
@@ -337,13 +399,28 @@ pub async fn choose<N: ChoosingFamily>(
     }
     // flanneld exits when no interface owns the public IP; edgevx keeps the
     // default route's interface, for a public IP that is NATed in front of the node
-    let name =
-        routes::default_route_iface::<N>(handle).await.map_err(IfaceError::Netlink)?.ok_or_else(N::no_default_route)?;
+    let Some(name) = routes::default_route_iface::<N>(handle).await.map_err(IfaceError::Netlink)? else {
+        return after_a_restart::<N>(&links, recorded).ok_or_else(N::no_default_route);
+    };
     links
         .iter()
         .find(|l| l.name == name)
         .and_then(with_first_address::<N>)
         .ok_or_else(|| no_match::<N>(&links, format!("the default route's {name}")))
+}
+
+/// Rule 5: no flag and no default route, so the interface that carries the
+/// public IP of the last bring-up, if one still does. Once chosen the
+/// underlay is kept by name: a default route that appears later changes
+/// nothing (no restart, no new MAC).
+fn after_a_restart<N: ChoosingFamily>(links: &[Link], recorded: Option<N::Addr>) -> Option<Chosen<N::Addr>> {
+    let c = owner_of::<N>(links, recorded?)?;
+    tracing::info!(
+        iface = %c.name,
+        public_ip = %c.address,
+        "no default route: taking the interface that carries the public IP of the last bring-up (the state dir's record)"
+    );
+    Some(c)
 }
 
 #[cfg(test)]

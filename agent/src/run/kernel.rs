@@ -172,6 +172,15 @@ pub(super) enum Missing {
     Bpffs(NotBpffs),
 }
 
+impl Missing {
+    /// A bpffs the host has not mounted yet fixes itself (a unit or an init
+    /// container mounts it): waited for. A kernel that lacks a feature does
+    /// not: exit 2.
+    pub(super) fn fixes_itself(&self) -> bool {
+        matches!(self, Missing::Bpffs(_))
+    }
+}
+
 /// Everything the host lacks (nothing: it may run). A probe's answer
 /// decides; where there is none (a run-time flag, or a probe that failed),
 /// the release does; an unreadable release is not held against the host:

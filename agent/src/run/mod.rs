@@ -35,8 +35,10 @@ pub mod lock;
 pub mod netns_lock;
 mod node;
 pub mod node6;
+mod notify;
 mod plan;
 mod schedule;
+mod wait_host;
 mod warned;
 
 use agent::Agent;
@@ -99,23 +101,30 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let _netns = netns_lock::acquire("this edgevx")?;
     let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
     tokio::spawn(conn);
-    let c = check(args, &handle).await?;
+    let state = StateDir(args.paths.state_dir.clone());
+    // what the operator must change exits 2 here; the host's state is waited for below
+    let pending = check(args, &state).await?;
     // one agent per node: a second one is refused here, naming the first
-    let early = lock::acquire_existing(&c.args.paths.state_dir)?;
-    // still before anything on the host changes: a port in use exits 2
-    let endpoint = metrics::bind(c.args.metrics_addr)?;
-    // the first thing that touches the host (the checks and the bind only read)
+    let early = lock::acquire_existing(&state.0)?;
+    // the first thing that touches the host (the checks only read)
     let _lock = match early {
         Some(l) => l,
-        None => lock::acquire(&c.args.paths.state_dir)?,
+        None => lock::acquire(&state.0)?,
     };
-    let report = Arc::new(LoopReport::new(c.source.name()));
-    metrics::serve(endpoint, report.clone(), PinDir::new(&c.args.paths.bpffs))?;
-    let state = StateDir(c.args.paths.state_dir.clone());
-    let mut kernel = crate::events::kernel::subscribe()?;
-
+    let report = Arc::new(LoopReport::new(pending.source_name()));
+    // the probes answer while the agent waits for the host (503, saying what for)
+    metrics::serve(pending.args().metrics_addr, report.clone(), PinDir::new(&pending.args().paths.bpffs))?;
     let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut notifier = notify::Notifier::default();
+    let waited = wait_host::wait_for_host(&pending, &handle, &report, &notifier, (&mut term, &mut int)).await?;
+    let Some(c) = waited else {
+        notifier.stopping();
+        info!("stopping before the first bring-up; the dataplane was not brought up");
+        return Ok(());
+    };
+    let mut kernel = crate::events::kernel::subscribe()?;
+
     let (tx, mut rx) = mpsc::channel::<Desired>(8);
     let (local_tx, local_rx) = watch::channel::<Option<LocalVtep>>(None);
     info!(source = c.source.name(), node = %c.node, "agent starting");
@@ -174,7 +183,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 due.ask(agent.run(job).await?, now);
             }
         }
+        notifier.ready_if(&report);
     }
+    notifier.stopping();
     for t in tasks {
         t.abort();
     }

@@ -1,6 +1,12 @@
 //! Bad flags and config: exit code 2, a message naming the culprit, and
-//! nothing changed on the host.
-use anyhow::Result;
+//! nothing changed on the host. A host state that fixes itself (no bpffs
+//! mounted yet, an interface not there yet) is waited for instead.
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
 use edgevx_tests::{
     edgevx_bin,
     etcd::{ENDPOINT, Etcd, PREFIX},
@@ -26,7 +32,6 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
     // a good command line, then one change each: (flag, value or "" to drop the flag, culprit)
     let good = [("--node-name", "node1"), ("--iface", "eth0"), ("--nodes-file", nodes.as_str())];
     let cases: &[(&str, &str, &str)] = &[
-        ("--iface", "nosuch0", "nosuch0"),
         ("--nodes-file", "/nonexistent/nodes.json", "/nonexistent/nodes.json"),
         ("--net-conf", &bad_conf, "Backend.VNI"),
         ("--net-conf", &ipv6_conf, "none defined stack"),
@@ -122,27 +127,105 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() -> Result<()> {
             args.extend([f.to_string(), v.to_string()]);
         }
         args.extend(["--net-conf".into(), s(&nft_conf), "--state-dir".into(), s(&state), "--bpffs".into(), s(&bpffs)]);
-        let out = h.ns.cmd("env").args(&args).output()?;
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{variant}: {err}");
-        // with iptables-nft the run goes on to the next check (no bpffs mounted here)
+        let (code, err) = exit_or_wait(h.ns.cmd("env").args(&args), &c.dir)?;
+        // with iptables-nft the run goes on to the host's part (no bpffs mounted here: waited for)
+        assert_eq!(code, refused.then_some(2), "{variant}: {err}");
         assert_eq!(err.contains("EnableNFTables"), refused, "{variant}: {err}");
         assert_eq!(err.contains("is not a bpffs"), !refused, "{variant}: {err}");
     }
-    // every flag right, but no bpffs at --bpffs: edgevx does not mount one, it says so
-    let mut args = vec!["run".to_string()];
-    for (f, v) in good {
-        args.extend([f.to_string(), v.to_string()]);
-    }
-    args.extend(["--state-dir".into(), s(&state), "--bpffs".into(), s(&bpffs)]);
-    let out = h.ns.cmd(&s(&edgevx_bin())).args(&args).output()?;
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert!(err.contains(&format!("--bpffs {}", bpffs.display())) && err.contains("is not a bpffs"), "{err}");
     assert!(h.ns.ip(&["link", "show", "flannel.1"]).is_err(), "a device was created");
-    assert!(!state.exists(), "the state dir was written");
     assert!(!bpffs.exists(), "bpffs was mounted");
     Ok(())
+}
+
+/// Runs `cmd` until it exits (its code and stderr) or says it waits for the
+/// host (`None`, and it is stopped).
+fn exit_or_wait(cmd: &mut Command, dir: &std::path::Path) -> Result<(Option<i32>, String)> {
+    let log = dir.join(format!("{}.log", edgevx_tests::unique("run")));
+    let mut child = cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log)?).spawn()?;
+    let deadline = Instant::now() + edgevx_tests::patience(Duration::from_secs(20));
+    loop {
+        let err = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(status) = child.try_wait()? {
+            return Ok((status.code(), std::fs::read_to_string(&log)?));
+        }
+        if err.contains("not ready to bring up the dataplane") {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok((None, err));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!("neither exited nor waited:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_host_not_ready_yet_is_waited_for_and_the_agent_comes_up_by_itself() -> Result<()> {
+    // every flag right, but no bpffs at --bpffs yet and no interface of that
+    // name yet: edgevx mounts nothing and creates nothing, it says what it
+    // waits for, and comes up once the host has it, with no restart
+    let mut c = Cluster::new(1)?;
+    let nodes = c.dir.join("nodes.json");
+    write(&nodes, &node_list(vec![flannel_node(1, None)]))?;
+    let h = c.host(1);
+    let (state, bpffs) = (h.state_dir(), h.bpffs_dir());
+    let log = c.dir.join("waiting.log");
+    let mut cmd = h.ns.cmd(edgevx_bin().to_str().context("bin path")?);
+    cmd.args(["run", "--node-name", "node1", "--iface", "uplink0", "--nodes-file"])
+        .arg(&nodes)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--bpffs")
+        .arg(&bpffs)
+        .arg("--subnet-file")
+        .arg(h.subnet_file())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?);
+    let mut agent = KillOnDrop(cmd.spawn()?);
+    let wait_for = |needle: &str, child: &mut std::process::Child| -> Result<String> {
+        let deadline = Instant::now() + edgevx_tests::patience(Duration::from_secs(20));
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains(needle) {
+                return Ok(text);
+            }
+            if let Some(status) = child.try_wait()? {
+                anyhow::bail!("exited ({status}) before {needle:?}:\n{text}");
+            }
+            anyhow::ensure!(Instant::now() < deadline, "no {needle:?}:\n{text}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let text = wait_for("waiting for the host to mount one", &mut agent.0)?;
+    assert!(text.contains(&format!("--bpffs {}", bpffs.display())) && text.contains("is not a bpffs"), "{text}");
+    assert!(!bpffs.exists(), "bpffs was mounted");
+    c.host_mut(1).mount_bpffs()?;
+    let h = c.host(1);
+    let text = wait_for("no interface matches --iface uplink0", &mut agent.0)?;
+    assert!(text.contains("waiting for it"), "{text}");
+    assert!(h.ns.ip(&["link", "show", "flannel.1"]).is_err(), "a device was created while waiting");
+    assert!(!h.subnet_file().exists(), "subnet.env was written while waiting");
+    // the interface appears (renamed into place, as udev does)
+    h.ns.ip(&["link", "set", "eth0", "down"])?;
+    h.ns.ip(&["link", "set", "eth0", "name", "uplink0"])?;
+    h.ns.ip(&["link", "set", "uplink0", "up"])?;
+    h.ns.ip(&["addr", "replace", "198.18.0.1/24", "dev", "uplink0"])?;
+    wait_for("dataplane up", &mut agent.0)?;
+    assert!(h.ns.ip(&["-d", "link", "show", "flannel.1"])?.contains("dev uplink0 "), "flannel.1 is not on uplink0");
+    Ok(())
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[test]

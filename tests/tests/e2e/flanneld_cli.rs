@@ -16,7 +16,7 @@ fn flanneld_flags_without_meaning_exit_2_naming_them() -> Result<()> {
     for (args, env, culprit, advice) in [
         (vec!["--ip-blackhole-route"], None, "--ip-blackhole-route", "drop the flag"),
         (vec!["-kube-api-url=https://10.0.0.1:6443"], None, "--kube-api-url", "kubeconfig"),
-        (vec!["--healthz-port=8471"], None, "--healthz-port", "--metrics-addr"),
+        (vec!["--healthz-port=http"], None, "--healthz-port", "0 to 65535"),
         (vec!["--subnet-lease-renew-margin=1440"], None, "--subnet-lease-renew-margin", "1 to 1439"),
         (vec![], Some(("FLANNELD_KUBE_API_URL", "https://10.0.0.1:6443")), "FLANNELD_KUBE_API_URL", "kubeconfig"),
     ] {

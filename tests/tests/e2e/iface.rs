@@ -56,6 +56,18 @@ impl TwoUnderlays {
         Ok((iface, ip))
     }
 
+    /// Runs the agent with `args`, which no interface matches yet: it waits
+    /// (an interface may still appear), saying so; returns its log.
+    fn waits(&self, args: &[&str]) -> Result<String> {
+        let mut all = vec!["--nodes-file", self.nodes.as_str()];
+        all.extend_from_slice(args);
+        let mut agent = Agent::spawn_choosing_iface(self.c.host(1), &all)?;
+        agent.wait_log("not ready to bring up the dataplane", Duration::from_secs(20))?;
+        assert!(self.c.host(1).ns.ip(&["link", "show", "flannel.1"]).is_err(), "a device was created");
+        agent.stop()?;
+        Ok(agent.log_text())
+    }
+
     fn refused(&self, args: &[&str]) -> Result<String> {
         let mut all = vec!["--nodes-file", self.nodes.as_str()];
         all.extend_from_slice(args);
@@ -88,7 +100,7 @@ fn repeated_iface_the_first_that_exists_wins() -> Result<()> {
     let n = TwoUnderlays::new()?;
     let args = ["--iface", "nosuch0", "--iface", "198.19.7.7", "--iface", "eth1", "--iface", "eth0"];
     assert_eq!(n.chosen(&args)?, pair("eth1", "198.19.0.1"));
-    let log = n.refused(&["--iface", "nosuch0", "--iface", "198.19.7.7"])?;
+    let log = n.waits(&["--iface", "nosuch0", "--iface", "198.19.7.7"])?;
     assert!(log.contains("--iface nosuch0, --iface 198.19.7.7") && log.contains("eth1:"), "{log}");
     Ok(())
 }
@@ -103,8 +115,9 @@ fn iface_regex_matches_addresses_then_names_each_regex_in_turn() -> Result<()> {
     );
     assert_eq!(n.chosen(&["--iface-regex", "^wlan", "--iface-regex", "^eth1$"])?, pair("eth1", "198.19.0.1"));
     // as in flannel, the first name that matches is taken even without an
-    // address (the pod's veth1 comes before eth1), and then refused
-    let log = n.refused(&["--iface-regex", "th1$"])?;
+    // address (the pod's veth1 comes before eth1), and then waited on (an
+    // address may still come)
+    let log = n.waits(&["--iface-regex", "th1$"])?;
     assert!(log.contains("--iface-regex th1$"), "{log}");
     // --iface comes first, then the regexes
     assert_eq!(n.chosen(&["--iface", "eth0", "--iface-regex", "eth1"])?, pair("eth0", "198.18.0.1"));

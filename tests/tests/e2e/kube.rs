@@ -152,3 +152,28 @@ fn kube_offline_start_uses_the_cache_and_reconciles_when_the_api_returns() -> Re
     assert_eq!(ping(&c.host(1).pod, pod_ip(2), 5, "0.05")?, (5, 5));
     Ok(())
 }
+
+#[test]
+fn kube_flannel_yml_args_run_edgevx_unchanged() -> Result<()> {
+    // kube-flannel.yml's container args (flannel HEAD), nothing added but
+    // edgevx's own paths: no --iface (the default route's interface), and
+    // flanneld's healthz port serving edgevx's probes
+    let mut c = Cluster::new(1)?;
+    let (_api, kc) = api_for_node1(&mut c)?;
+    let h = c.host(1);
+    h.ns.ip(&["route", "add", "default", "via", "198.18.0.254", "dev", "eth0"])?;
+    let env = format!("KUBECONFIG={kc}");
+    let args = ["--ip-masq", "--kube-subnet-mgr", "--healthz-port=8081"];
+    let mut agent = Agent::spawn_choosing_iface_via(h, &["env", &env], &args)?;
+    agent.wait_log("dataplane up", Duration::from_secs(20))?;
+    let s = agent.status()?;
+    assert_eq!(s["iface"], "eth0", "{s}");
+    assert_eq!(s["ip_masq"], true, "{s}");
+    let ready = crate::metrics::until("/readyz on the healthz port", Duration::from_secs(20), || {
+        let r = crate::metrics::get_at(&h.ns, "198.18.0.1:8081", "/readyz");
+        Ok(r.ok().filter(|r| r.status == 200))
+    })?;
+    assert_eq!(ready.body, "ready\n");
+    assert_eq!(crate::metrics::get_at(&h.ns, "198.18.0.1:8081", "/healthz")?.status, 200);
+    Ok(())
+}

@@ -36,6 +36,7 @@ mod monitoring;
 mod mtu;
 mod nodes_file;
 mod offline;
+mod offline_boot;
 mod outage;
 mod privileges;
 mod prog_fuzz;

@@ -1,7 +1,8 @@
 //! Probes and metrics (`--metrics-addr`): scraped from inside the node's
 //! namespace, where each agent binds its own 127.0.0.1:9117, while pods
-//! talk; /readyz before the node is ready and while it is rebuilt; and a
-//! bad address as a usage error.
+//! talk; /readyz before the node is ready and while it is rebuilt; a
+//! malformed address as a usage error, and an address the host cannot give
+//! yet as something that never stops the dataplane.
 use std::{
     collections::BTreeMap,
     fs::File,
@@ -48,12 +49,17 @@ pub(crate) struct Reply {
 
 /// `GET path` from inside `ns`, with a plain HTTP/1.1 request.
 pub(crate) fn get(ns: &Netns, path: &str) -> Result<Reply> {
-    let path = path.to_string();
+    get_at(ns, METRICS, path)
+}
+
+/// One GET of `path` from `at` (IP:PORT), inside `ns`.
+pub(crate) fn get_at(ns: &Netns, at: &str, path: &str) -> Result<Reply> {
+    let (path, at) = (path.to_string(), at.to_string());
     in_netns(ns, move || {
-        let addr: SocketAddr = METRICS.parse()?;
+        let addr: SocketAddr = at.parse()?;
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(s, "GET {path} HTTP/1.1\r\nHost: {METRICS}\r\nConnection: close\r\n\r\n")?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {at}\r\nConnection: close\r\n\r\n")?;
         let mut raw = Vec::new();
         s.read_to_end(&mut raw)?;
         let text = String::from_utf8(raw).context("the reply is not UTF-8")?;
@@ -68,7 +74,7 @@ pub(crate) fn get(ns: &Netns, path: &str) -> Result<Reply> {
 }
 
 /// Polls `f` until it returns `Some`, for up to `timeout`.
-fn until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+pub(crate) fn until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
     let deadline = Instant::now() + timeout;
     let mut last = String::new();
     loop {
@@ -84,7 +90,7 @@ fn until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<Option<
     }
 }
 
-fn wait_status(ns: &Netns, path: &str, status: u16) -> Result<Reply> {
+pub(crate) fn wait_status(ns: &Netns, path: &str, status: u16) -> Result<Reply> {
     until(&format!("{path} answering {status}"), Duration::from_secs(30), || {
         let r = get(ns, path)?;
         Ok((r.status == status).then_some(r))
@@ -298,40 +304,42 @@ fn readyz_is_503_until_the_dataplane_is_up_and_while_it_is_rebuilt() -> Result<(
 }
 
 #[test]
-fn a_bad_metrics_addr_exits_2_before_anything_changes() -> Result<()> {
+fn a_metrics_addr_the_host_cannot_give_yet_never_stops_the_dataplane() -> Result<()> {
     let mut c = Cluster::new(1)?;
     c.host_mut(1).mount_bpffs()?;
     let h = c.host(1);
     let nodes = c.dir.join("nodes.json");
     write(&nodes, &node_list(vec![flannel_node(1, None)]))?;
-    // something else holds the port, inside the node's namespace
-    let taken = in_netns(&h.ns, || TcpListener::bind(METRICS).context("cannot take the port"))?;
-    let run = |addr: Option<&str>| -> Result<(Option<i32>, String)> {
-        let mut cmd = h.ns.cmd(edgevx_bin().to_str().context("bin path")?);
-        cmd.args(["run", "--node-name", "node1", "--iface", "eth0", "--nodes-file"])
-            .arg(&nodes)
-            .arg("--state-dir")
-            .arg(h.state_dir())
-            .arg("--bpffs")
-            .arg(h.bpffs_dir())
-            .arg("--subnet-file")
-            .arg(h.subnet_file());
-        match addr {
-            Some(a) => cmd.args(["--metrics-addr", a]),
-            None => cmd.env("EDGEVX_METRICS_ADDR", "0.0.0.0:9117"),
-        };
-        let out = cmd.output()?;
-        Ok((out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned()))
-    };
-    for addr in [Some(METRICS), None, Some("not-an-address"), Some("192.0.2.1:9117")] {
-        let (code, err) = run(addr)?;
-        assert_eq!(code, Some(2), "{addr:?}: {err}");
-        assert!(err.contains("--metrics-addr"), "{addr:?}: the error should name --metrics-addr: {err}");
-    }
-    drop(taken);
-    assert!(h.ns.ip(&["link", "show", "flannel.1"]).is_err(), "a device was created");
+    let nodes = nodes.to_str().context("path")?;
+    // malformed: the operator must change it, exit 2 before anything changes
+    let out = h
+        .ns
+        .cmd(edgevx_bin().to_str().context("bin path")?)
+        .args(["run", "--node-name", "node1", "--iface", "eth0", "--nodes-file", nodes])
+        .args(["--metrics-addr", "not-an-address", "--state-dir"])
+        .arg(h.state_dir())
+        .arg("--bpffs")
+        .arg(h.bpffs_dir())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--metrics-addr"), "the error should name --metrics-addr: {err}");
     assert!(!h.state_dir().exists(), "the state dir was written");
-    assert!(!h.subnet_file().exists(), "subnet.env was written");
+
+    // an address not on the host yet: the dataplane comes up regardless, and says so
+    let mut agent = Agent::spawn(h, &["--nodes-file", nodes, "--metrics-addr", "192.0.2.1:9117"])?;
+    agent.wait_log("dataplane up", Duration::from_secs(20))?;
+    let log = agent.log_text();
+    assert!(log.contains("--metrics-addr 192.0.2.1:9117: cannot listen") && log.contains("does not wait"), "{log}");
+    agent.stop()?;
+
+    // the port held by another process: the same, and served once it is free
+    let taken = in_netns(&h.ns, || TcpListener::bind(METRICS).context("cannot take the port"))?;
+    let mut agent = Agent::spawn(h, &["--nodes-file", nodes, "--metrics-addr", METRICS])?;
+    agent.wait_log("dataplane up", Duration::from_secs(20))?;
+    assert!(agent.log_text().contains(&format!("--metrics-addr {METRICS}: cannot listen")), "{}", agent.log_text());
+    drop(taken);
+    wait_status(&h.ns, "/readyz", 200).with_context(|| agent.log_text())?;
     Ok(())
 }
 

@@ -1,0 +1,6 @@
+//! The commit edgevx-ipam is built from, for `edgevx-ipam --version`.
+include!("../build-support/commit.rs");
+
+fn main() {
+    emit_commit();
+}

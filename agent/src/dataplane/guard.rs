@@ -26,9 +26,12 @@ use aya::{
     },
     sys::SyscallError,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use crate::dataplane::bpffs::{PinDir, remove_pin};
+use crate::dataplane::{
+    bpffs::{PinDir, remove_pin},
+    refused,
+};
 
 /// The guard's name in the eBPF object, and of its link and program pins
 /// whichever variant is loaded.
@@ -50,12 +53,19 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SkLookup> {
 /// refuses VXLAN arriving on another interface instead.
 pub fn load(ebpf: &mut Ebpf) -> Result<()> {
     let Err(e) = program(ebpf, GUARD)?.load() else { return Ok(()) };
-    warn!(
-        "the kernel refused {GUARD} ({e}); loading {GUARD_COMPAT}, without the check that a peer's VXLAN \
-         arrives on the underlay (bpf_sk_lookup.ingress_ifindex needs Linux 5.17); a firewall rule refuses \
-         VXLAN arriving on another interface instead"
-    );
-    program(ebpf, GUARD_COMPAT)?.load().with_context(|| format!("the verifier rejected {GUARD_COMPAT}"))
+    // expected before 5.17: one line, once per process (a bring-up that
+    // fails later is retried from the top), the verifier's log only at debug
+    let e = refused::expected(GUARD, e);
+    if e.downcast_ref::<refused::Refused>().is_none_or(refused::Refused::is_new) {
+        warn!(
+            "{e:#}; loading {GUARD_COMPAT}, without the check that a peer's VXLAN arrives on the underlay \
+             (bpf_sk_lookup.ingress_ifindex needs Linux 5.17); a firewall rule refuses VXLAN arriving on another \
+             interface instead"
+        );
+    } else {
+        debug!("{e:#}; loading {GUARD_COMPAT} again");
+    }
+    program(ebpf, GUARD_COMPAT)?.load().map_err(|e| refused::refused(GUARD_COMPAT, e))
 }
 
 /// Whether the guard `load` loaded refuses a peer's VXLAN off the

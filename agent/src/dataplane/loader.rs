@@ -23,7 +23,7 @@ use crate::dataplane::{
     bpffs::{PinDir, remove_pin},
     clsact, device,
     features::Features,
-    guard,
+    guard, refused,
 };
 
 /// How the programs sit on their interfaces.
@@ -67,7 +67,9 @@ pub const PROGRAMS: [&str; 4] = [ENCAP, DECAP, BRIDGE, POD_GUARD];
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/edgevx"));
 
 /// Loads the programs, each in the variant `features` allow; creates the
-/// maps or reuses their pins.
+/// maps or reuses their pins. A program the verifier refuses is a
+/// [`Refused`](refused::Refused) in the error's chain: one line, with
+/// [`retry_after`](refused::Refused::retry_after) for the next try.
 pub fn load(pins: &PinDir, features: &Features) -> Result<Ebpf> {
     pins.create()?;
     let mut ebpf = EbpfLoader::new()
@@ -86,7 +88,8 @@ pub fn load(pins: &PinDir, features: &Features) -> Result<Ebpf> {
                  without them (no MTU judgement in the program, outer IP IDs counted per CPU)"
             );
         }
-        classifier(&mut ebpf, variant)?.load().with_context(|| format!("the verifier rejected {variant}"))?;
+        // a refusal is one line here; its whole log is logged once (refused.rs)
+        classifier(&mut ebpf, variant)?.load().map_err(|e| refused::refused(variant, e))?;
     }
     guard::load(&mut ebpf)?;
     Ok(ebpf)

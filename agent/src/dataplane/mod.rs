@@ -11,5 +11,6 @@ pub mod maps;
 pub mod own_addrs;
 pub mod peers;
 pub mod peers6;
+pub mod refused;
 pub mod routes;
 pub mod vtep;

@@ -67,9 +67,11 @@ pub fn run(host: &str, filter: Option<&str>) -> Result<()> {
     // README.md first: a wrong VERSION= fails before minutes of building
     let blocks = install::blocks()?;
     let tarball = install::stage(&out.join("work"), &blocks)?;
+    eprintln!("xtask: the release tarball in {} s", started.elapsed().as_secs());
     let built = Instant::now();
     let image = root::ensure()?;
     let root_secs = built.elapsed().as_secs();
+    eprintln!("xtask: the Debian 11 root in {root_secs} s");
     machine::work_disk(&out.join("work"), &out.join("work.img"))?;
     let peer = peer::Peer::create()?;
     let booting = Instant::now();

@@ -109,6 +109,19 @@ const VM: &[(Probe, &str)] = &[
     (Probe::File("/usr/include/cap-ng.h"), "libcap-ng-dev"),
 ];
 
+/// What `cargo xtask test --host` needs: debootstrap builds the host's root
+/// from Debian's packages, qemu-img the run's copy-on-write disk over it,
+/// QEMU boots it; the release tarball's static build needs musl-gcc, and
+/// the peer's pod pings. (mkfs.ext4 is e2fsprogs', part of every Debian
+/// system, which apt refuses to purge: host.rs checks for it.)
+const HOST: &[(Probe, &str)] = &[
+    (Probe::Command("debootstrap"), "debootstrap"),
+    (Probe::Command("qemu-img"), "qemu-utils"),
+    (Probe::Command("qemu-system-x86_64"), "qemu-system-x86"),
+    (Probe::Command("musl-gcc"), "musl-tools"),
+    (Probe::Command("ping"), "iputils-ping"),
+];
+
 /// Everything the tests, demo and bench need.
 pub fn ensure() -> Result<()> {
     install(&[BUILD, RUN].concat())
@@ -134,6 +147,11 @@ pub fn ensure_vm() -> Result<()> {
     install(VM)
 }
 
+/// What `cargo xtask test --host` needs.
+pub fn ensure_host() -> Result<()> {
+    install(HOST)
+}
+
 /// What `cargo xtask build` needs.
 pub fn ensure_build() -> Result<()> {
     install(BUILD)
@@ -142,7 +160,7 @@ pub fn ensure_build() -> Result<()> {
 /// The Debian packages behind every need, for `.ci/run` and fresh-machine checks.
 pub fn all() -> Vec<&'static str> {
     let mut pkgs: Vec<&str> =
-        BUILD.iter().chain(RUN).chain(IMAGE).chain(CROSS).chain(FUZZ).chain(VM).map(|(_, p)| *p).collect();
+        BUILD.iter().chain(RUN).chain(IMAGE).chain(CROSS).chain(FUZZ).chain(VM).chain(HOST).map(|(_, p)| *p).collect();
     pkgs.sort_unstable();
     pkgs.dedup();
     pkgs

@@ -42,6 +42,37 @@ pub struct Node {
     pub mac: String,
     /// The env file the install wrote (test 4 puts it back).
     pub env: String,
+    /// Why the shipped unit did not come up, when a known bug made the
+    /// install apply one of the [`WORKAROUNDS`] (test 1 then fails).
+    pub workaround: Option<String>,
+}
+
+/// A known bug of the shipped unit on this host, and the harness's own
+/// workaround: a drop-in the install writes only when the journal shows
+/// the bug, so a fixed unit never gets it. Each is a bug to fix in
+/// deploy/ or agent/, not part of the test.
+struct Workaround {
+    /// What the journal of the failed start holds.
+    sign: &'static str,
+    what: &'static str,
+    path: &'static str,
+    dropin: &'static str,
+}
+
+const WORKAROUNDS: &[Workaround] = &[Workaround {
+    sign: "attempt to corrupt spilled pointer on stack",
+    what: "Debian 11's 5.10 verifier refuses edgevx_encap_compat without CAP_PERFMON (it lets only \
+           perfmon_capable() loaders overwrite part of a spilled register on the stack); the unit grants \
+           CAP_BPF and CAP_NET_ADMIN only, so the harness adds CAP_PERFMON in a drop-in",
+    path: "/etc/systemd/system/edgevx.service.d/zz-test-workaround-cap-perfmon.conf",
+    dropin: "# WORKAROUND of `cargo xtask test --host debian11` (xtask/src/host/install.rs), not a fix:\n\
+             # the 5.10 verifier refuses edgevx_encap_compat without CAP_PERFMON.\n\
+             [Service]\nAmbientCapabilities=CAP_PERFMON\nCapabilityBoundingSet=CAP_PERFMON\n",
+}];
+
+fn tail_of(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// README.md's two blocks, checked against this workspace's version.
@@ -107,14 +138,21 @@ pub fn install(m: &mut Machine, peer: &Peer, tarball: &str) -> Result<Node> {
     // README.md's enable block, as it is: it returns once the unit is
     // active (Type=notify) or has failed
     let out = m.exec(&format!("cd {RELEASE_DIR} && sh -ex {WORK_DIR}/enable-systemd.sh"), Duration::from_secs(600))?;
+    let mut workaround = None;
     if out.code != 0 {
-        let journal = m.exec("journalctl -b -u edgevx --no-pager -n 40", Duration::from_secs(60))?;
-        bail!(
-            "README.md's enable block failed in the guest (exit {}):\n{}\nits journal:\n{}",
+        let journal = m.sh("journalctl -b -u edgevx -o cat --no-pager")?;
+        let failure = format!(
+            "README.md's enable block failed in the guest (exit {}):\n{}\nthe end of edgevx's journal:\n{}",
             out.code,
             out.both(),
-            journal.stdout
+            tail_of(&journal, 12)
         );
+        let Some(w) = WORKAROUNDS.iter().find(|w| journal.contains(w.sign)) else { bail!(failure) };
+        eprintln!("xtask: {failure}\nxtask: WORKAROUND (a known bug, not a fix): {}", w.what);
+        m.write(w.path, w.dropin)?;
+        m.sh("systemctl daemon-reload && systemctl restart edgevx")
+            .with_context(|| format!("with the workaround too, edgevx did not start; first: {failure}"))?;
+        workaround = Some(format!("{failure}\nThe tests ran with a workaround: {}", w.what));
     }
     m.sh("systemctl start edgevx-test-pod").context("the pod (tests/host/debian11/pod.sh) could not be made")?;
     let (subnet, lease) = node_lease(m)?;
@@ -124,7 +162,7 @@ pub fn install(m: &mut Machine, peer: &Peer, tarball: &str) -> Result<Node> {
     // flanneld on the peer, on the lease's arrival: arp, fdb, route
     peer.add_lease(&subnet, GUEST_IP, &mac)?;
     eprintln!("xtask: the node has {subnet}, VTEP MAC {mac}; the peer routes it");
-    Ok(Node { subnet, mac, env })
+    Ok(Node { subnet, mac, env, workaround })
 }
 
 /// The node's lease in etcd (the one whose PublicIP is the guest's): its

@@ -8,10 +8,11 @@
 //! QEMU runs without `-no-reboot`: `systemctl reboot` in the guest resets
 //! the machine, which boots the same kernel from the same disk again.
 //!
-//! KVM is tried first where `/dev/kvm` exists; a guest whose agent does not
-//! answer within [`KVM_START`] (nested KVM dies at once on some hosts, and
-//! hangs before the kernel's first line on others, this kind of machine
-//! included) is stopped and booted again under TCG on a fresh layer.
+//! KVM is tried first where `/dev/kvm` can be opened; a guest that prints no
+//! kernel line within [`KVM_FIRST_LINE`] or whose agent does not answer
+//! within [`KVM_START`] (nested KVM dies at once on some hosts, and hangs
+//! before the kernel's first line on others, this kind of machine included)
+//! is stopped and booted again under TCG on a fresh layer.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -29,6 +30,9 @@ use super::{
 use crate::exec;
 
 const KVM_START: Duration = Duration::from_secs(60);
+/// Under KVM the kernel's first line is on the console within a second or
+/// two; a nested KVM that hangs (this kind of machine) never prints it.
+const KVM_FIRST_LINE: Duration = Duration::from_secs(15);
 /// How long a boot (the first, or one after a reboot) may take to reach the
 /// guest agent under TCG: about 30 s alone on two cores, several times that
 /// beside other guests.
@@ -92,8 +96,11 @@ impl Machine {
                 .stdout(fs::File::create(dir.join(format!("qemu-{accel}.log")))?)
                 .stderr(fs::File::create(dir.join(format!("qemu-{accel}.err")))?);
             let mut child = qemu.spawn().context("cannot start qemu-system-x86_64")?;
-            let limit = if accel == "kvm" { KVM_START } else { BOOT };
-            match first_contact(&mut child, &socket, limit) {
+            let limits = match accel {
+                "kvm" => Limits { agent: KVM_START, first_line: Some(KVM_FIRST_LINE) },
+                _ => Limits { agent: BOOT, first_line: None },
+            };
+            match first_contact(&mut child, &socket, &console, limits) {
                 Ok(agent) => return Ok(Machine { child, agent, console, accel }),
                 Err(e) => {
                     let _ = child.kill();
@@ -205,9 +212,17 @@ impl Drop for Machine {
     }
 }
 
+/// How long a boot may take to reach the guest agent, and to print the
+/// kernel's first line on the console.
+#[derive(Clone, Copy)]
+struct Limits {
+    agent: Duration,
+    first_line: Option<Duration>,
+}
+
 /// Connects to the guest agent and waits until it answers, or QEMU exits,
-/// or `limit` passes.
-fn first_contact(child: &mut Child, socket: &Path, limit: Duration) -> Result<GuestAgent> {
+/// or a limit passes.
+fn first_contact(child: &mut Child, socket: &Path, console: &Path, limits: Limits) -> Result<GuestAgent> {
     let since = Instant::now();
     let mut agent = GuestAgent::connect(socket, Duration::from_secs(30))?;
     loop {
@@ -217,8 +232,14 @@ fn first_contact(child: &mut Child, socket: &Path, limit: Duration) -> Result<Gu
         if agent.try_sync()? {
             return Ok(agent);
         }
-        if since.elapsed() > limit {
-            bail!("no answer from the guest agent within {} s", limit.as_secs());
+        if since.elapsed() > limits.agent {
+            bail!("no answer from the guest agent within {} s", limits.agent.as_secs());
+        }
+        if let Some(limit) = limits.first_line.filter(|l| since.elapsed() > *l) {
+            let printed = fs::read(console).is_ok_and(|b| String::from_utf8_lossy(&b).contains(KERNEL_FIRST_LINE));
+            if !printed {
+                bail!("no kernel line on the console within {} s", limit.as_secs());
+            }
         }
     }
 }

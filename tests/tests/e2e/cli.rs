@@ -168,7 +168,7 @@ fn a_host_not_ready_yet_is_waited_for_and_the_agent_comes_up_by_itself() -> Resu
     // every flag right, but no bpffs at --bpffs yet and no interface of that
     // name yet: edgevx mounts nothing and creates nothing, it says what it
     // waits for, and comes up once the host has it, with no restart
-    let mut c = Cluster::new(1)?;
+    let c = Cluster::new(1)?;
     let nodes = c.dir.join("nodes.json");
     write(&nodes, &node_list(vec![flannel_node(1, None)]))?;
     let h = c.host(1);
@@ -203,8 +203,12 @@ fn a_host_not_ready_yet_is_waited_for_and_the_agent_comes_up_by_itself() -> Resu
     let text = wait_for("waiting for the host to mount one", &mut agent.0)?;
     assert!(text.contains(&format!("--bpffs {}", bpffs.display())) && text.contains("is not a bpffs"), "{text}");
     assert!(!bpffs.exists(), "bpffs was mounted");
-    c.host_mut(1).mount_bpffs()?;
-    let h = c.host(1);
+    // the host mounts it now; in the agent's own mount namespace (that of its
+    // `ip netns exec`), where a later mount of the root namespace would not
+    // propagate here, as it would into a unit's or a HostToContainer volume
+    std::fs::create_dir_all(&bpffs)?;
+    let pid = agent.0.id().to_string();
+    edgevx_tests::sh(&["nsenter", "-t", &pid, "-m", "mount", "-t", "bpf", "bpf", &bpffs.to_string_lossy()])?;
     let text = wait_for("no interface matches --iface uplink0", &mut agent.0)?;
     assert!(text.contains("waiting for it"), "{text}");
     assert!(h.ns.ip(&["link", "show", "flannel.1"]).is_err(), "a device was created while waiting");

@@ -157,12 +157,14 @@ fn kube_offline_start_uses_the_cache_and_reconciles_when_the_api_returns() -> Re
 fn kube_flannel_yml_args_run_edgevx_unchanged() -> Result<()> {
     // kube-flannel.yml's container args (flannel HEAD), nothing added but
     // edgevx's own paths: no --iface (the default route's interface), and
-    // flanneld's healthz port serving edgevx's probes
+    // flanneld's healthz port serving edgevx's probes. The stand-in API is
+    // plain http, not an in-cluster service account, so the kubeconfig comes
+    // as flanneld's own variable, not as a flag
     let mut c = Cluster::new(1)?;
     let (_api, kc) = api_for_node1(&mut c)?;
     let h = c.host(1);
     h.ns.ip(&["route", "add", "default", "via", "198.18.0.254", "dev", "eth0"])?;
-    let env = format!("KUBECONFIG={kc}");
+    let env = format!("FLANNELD_KUBECONFIG_FILE={kc}");
     let args = ["--ip-masq", "--kube-subnet-mgr", "--healthz-port=8081"];
     let mut agent = Agent::spawn_choosing_iface_via(h, &["env", &env], &args)?;
     agent.wait_log("dataplane up", Duration::from_secs(20))?;

@@ -35,31 +35,16 @@ use crate::{exec, packages};
 /// The hosts `--host` knows.
 const HOSTS: &[&str] = &["debian11"];
 
+/// How one test ended.
+struct Outcome {
+    name: &'static str,
+    took: Duration,
+    failure: Option<String>,
+}
+
 pub fn run(host: &str, filter: Option<&str>) -> Result<()> {
-    if !HOSTS.contains(&host) {
-        bail!("unknown host {host:?}: the hosts are {}", HOSTS.join(", "));
-    }
-    let filters: Vec<&str> = filter.map(|f| f.split_whitespace().collect()).unwrap_or_default();
-    if filter.is_some() && filters.is_empty() {
-        bail!("the filter {filter:?} names no test: give one or more, separated by spaces, or none for all");
-    }
-    let chosen: Vec<&(&str, debian11::TestFn)> = debian11::TESTS
-        .iter()
-        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f)))
-        .collect();
-    if chosen.is_empty() {
-        let names: Vec<&str> = debian11::TESTS.iter().map(|(n, _)| *n).collect();
-        bail!("no test of --host {host} matches {filters:?}; they are:\n  {}", names.join("\n  "));
-    }
-    if exec::output(std::process::Command::new("id").arg("-u")).map(|u| u.trim() != "0").unwrap_or(true) {
-        bail!("--host boots QEMU in a network namespace of its own and builds a root with debootstrap: it needs root");
-    }
-    packages::ensure_build()?;
-    packages::ensure_host()?;
-    // mkfs.ext4 comes with e2fsprogs, part of every Debian system (and not
-    // purgeable, so it is not in the package list .ci/run removes)
-    exec::run(std::process::Command::new("sh").args(["-c", "command -v mkfs.ext4 >/dev/null"]))
-        .context("missing: mkfs.ext4 (apt-get install e2fsprogs)")?;
+    let chosen = select(host, filter)?;
+    ensure_tools()?;
     let started = Instant::now();
     let out = exec::workspace_root().join("target/host").join(host);
     let _ = fs::remove_dir_all(&out);
@@ -68,9 +53,9 @@ pub fn run(host: &str, filter: Option<&str>) -> Result<()> {
     let blocks = install::blocks()?;
     let tarball = install::stage(&out.join("work"), &blocks)?;
     eprintln!("xtask: the release tarball in {} s", started.elapsed().as_secs());
-    let built = Instant::now();
+    let building = Instant::now();
     let image = root::ensure()?;
-    let root_secs = built.elapsed().as_secs();
+    let root_secs = building.elapsed().as_secs();
     eprintln!("xtask: the Debian 11 root in {root_secs} s");
     machine::work_disk(&out.join("work"), &out.join("work.img"))?;
     let peer = peer::Peer::create()?;
@@ -89,30 +74,70 @@ pub fn run(host: &str, filter: Option<&str>) -> Result<()> {
     };
     eprintln!("xtask: installed as README.md says and active in {} s", installing.elapsed().as_secs());
     let mut bed = debian11::Bed { m, peer, node };
-    let mut results: Vec<(String, Duration, Option<String>)> = Vec::new();
-    for (name, test) in &chosen {
+    let outcomes = run_tests(&mut bed, &chosen);
+    save_journal(&mut bed.m, &out);
+    bed.m.poweroff();
+    report(&outcomes, chosen.len(), &out, started.elapsed(), root_secs)
+}
+
+/// The tests of `host` whose names contain one of `filter`'s words (all
+/// without a filter).
+fn select(host: &str, filter: Option<&str>) -> Result<Vec<&'static (&'static str, debian11::TestFn)>> {
+    if !HOSTS.contains(&host) {
+        bail!("unknown host {host:?}: the hosts are {}", HOSTS.join(", "));
+    }
+    let words: Vec<&str> = filter.map(|f| f.split_whitespace().collect()).unwrap_or_default();
+    if filter.is_some() && words.is_empty() {
+        bail!("the filter {filter:?} names no test: give one or more, separated by spaces, or none for all");
+    }
+    let chosen: Vec<_> =
+        debian11::TESTS.iter().filter(|(name, _)| words.is_empty() || words.iter().any(|w| name.contains(w))).collect();
+    if chosen.is_empty() {
+        let names: Vec<&str> = debian11::TESTS.iter().map(|(n, _)| *n).collect();
+        bail!("no test of --host {host} matches {words:?}; they are:\n  {}", names.join("\n  "));
+    }
+    Ok(chosen)
+}
+
+/// Root, and what the job runs on this machine.
+fn ensure_tools() -> Result<()> {
+    if exec::output(std::process::Command::new("id").arg("-u")).map(|u| u.trim() != "0").unwrap_or(true) {
+        bail!("--host boots QEMU in a network namespace of its own and builds a root with debootstrap: it needs root");
+    }
+    packages::ensure_build()?;
+    packages::ensure_host()?;
+    // mkfs.ext4 comes with e2fsprogs, part of every Debian system (and not
+    // purgeable, so it is not in the package list .ci/run removes)
+    exec::run(std::process::Command::new("sh").args(["-c", "command -v mkfs.ext4 >/dev/null"]))
+        .context("missing: mkfs.ext4 (apt-get install e2fsprogs)")
+}
+
+/// Runs `chosen` in order on the one guest; a test's failure does not stop
+/// the next, a guest that no longer answers does.
+fn run_tests(bed: &mut debian11::Bed, chosen: &[&(&'static str, debian11::TestFn)]) -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
+    for (name, test) in chosen {
         eprintln!("xtask: test {name} ...");
-        let t = Instant::now();
-        let r = test(&mut bed);
-        let failed = r.err().map(|e| format!("{e:#}"));
-        eprintln!(
-            "xtask: test {name} ... {} ({} s)",
-            if failed.is_some() { "FAILED" } else { "ok" },
-            t.elapsed().as_secs()
-        );
-        if let Some(e) = &failed {
+        let since = Instant::now();
+        let failure = test(bed).err().map(|e| format!("{e:#}"));
+        let took = since.elapsed();
+        eprintln!("xtask: test {name} ... {} ({} s)", if failure.is_some() { "FAILED" } else { "ok" }, took.as_secs());
+        if let Some(e) = &failure {
             eprintln!("{e}");
         }
-        results.push((name.to_string(), t.elapsed(), failed));
-        // a guest that no longer answers fails every test after it
+        outcomes.push(Outcome { name, took, failure });
         if bed.m.boot_id().is_err() {
             eprintln!("xtask: the guest no longer answers; the tests after this one are not run");
             break;
         }
     }
-    save_journal(&mut bed.m, &out);
-    bed.m.poweroff();
-    report(&results, chosen.len(), &out, started.elapsed(), root_secs)
+    outcomes
+}
+
+/// The last `n` lines of `text`, for a failure's message.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// The guest's whole journal (every boot: it is persistent) into `out`.
@@ -122,25 +147,19 @@ fn save_journal(m: &mut machine::Machine, out: &Path) {
     }
 }
 
-fn report(
-    results: &[(String, Duration, Option<String>)],
-    chosen: usize,
-    out: &Path,
-    total: Duration,
-    root_secs: u64,
-) -> Result<()> {
-    let failed: Vec<&str> = results.iter().filter(|r| r.2.is_some()).map(|r| r.0.as_str()).collect();
+fn report(outcomes: &[Outcome], chosen: usize, out: &Path, total: Duration, root_secs: u64) -> Result<()> {
+    let failed: Vec<&str> = outcomes.iter().filter(|o| o.failure.is_some()).map(|o| o.name).collect();
     let mut text = String::new();
-    for (name, took, failure) in results {
-        text += &format!("{} {name} ({} s)\n", if failure.is_some() { "FAILED" } else { "ok" }, took.as_secs());
-        if let Some(e) = failure {
+    for o in outcomes {
+        text += &format!("{} {} ({} s)\n", if o.failure.is_some() { "FAILED" } else { "ok" }, o.name, o.took.as_secs());
+        if let Some(e) = &o.failure {
             text += &format!("    {}\n", e.replace('\n', "\n    "));
         }
     }
-    let not_run = chosen - results.len();
+    let not_run = chosen - outcomes.len();
     text += &format!(
         "{} passed, {} failed, {not_run} not run, in {} s (the root: {root_secs} s)\n",
-        results.len() - failed.len(),
+        outcomes.len() - failed.len(),
         failed.len(),
         total.as_secs()
     );

@@ -108,7 +108,11 @@ fn offline_reboot(bed: &mut Bed) -> Result<()> {
     ensure!(etcd.trim() != "active", "etcd is running, the test would prove nothing");
     wait_active(m)?;
     let log = m.sh("journalctl -b -u edgevx -o cat --no-pager")?;
-    ensure!(log.contains(NO_ROUTE_LINE), "this boot's journal of edgevx has no {NO_ROUTE_LINE:?}:\n{}", tail(&log, 30));
+    ensure!(
+        log.contains(NO_ROUTE_LINE),
+        "this boot's journal of edgevx has no {NO_ROUTE_LINE:?}:\n{}",
+        super::tail(&log, 30)
+    );
     let status = vtep_agrees(m)?;
     ensure!(status["iface"] == iface.as_str(), "the agent took {} and not {iface}", status["iface"]);
     ensure!(status["vtep_mac"] == bed.node.mac.as_str(), "the VTEP MAC changed: {}", status["vtep_mac"]);
@@ -150,7 +154,7 @@ fn stays_down(m: &mut Machine, culprit: &str) -> Result<()> {
     let invocation = prop(m, "InvocationID")?;
     let log = m.sh(&format!("journalctl -b -o cat --no-pager _SYSTEMD_INVOCATION_ID={invocation}"))?;
     let line = log.lines().find(|l| l.to_lowercase().contains(culprit) || l.contains(&culprit_env(culprit)));
-    let line = line.with_context(|| format!("no journal line names {culprit}:\n{}", tail(&log, 30)))?;
+    let line = line.with_context(|| format!("no journal line names {culprit}:\n{}", super::tail(&log, 30)))?;
     eprintln!("xtask: the bad {culprit}: exit 2, not restarted; the journal says: {line}");
     Ok(())
 }
@@ -238,11 +242,6 @@ fn journal(m: &mut Machine) -> String {
     m.exec("journalctl -b -u edgevx -o short-monotonic --no-pager -n 40", COMMAND)
         .map(|o| o.both())
         .unwrap_or_else(|e| format!("(no journal: {e:#})"))
-}
-
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 #[cfg(test)]

@@ -70,11 +70,6 @@ const WORKAROUNDS: &[Workaround] = &[Workaround {
              [Service]\nAmbientCapabilities=CAP_PERFMON\nCapabilityBoundingSet=CAP_PERFMON\n",
 }];
 
-fn tail_of(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
 /// README.md's two blocks, checked against this workspace's version.
 pub struct Blocks {
     pub install: String,
@@ -145,7 +140,7 @@ pub fn install(m: &mut Machine, peer: &Peer, tarball: &str) -> Result<Node> {
             "README.md's enable block failed in the guest (exit {}):\n{}\nthe end of edgevx's journal:\n{}",
             out.code,
             out.both(),
-            tail_of(&journal, 12)
+            super::tail(&journal, 12)
         );
         let Some(w) = WORKAROUNDS.iter().find(|w| journal.contains(w.sign)) else { bail!(failure) };
         eprintln!("xtask: {failure}\nxtask: WORKAROUND (a known bug, not a fix): {}", w.what);

@@ -81,12 +81,13 @@ pub fn tarball(arch: Arch) -> Result<PathBuf> {
         let partial = stage.join("partial.tar.gz");
         exec::run(
             Command::new("tar")
-                .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "-czf"])
+                .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mtime=@0"])
+                // gzip without the name and time of the tar stream in its header
+                .args(["--use-compress-program=gzip -n", "-cf"])
                 .arg(&partial)
                 .arg("-C")
                 .arg(&stage)
-                .arg(&name)
-                .env("GZIP", "-n"),
+                .arg(&name),
         )?;
         fs::rename(&partial, &out).with_context(|| format!("cannot write {}", out.display()))
     })();
@@ -122,12 +123,14 @@ pub fn index_digest(archive: &Path) -> Result<String> {
 fn render(kubectl: &Path, overlay: &str, digest: &str, work: &Path) -> Result<String> {
     let dir = work.join(overlay);
     fs::create_dir_all(&dir)?;
-    let base = exec::workspace_root().join("deploy/overlays").join(overlay);
+    // kubectl's kustomize v2.0.3 takes a base only as a relative path
+    let root = exec::workspace_root();
+    let depth = dir.strip_prefix(&root).context("the work directory is outside the workspace")?.components().count();
+    let base = format!("{}deploy/overlays/{overlay}", "../".repeat(depth));
     fs::write(
         dir.join("kustomization.yaml"),
         format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nbases:\n  - {}\nimages:\n  - name: {REPOSITORY}\n    digest: {digest}\n",
-            base.display()
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nbases:\n  - {base}\nimages:\n  - name: {REPOSITORY}\n    digest: {digest}\n"
         ),
     )?;
     exec::output(Command::new(kubectl).arg("kustomize").arg(&dir))

@@ -216,9 +216,14 @@ impl<'a> Agent<'a> {
                     self.phase = Phase::Up(Box::new(n));
                 }
                 Err(e) => {
-                    error!("cannot bring up the dataplane, retrying: {e:#}");
+                    // a program the verifier refuses: retried with a back-off, its log once per change
+                    let after = e
+                        .chain()
+                        .find_map(|c| c.downcast_ref::<crate::dataplane::refused::Refused>())
+                        .map_or(RETRY_AFTER, crate::dataplane::refused::Refused::retry_after);
+                    error!(retry_in_secs = after.as_secs(), "cannot bring up the dataplane, retrying: {e:#}");
                     report.pass_failed(Stage::BringUp, pass);
-                    return retry;
+                    return Asks::run(Job::Pass, after);
                 }
             },
             Phase::Up(n) if n.own().subnet != own.subnet || n.own().subnet6 != own.subnet6 => {

@@ -30,7 +30,7 @@ fn daemonset_is_hostnetwork_unprivileged_pinned_and_minimal() -> Result<()> {
     let agent = &spec["containers"][0];
     let sc = &agent["securityContext"];
     assert_eq!(sc["privileged"], false);
-    assert_eq!(sc["capabilities"]["add"], serde_json::json!(["BPF", "NET_ADMIN"]));
+    assert_eq!(sc["capabilities"]["add"], serde_json::json!(["BPF", "NET_ADMIN", "PERFMON"]));
     assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
     let paths: BTreeSet<&str> =
         spec["volumes"].as_array().into_iter().flatten().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
@@ -221,8 +221,8 @@ fn systemd_settings_name_real_flags() -> Result<()> {
     assert!(unit.contains("EnvironmentFile=/etc/edgevx/edgevx.env"));
     // the host's bpffs, never one mounted inside the unit's private mount namespace
     let setting = |key: &str| unit.lines().find_map(|l| l.strip_prefix(&format!("{key}="))).unwrap_or_default();
-    assert_eq!(setting("CapabilityBoundingSet"), "CAP_BPF CAP_NET_ADMIN");
-    assert_eq!(setting("AmbientCapabilities"), "CAP_BPF CAP_NET_ADMIN");
+    assert_eq!(setting("CapabilityBoundingSet"), "CAP_BPF CAP_NET_ADMIN CAP_PERFMON");
+    assert_eq!(setting("AmbientCapabilities"), "CAP_BPF CAP_NET_ADMIN CAP_PERFMON");
     assert!(setting("After").contains("sys-fs-bpf.mount"));
     assert!(setting("ReadWritePaths").split(' ').any(|p| p == "/sys/fs/bpf"));
     assert_eq!(setting("RestartPreventExitStatus"), "2", "a usage error must not restart forever");

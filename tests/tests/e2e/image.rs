@@ -494,9 +494,9 @@ fn run_as_the_daemonset(extra: &[&str], adopted: &str) -> Result<()> {
     agent.wait_log("dataplane up")?;
     // the DaemonSet's privileges, as the kernel sees them
     let proc = agent.proc_status()?;
-    // CAP_NET_ADMIN is bit 12, CAP_BPF bit 39
+    // CAP_NET_ADMIN is bit 12, CAP_PERFMON bit 38, CAP_BPF bit 39
     for key in ["CapEff:", "CapPrm:", "CapBnd:"] {
-        assert_eq!(field(&proc, key), "0000008000001000", "{key} of the containerised agent");
+        assert_eq!(field(&proc, key), "000000c000001000", "{key} of the containerised agent");
     }
     assert_eq!(field(&proc, "NoNewPrivs:"), "1", "allowPrivilegeEscalation: false");
     assert_eq!(field(&proc, "Seccomp:"), "2", "no seccomp filter on the agent");

@@ -228,7 +228,7 @@ fn every_overlay_keeps_the_bases_objects_namespace_security_context_and_pinned_i
         );
         ensure!(ours["securityContext"]["privileged"] == false, "deploy/{dir}: privileged");
         ensure!(
-            ours["securityContext"]["capabilities"] == json!({"add": ["BPF", "NET_ADMIN"], "drop": ["ALL"]}),
+            ours["securityContext"]["capabilities"] == json!({"add": ["BPF", "NET_ADMIN", "PERFMON"], "drop": ["ALL"]}),
             "deploy/{dir}: capabilities"
         );
         // what the agent must keep in every mode: its host directories, its settings

@@ -73,11 +73,20 @@ pub fn run(host: &str, filter: Option<&str>) -> Result<()> {
         }
     };
     eprintln!("xtask: installed as README.md says and active in {} s", installing.elapsed().as_secs());
+    let installed = installing.elapsed();
     let mut bed = debian11::Bed { m, peer, node };
-    let outcomes = run_tests(&mut bed, &chosen);
+    let mut outcomes = run_tests(&mut bed, &chosen);
+    let mut count = chosen.len();
+    // the ready test fails on a workaround; without it, the install does
+    let ready_ran = chosen.iter().any(|(name, _)| name.starts_with("ready::"));
+    if let Some(why) = bed.node.workaround.as_ref().filter(|_| !ready_ran) {
+        let failure = Some(format!("the unit as shipped never became active:\n{why}"));
+        outcomes.insert(0, Outcome { name: "install::the_readme_blocks_as_they_are", took: installed, failure });
+        count += 1;
+    }
     save_journal(&mut bed.m, &out);
     bed.m.poweroff();
-    report(&outcomes, chosen.len(), &out, started.elapsed(), root_secs)
+    report(&outcomes, count, &out, started.elapsed(), root_secs)
 }
 
 /// The tests of `host` whose names contain one of `filter`'s words (all

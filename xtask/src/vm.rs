@@ -97,6 +97,10 @@ pub const EDGE_TESTS: &[&str] = &[
     "rollback::",
     // `edgevx status` and `edgevx cleanup`
     "cli::",
+    // the DaemonSet's capabilities (BPF, NET_ADMIN, PERFMON) and no more: the verifier's rules differ by kernel
+    "privileges::",
+    // a boot with no default route: the recorded underlay, or a wait
+    "offline_boot::",
     "reconcile::",
     // the edge outage end to end: power lost while cut off, restore first
     "outage::",
@@ -127,6 +131,7 @@ pub const CI_TESTS: &[&str] = &[
     "mtu::before_the_agent_follows_df_frames_get_frag_needed_from_the_encap_program",
     "rollback::rolling_back_to_flanneld_keeps_the_node_forwarding",
     "cli::bad_input_exits_2_naming_the_culprit_and_changes_nothing",
+    "privileges::agent_runs_with_only_cap_bpf_cap_net_admin_and_cap_perfmon",
 ];
 
 /// One command to run in a guest booting a matrix kernel.

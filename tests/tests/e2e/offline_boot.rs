@@ -39,14 +39,21 @@ fn second_uplink(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn an_offline_boot_without_a_default_route_forwards_on_the_recorded_underlay() -> Result<()> {
+/// Node 1 with its bpffs, node 2 a kernel flannel node whose lease is in
+/// etcd; the etcd must live as long as the test.
+fn etcd_and_a_kernel_peer() -> Result<(Cluster, Etcd)> {
     let mut c = Cluster::new(2)?;
     let etcd = Etcd::start(&c)?;
     etcd.put(&format!("{PREFIX}/config"), CONFIG)?;
     etcd.put(&format!("{PREFIX}/subnets/10.244.2.0-24"), &lease("198.18.0.2", KERNEL_MAC))?;
     c.host(2).kernel_vtep(KERNEL_MAC)?;
     c.host_mut(1).mount_bpffs()?;
+    Ok((c, etcd))
+}
+
+#[test]
+fn an_offline_boot_without_a_default_route_forwards_on_the_recorded_underlay() -> Result<()> {
+    let (mut c, _etcd) = etcd_and_a_kernel_peer()?;
     previous_subnet(c.host(1))?;
     // the first boot: online, the underlay from the default route
     c.host(1).ns.ip(&["route", "add", "default", "via", "198.18.0.254", "dev", "eth0"])?;
@@ -93,12 +100,7 @@ fn an_offline_boot_without_a_default_route_forwards_on_the_recorded_underlay() -
 
 #[test]
 fn a_new_node_without_a_default_route_waits_and_comes_up_when_one_appears() -> Result<()> {
-    let mut c = Cluster::new(2)?;
-    let etcd = Etcd::start(&c)?;
-    etcd.put(&format!("{PREFIX}/config"), CONFIG)?;
-    etcd.put(&format!("{PREFIX}/subnets/10.244.2.0-24"), &lease("198.18.0.2", KERNEL_MAC))?;
-    c.host(2).kernel_vtep(KERNEL_MAC)?;
-    c.host_mut(1).mount_bpffs()?;
+    let (c, _etcd) = etcd_and_a_kernel_peer()?;
     // systemd's notify socket, as a Type=notify unit gets it
     let socket_path = c.dir.join("notify.sock");
     let socket = std::os::unix::net::UnixDatagram::bind(&socket_path)?;

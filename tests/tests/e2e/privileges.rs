@@ -49,10 +49,17 @@ fn agent_runs_with_only_cap_bpf_cap_net_admin_and_cap_perfmon() -> Result<()> {
     c.host(2).kernel_add_peer(1, &mac)?;
     wait_reachable(&c.host(1).pod, pod_ip(2), 10)?;
     assert_eq!(ping(&c.host(2).pod, pod_ip(1), 5, "0.05")?, (5, 5));
-    // and it restarts (adopting its pinned links) with the same privileges
+    // and it restarts with the same privileges, taking over what it attached:
+    // its pinned TCX links (6.6 and later), or its clsact filters in place
     agent.stop()?;
     let mut agent = Agent::spawn_via(c.host(1), &wrapper, &["--nodes-file", &nodes_s])?;
     agent.wait_log("dataplane up", Duration::from_secs(20))?;
-    assert!(agent.log_text().contains("adopted pinned link"), "{}", agent.log_text());
+    let log = agent.log_text();
+    let taken_over = if log.contains(r#"attach="clsact""#) {
+        "replaced the clsact filter in place"
+    } else {
+        "adopted pinned link"
+    };
+    assert!(log.contains(taken_over), "{log}");
     Ok(())
 }

@@ -400,7 +400,10 @@ mod tests {
             run(&["--healthz-ip", "10.0.0.5", "--healthz-port", "8081"], &[]).unwrap(),
             ["--metrics-addr=10.0.0.5:8081"]
         );
-        assert_eq!(run(&["--healthz-ip=fd00::5", "--healthz-port=8081"], &[]).unwrap(), ["--metrics-addr=[fd00::5]:8081"]);
+        assert_eq!(
+            run(&["--healthz-ip=fd00::5", "--healthz-port=8081"], &[]).unwrap(),
+            ["--metrics-addr=[fd00::5]:8081"]
+        );
         // port 0 (flanneld's default) serves nothing there: edgevx's own default stays
         assert!(run(&["--healthz-port=0", "--healthz-ip=10.0.0.5"], &[]).unwrap().is_empty());
         assert!(run(&["--healthz-ip=10.0.0.5"], &[]).unwrap().is_empty());

@@ -218,12 +218,8 @@ pub(super) async fn check(args: RunArgs, state: &StateDir) -> Result<Pending> {
     };
     crate::netfilter::check_backend(conf.nftables).map_err(|e| usage(format!("--net-conf: {e:#}")))?;
     let want = wanted(&args);
-    if conf.ipv4 {
-        super::iface::validate::<Ipv4Net>(&want)
-    } else {
-        super::iface::validate::<Ipv6Net>(&want)
-    }
-    .map_err(|e| usage(e.to_string()))?;
+    if conf.ipv4 { super::iface::validate::<Ipv4Net>(&want) } else { super::iface::validate::<Ipv6Net>(&want) }
+        .map_err(|e| usage(e.to_string()))?;
     if args.host_routing && args.bypass_netfilter {
         return Err(usage("--host-routing and --bypass-netfilter contradict each other".into()));
     }

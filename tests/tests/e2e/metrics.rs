@@ -312,15 +312,14 @@ fn a_metrics_addr_the_host_cannot_give_yet_never_stops_the_dataplane() -> Result
     write(&nodes, &node_list(vec![flannel_node(1, None)]))?;
     let nodes = nodes.to_str().context("path")?;
     // malformed: the operator must change it, exit 2 before anything changes
-    let out = h
-        .ns
-        .cmd(edgevx_bin().to_str().context("bin path")?)
-        .args(["run", "--node-name", "node1", "--iface", "eth0", "--nodes-file", nodes])
-        .args(["--metrics-addr", "not-an-address", "--state-dir"])
-        .arg(h.state_dir())
-        .arg("--bpffs")
-        .arg(h.bpffs_dir())
-        .output()?;
+    let out =
+        h.ns.cmd(edgevx_bin().to_str().context("bin path")?)
+            .args(["run", "--node-name", "node1", "--iface", "eth0", "--nodes-file", nodes])
+            .args(["--metrics-addr", "not-an-address", "--state-dir"])
+            .arg(h.state_dir())
+            .arg("--bpffs")
+            .arg(h.bpffs_dir())
+            .output()?;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--metrics-addr"), "the error should name --metrics-addr: {err}");

@@ -25,7 +25,8 @@ use crate::{
 };
 
 /// The log line of rule 5 (interface selection after a restart).
-const TAKEN_FROM_RECORD: &str = "no default route: taking the interface that carries the public IP of the last bring-up";
+const TAKEN_FROM_RECORD: &str =
+    "no default route: taking the interface that carries the public IP of the last bring-up";
 
 /// A second uplink on node 1 (`wan1`, 198.19.0.1/24 on the switch), which
 /// the default route takes once it "comes up".
@@ -107,7 +108,8 @@ fn a_new_node_without_a_default_route_waits_and_comes_up_when_one_appears() -> R
     socket.set_read_timeout(Some(Duration::from_secs(60)))?;
     let notify_env = format!("NOTIFY_SOCKET={}", socket_path.display());
     let mut agent = Agent::spawn_choosing_iface_via(c.host(1), &["env", &notify_env], &etcd_args(&[]))?;
-    let waiting = "not ready to bring up the dataplane: no --iface, --iface-regex or --iface-can-reach, no IPv4 default route";
+    let waiting =
+        "not ready to bring up the dataplane: no --iface, --iface-regex or --iface-can-reach, no IPv4 default route";
     agent.wait_log(waiting, Duration::from_secs(20))?;
     let r = metrics::wait_status(&c.host(1).ns, "/readyz", 503)?;
     assert!(r.body.contains("waiting for the host: no --iface"), "{}", r.body);

@@ -55,11 +55,8 @@ fn agent_runs_with_only_cap_bpf_cap_net_admin_and_cap_perfmon() -> Result<()> {
     let mut agent = Agent::spawn_via(c.host(1), &wrapper, &["--nodes-file", &nodes_s])?;
     agent.wait_log("dataplane up", Duration::from_secs(20))?;
     let log = agent.log_text();
-    let taken_over = if log.contains(r#"attach="clsact""#) {
-        "replaced the clsact filter in place"
-    } else {
-        "adopted pinned link"
-    };
+    let taken_over =
+        if log.contains(r#"attach="clsact""#) { "replaced the clsact filter in place" } else { "adopted pinned link" };
     assert!(log.contains(taken_over), "{log}");
     Ok(())
 }

@@ -236,6 +236,9 @@ pub(super) async fn check(args: RunArgs, state: &StateDir) -> Result<Pending> {
         }
     }
     check_files(&args)?;
+    // a newer edgevx's dataplane is here: leave it alone, whatever else is wrong
+    // (again in settle(), for a bpffs the host mounts later)
+    bpffs::no_newer_version(&args.paths.bpffs).map_err(|e| usage(e.to_string()))?;
     // last, so a mistyped flag is reported as such on any host
     let facts = KernelFacts::of_this_host(&args.paths.bpffs);
     if facts.version.is_none() {
@@ -269,7 +272,7 @@ pub(super) async fn settle(p: &Pending, handle: &Handle) -> Result<std::result::
     if let Err(e) = bpffs::on_bpffs(&p.args.paths.bpffs) {
         return Ok(Err(NotYet(format!("{e}; waiting for the host to mount one"))));
     }
-    // a newer edgevx's dataplane is here: leave it alone, whatever else is wrong
+    // a bpffs mounted since check(): a newer edgevx's dataplane may be on it
     bpffs::no_newer_version(&p.args.paths.bpffs).map_err(|e| usage(e.to_string()))?;
     let recorded = p.recorded.as_ref();
     let want = wanted(&p.args);

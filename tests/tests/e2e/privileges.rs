@@ -17,6 +17,14 @@ use edgevx_tests::{
 
 use crate::KERNEL_MAC;
 
+/// Whether this kernel charges BPF maps to RLIMIT_MEMLOCK (before 5.11).
+fn memlock_charged() -> Result<bool> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    Ok((major, minor) < (5, 11))
+}
+
 #[test]
 fn agent_runs_with_only_cap_bpf_cap_net_admin_and_cap_perfmon() -> Result<()> {
     let mut c = Cluster::new(2)?;
@@ -24,19 +32,15 @@ fn agent_runs_with_only_cap_bpf_cap_net_admin_and_cap_perfmon() -> Result<()> {
     let nodes = c.dir.join("nodes.json");
     write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
     let caps = "-all,+bpf,+net_admin,+perfmon";
-    // the locked-memory limit a unit (LimitMEMLOCK=infinity) or a runtime gives: maps are charged to it before 5.11
-    let wrapper = [
-        "prlimit",
-        "--memlock=unlimited",
-        "setpriv",
-        "--bounding-set",
-        caps,
-        "--inh-caps",
-        caps,
-        "--ambient-caps",
-        caps,
-        "--no-new-privs",
-    ];
+    let setpriv = ["setpriv", "--bounding-set", caps, "--inh-caps", caps, "--ambient-caps", caps, "--no-new-privs"];
+    // before 5.11 maps are charged to the locked-memory limit, which the agent
+    // cannot raise without CAP_SYS_RESOURCE: give it what a unit
+    // (LimitMEMLOCK=infinity) or a runtime gives (from 5.11 memcg accounts them)
+    let wrapper: Vec<&str> = if memlock_charged()? {
+        ["prlimit", "--memlock=unlimited"].into_iter().chain(setpriv).collect()
+    } else {
+        setpriv.to_vec()
+    };
     let nodes_s = nodes.to_string_lossy().into_owned();
     let mut agent = Agent::spawn_via(c.host(1), &wrapper, &["--nodes-file", &nodes_s])?;
     agent.wait_log("dataplane up", Duration::from_secs(20))?;

@@ -132,17 +132,7 @@ pub fn unpack(deb: &Path, into: &Path) -> Result<()> {
 /// The Debian archive and security archive URIs this machine's apt uses
 /// (deb822 `.sources` files or one-line lists).
 fn machine_archives() -> Result<(String, String)> {
-    let mut text = fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
-    for entry in fs::read_dir("/etc/apt/sources.list.d").into_iter().flatten().flatten() {
-        text.push('\n');
-        text.push_str(&fs::read_to_string(entry.path()).unwrap_or_default());
-    }
-    let uris: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .flat_map(|l| l.split_whitespace())
-        .filter(|w| w.starts_with("http://") || w.starts_with("https://"))
-        .collect();
+    let uris = source_uris();
     let ends = |suffix: &str| uris.iter().find(|u| u.trim_end_matches('/').ends_with(suffix)).map(|u| u.to_string());
     match (ends("/debian"), ends("/debian-security")) {
         (Some(d), Some(s)) => Ok((d, s)),
@@ -151,6 +141,22 @@ fn machine_archives() -> Result<(String, String)> {
              the kernel matrix and the arm64 image fetch Debian's packages from the archive apt already uses"
         ),
     }
+}
+
+/// Every http(s) URI in this machine's apt sources (`/etc/apt/sources.list`
+/// and `sources.list.d`), comments left out, in their order.
+pub fn source_uris() -> Vec<String> {
+    let mut text = fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
+    for entry in fs::read_dir("/etc/apt/sources.list.d").into_iter().flatten().flatten() {
+        text.push('\n');
+        text.push_str(&fs::read_to_string(entry.path()).unwrap_or_default());
+    }
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .flat_map(|l| l.split_whitespace())
+        .filter(|w| w.starts_with("http://") || w.starts_with("https://"))
+        .map(String::from)
+        .collect()
 }
 
 #[cfg(test)]

@@ -237,21 +237,11 @@ fn sha256(text: &str, scratch: &Path) -> Result<String> {
 }
 
 /// The Debian archive this machine's apt uses (its `/debian` URI), so the
-/// root comes from wherever the machine's packages come from. (The same
-/// reading as apt.rs's, which keeps it private.)
+/// root comes from wherever the machine's packages come from.
 fn debian_archive() -> Result<String> {
-    let mut text = fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
-    for entry in fs::read_dir("/etc/apt/sources.list.d").into_iter().flatten().flatten() {
-        text += "\n";
-        text += &fs::read_to_string(entry.path()).unwrap_or_default();
-    }
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .flat_map(str::split_whitespace)
-        .find(|w| {
-            (w.starts_with("http://") || w.starts_with("https://")) && w.trim_end_matches('/').ends_with("/debian")
-        })
-        .map(str::to_string)
+    crate::apt::source_uris()
+        .into_iter()
+        .find(|u| u.trim_end_matches('/').ends_with("/debian"))
         .context("cannot find Debian's archive (a .../debian URI) in this machine's apt sources")
 }
 

@@ -149,11 +149,16 @@ pub struct RunArgs {
     pub legacy_encap: bool,
     /// Deprecated, no effect: VXLAN from a peer whose inner IPv4 source is
     /// outside that peer's pod CIDR is always dropped. An external VTEP that
-    /// forwards client traffic without SNAT is exempted by its own entry
-    /// (Node annotation `edgevx.io/any-inner-source: "true"`, or
-    /// `"EdgevxAnyInnerSource": true` in its etcd lease).
+    /// forwards client traffic without SNAT is exempted with --any-inner-source.
     #[arg(long, env = "EDGEVX_STRICT_INNER_SOURCE", default_value_t = false, hide = true)]
     pub strict_inner_source: bool,
+    /// Peers that may send VXLAN with any inner source, not only their pod CIDR's: an
+    /// external VTEP that forwards client traffic without SNAT (an F5 BIG-IP). A node
+    /// name (in etcd mode, the lease key) or a pod CIDR exactly as the peer has it;
+    /// repeatable or comma-separated. Only this flag exempts: a node's own annotation
+    /// edgevx.io/any-inner-source or lease field EdgevxAnyInnerSource is ignored.
+    #[arg(long, env = "EDGEVX_ANY_INNER_SOURCE", value_name = "NODE|CIDR", value_delimiter = ',')]
+    pub any_inner_source: Vec<crate::exempt::Exempt>,
     /// Address to serve /healthz, /readyz and /metrics (Prometheus) on.
     #[arg(long, env = "EDGEVX_METRICS_ADDR", default_value = "127.0.0.1:9117")]
     pub metrics_addr: std::net::SocketAddr,

@@ -12,6 +12,7 @@ pub mod cli_flanneld;
 mod cli_reference;
 pub mod dataplane;
 pub mod events;
+pub mod exempt;
 pub mod family;
 pub mod mac;
 pub mod metrics;

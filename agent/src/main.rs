@@ -75,7 +75,7 @@ fn main() -> ExitCode {
                 if args.strict_inner_source {
                     tracing::warn!(
                         "--strict-inner-source is deprecated and has no effect: inner sources are always bound to \
-                         the sending peer's pod CIDR (exempt a peer with the annotation edgevx.io/any-inner-source)"
+                         the sending peer's pod CIDR (exempt a peer with --any-inner-source)"
                     );
                 }
                 run::run(*args).await

@@ -17,11 +17,20 @@ pub struct Peer {
     pub v4: Option<Half<Ipv4Net>>,
     /// The peer may send any inner source, not only addresses of `subnet`:
     /// an external VTEP that forwards client traffic without SNAT (an F5
-    /// BIG-IP). Set only by its own entry: the Node annotation
-    /// [`crate::annotations::ANY_INNER_SOURCE`] or the lease field
-    /// [`crate::source::leases::ANY_INNER_SOURCE_FIELD`].
+    /// BIG-IP). Set only by this node's operator (`--any-inner-source`,
+    /// [`crate::exempt`]), never by the peer's own entry: a source always
+    /// gives `false`.
     #[serde(default)]
     pub any_inner_source: bool,
+    /// When the peer's entry appeared, as its source orders them: the
+    /// Node's `metadata.creationTimestamp` (Unix seconds, set by the API
+    /// server) or the etcd key's create revision; `None` when the source
+    /// does not say (a nodes file without timestamps, a cache of an
+    /// earlier version). Settles a pod CIDR or a name claimed twice: the
+    /// first entry keeps it ([`crate::reconcile::select`]). Compared only
+    /// within one source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub appeared: Option<i64>,
     /// The peer's IPv6 half when IPv6 is on (`EnableIPv6`): carried by its
     /// own `flannel-v6.<VNI>` device, with its own MAC.
     #[serde(default)]
@@ -118,6 +127,11 @@ pub struct ClusterView {
     /// such a half; edgevx keeps only the peer's IPv4 half.
     #[serde(default)]
     pub partial: Vec<Rejection>,
+    /// Nodes whose own entry asks to be exempt from the inner-source check
+    /// (the annotation `edgevx.io/any-inner-source`, the lease field
+    /// `EdgevxAnyInnerSource`), which is ignored: warned about once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub self_exempt: Vec<Rejection>,
 }
 
 impl Peer {
@@ -127,6 +141,7 @@ impl Peer {
             node: node.to_string(),
             v4: Some(Half { subnet, public_ip, vtep_mac }),
             any_inner_source: false,
+            appeared: None,
             v6: None,
         }
     }

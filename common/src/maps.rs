@@ -5,6 +5,11 @@
 pub const CONFIG: &str = "EDGEVX_CONFIG";
 /// `LpmTrie<[u8; 4], Peer>`: remote pod subnet -> peer VTEP (the fdb+arp of flannel).
 pub const PEER_SUBNETS: &str = "EDGEVX_PEER_SUBNETS";
+/// `LpmTrie<[u8; 16], [u8; 16]>`: remote IPv6 pod subnet -> the public IPv6
+/// of the peer that owns it. The IPv6 VTEP's routes are the kernel's; this
+/// map only tells the judge whose an inner IPv6 source is (the owner of the
+/// longest prefix holding it), as `PEER_SUBNETS` does for IPv4.
+pub const PEER_SUBNETS6: &str = "EDGEVX_PEER_SUBNETS6";
 /// `PerCpuHashMap<[u8; 4], PeerStats>`: per-peer counters, keyed by peer public IP.
 pub const PEER_STATS: &str = "EDGEVX_PEER_STATS";
 /// `HashMap<[u8; 4], PeerAccept>`: keyed by peer public IP. A key is present
@@ -24,8 +29,18 @@ pub const IP_IDENTS: &str = "EDGEVX_IP_IDENTS";
 pub const GLOBAL_STATS: &str = "EDGEVX_GLOBAL_STATS";
 
 /// All pinned maps, for status and cleanup.
-pub const ALL: [&str; 9] =
-    [CONFIG, PEER_SUBNETS, PEER_STATS, PEER_ACCEPT, PEER_ACCEPT6, LOCAL_PODS, IP_ID, IP_IDENTS, GLOBAL_STATS];
+pub const ALL: [&str; 10] = [
+    CONFIG,
+    PEER_SUBNETS,
+    PEER_SUBNETS6,
+    PEER_STATS,
+    PEER_ACCEPT,
+    PEER_ACCEPT6,
+    LOCAL_PODS,
+    IP_ID,
+    IP_IDENTS,
+    GLOBAL_STATS,
+];
 
 /// Outer IP ID counters, one per destination bucket, as many as the
 /// kernel's `ip_idents` has at its smallest (2,048): two destinations share
@@ -106,6 +121,12 @@ pub struct PeerAccept {
 }
 
 impl PeerAccept {
+    /// Whether the peer may send any inner source (`--any-inner-source`).
+    #[inline(always)]
+    pub fn exempt(&self) -> bool {
+        self.flags & ACCEPT_ANY_INNER_SOURCE != 0
+    }
+
     /// Whether `inner_src` may be sent by this peer.
     #[inline(always)]
     pub fn allows_inner_source(&self, inner_src: [u8; 4]) -> bool {
@@ -133,6 +154,12 @@ pub struct PeerAccept6 {
 }
 
 impl PeerAccept6 {
+    /// Whether the peer may send any inner source (`--any-inner-source`).
+    #[inline(always)]
+    pub fn exempt(&self) -> bool {
+        self.flags & ACCEPT_ANY_INNER_SOURCE != 0
+    }
+
     /// Whether `inner_src` may be sent by this peer. Compared as two 64-bit
     /// halves: 128-bit shifts would need compiler intrinsics the eBPF
     /// target does not have.

@@ -12,9 +12,13 @@
 //!    would reassemble it and decapsulate what this program never saw;
 //! 3. the outer IPv4 checksum (`drop_bad_checksum`) and the VXLAN flags and
 //!    reserved bits (`drop_bad_vxlan_flags`), as `ip_rcv` and `vxlan_rcv`;
-//! 4. the inner frame is IPv4 (`drop_inner_not_ipv4`), its source lies in
-//!    the peer's pod CIDR unless the peer is exempt (`drop_spoofed_source`),
-//!    and its TTL is above 1 (`drop_inner_ttl`).
+//! 4. the inner frame is IPv4 (`drop_inner_not_ipv4`), its source belongs
+//!    to the sender unless the sender is exempt (`drop_spoofed_source`),
+//!    and its TTL is above 1 (`drop_inner_ttl`). The source belongs to the
+//!    owner of the longest programmed prefix holding it, as encap routes to
+//!    it: a peer whose pod CIDR covers another's more specific one (a /23
+//!    over a /24) cannot send as the /24's pods. A source no prefix holds
+//!    must lie in the sender's accept entry's CIDR.
 //!
 //! Later fragments carry no UDP header and are left to the kernel, which
 //! cannot reassemble them without the first one judged here.
@@ -48,7 +52,7 @@ use aya_ebpf::{
 use edgevx_common::{
     counters::Counter,
     headers::{EthHeader, Ipv4Header, VxlanHeader},
-    maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, LocalPod},
+    maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, LocalPod, PeerAccept},
     vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, IPPROTO_UDP, IPV4_HLEN, UDP_HLEN, VXLAN_HLEN},
 };
 
@@ -113,7 +117,7 @@ pub fn run(ctx: &TcContext) -> i32 {
         stats::add(Counter::DropInnerNotIpv4, 1);
         return TC_ACT_SHOT;
     }
-    if !accept.allows_inner_source(inner_ip.src()) && !owns_subnet_of(&src, inner_ip.src()) {
+    if !accept.exempt() && !owns_source(&src, &accept, inner_ip.src()) {
         stats::add(Counter::DropSpoofedSource, 1);
         return TC_ACT_SHOT;
     }
@@ -156,12 +160,15 @@ pub fn run(ctx: &TcContext) -> i32 {
     NEXT
 }
 
-/// Whether `inner_src` lies in a subnet programmed for the peer at
-/// `outer_src`: a peer with more than one subnet (its accept entry binds
-/// one of them).
+/// Whether `inner_src` is the peer at `outer_src`'s to send: the longest
+/// programmed prefix holding it is that peer's (every subnet behind its
+/// public IP counts), or, when none holds it, its accept entry's CIDR does.
 #[inline(always)]
-fn owns_subnet_of(outer_src: &[u8; 4], inner_src: [u8; 4]) -> bool {
-    EDGEVX_PEER_SUBNETS.get(Key::new(32, inner_src)).is_some_and(|p| p.public_ip == *outer_src)
+fn owns_source(outer_src: &[u8; 4], accept: &PeerAccept, inner_src: [u8; 4]) -> bool {
+    match EDGEVX_PEER_SUBNETS.get(Key::new(32, inner_src)) {
+        Some(p) => p.public_ip == *outer_src,
+        None => accept.allows_inner_source(inner_src),
+    }
 }
 
 /// The learned local pod at `dst`, if any.

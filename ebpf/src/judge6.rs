@@ -27,13 +27,16 @@
 //!    first fragment that does not hold them);
 //! 3. the VXLAN flags and reserved bits, as `vxlan_rcv` (`drop_bad_vxlan_flags`);
 //! 4. the inner frame is IPv6 (`drop_inner_not_ipv6`: flannel never carries
-//!    IPv4 over the IPv6 tunnel), and its source lies in the peer's IPv6
-//!    pod CIDR unless the peer is exempt (`drop_spoofed_source`).
+//!    IPv4 over the IPv6 tunnel), and its source belongs to the sender
+//!    unless the sender is exempt (`drop_spoofed_source`): to the owner of
+//!    the longest IPv6 pod CIDR holding it (`EDGEVX_PEER_SUBNETS6`), as the
+//!    kernel's routes send to it, or, when none holds it, to the sender's
+//!    accept entry's CIDR.
 //!
 //! Then another VNI is counted as not ours (`pass_not_ours`), the rest as
 //! left to the kernel (`rx_host_*`); both pass unchanged.
 
-use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
+use aya_ebpf::{bindings::TC_ACT_SHOT, maps::lpm_trie::Key, programs::TcContext};
 use edgevx_common::{
     counters::Counter,
     headers::{EthHeader, ExtHeader, Ipv6Header, VxlanHeader, ext_header, is_ext_header},
@@ -42,7 +45,7 @@ use edgevx_common::{
 };
 
 use crate::{
-    maps::EDGEVX_PEER_ACCEPT6,
+    maps::{EDGEVX_PEER_ACCEPT6, EDGEVX_PEER_SUBNETS6},
     stats,
     tunnel::{INNER_ETH_AT, NEXT, TUNNEL_LEN, VXLAN_AT, load_tunnel, sub},
 };
@@ -135,7 +138,7 @@ pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
         stats::add(Counter::DropInnerNotIpv6, 1);
         return TC_ACT_SHOT;
     }
-    if !accept.allows_inner_source(&inner_ip.src()) {
+    if !accept.exempt() && !owns_source6(&ip.src(), &accept, &inner_ip.src()) {
         stats::add(Counter::DropSpoofedSource, 1);
         return TC_ACT_SHOT;
     }
@@ -148,6 +151,17 @@ pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
     let inner_len = ctx.len().wrapping_sub((udp_at + UDP_HLEN + VXLAN_HLEN) as u32);
     stats::count(Counter::RxHostPackets, Counter::RxHostBytes, inner_len);
     NEXT
+}
+
+/// Whether `inner_src` is the peer at `outer_src`'s to send: the longest
+/// programmed IPv6 pod CIDR holding it is that peer's, or, when none holds
+/// it, its accept entry's CIDR does.
+#[inline(always)]
+fn owns_source6(outer_src: &[u8; 16], accept: &PeerAccept6, inner_src: &[u8; 16]) -> bool {
+    match EDGEVX_PEER_SUBNETS6.get(Key::new(128, *inner_src)) {
+        Some(owner) => owner == outer_src,
+        None => accept.allows_inner_source(inner_src),
+    }
 }
 
 /// The accept entry of the peer that sent `ip`, if it is one.

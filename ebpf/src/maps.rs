@@ -19,6 +19,9 @@ pub static EDGEVX_CONFIG: Array<DataplaneConfig> = Array::pinned(1, 0);
 pub static EDGEVX_PEER_SUBNETS: LpmTrie<[u8; 4], Peer> = LpmTrie::pinned(MAX_PEERS, 0);
 
 #[map]
+pub static EDGEVX_PEER_SUBNETS6: LpmTrie<[u8; 16], [u8; 16]> = LpmTrie::pinned(MAX_PEERS, 0);
+
+#[map]
 pub static EDGEVX_PEER_STATS: PerCpuHashMap<[u8; 4], PeerStats> = PerCpuHashMap::pinned(MAX_PEERS, 0);
 
 #[map]

@@ -32,6 +32,9 @@ pub struct Maps {
     stats: PerCpuHashMap<MapData, [u8; 4], PeerStats>,
     accept: HashMap<MapData, [u8; 4], PeerAccept>,
     accept6: HashMap<MapData, [u8; 16], PeerAccept6>,
+    /// IPv6 pod CIDR → its owner's public IPv6; `None` when the programs
+    /// pinned here are an earlier edgevx's, which had no such map.
+    subnets6: Option<LpmTrie<MapData, [u8; 16], [u8; 16]>>,
     local_pods: HashMap<MapData, [u8; 4], LocalPod>,
     global: PerCpuArray<MapData, u64>,
     /// How many peers the maps hold (see [`Maps::peer_capacity`]).
@@ -107,6 +110,10 @@ impl Maps {
         let stats: PerCpuHashMap<MapData, [u8; 4], PeerStats> = typed(pins, names::PEER_STATS)?;
         let accept: HashMap<MapData, [u8; 4], PeerAccept> = typed(pins, names::PEER_ACCEPT)?;
         let accept6: HashMap<MapData, [u8; 16], PeerAccept6> = typed(pins, names::PEER_ACCEPT6)?;
+        let subnets6: Option<LpmTrie<MapData, [u8; 16], [u8; 16]>> = match pins.map(names::PEER_SUBNETS6).exists() {
+            true => Some(typed(pins, names::PEER_SUBNETS6)?),
+            false => None,
+        };
         let peer_capacity = [
             (names::PEER_SUBNETS, subnets.map()),
             (names::PEER_STATS, stats.map()),
@@ -114,6 +121,7 @@ impl Maps {
             (names::PEER_ACCEPT6, accept6.map()),
         ]
         .into_iter()
+        .chain(subnets6.as_ref().map(|m| (names::PEER_SUBNETS6, m.map())))
         .map(|(name, map)| Ok(map.info().with_context(|| format!("cannot read the size of map {name}"))?.max_entries()))
         .collect::<Result<Vec<u32>>>()?
         .into_iter()
@@ -125,6 +133,7 @@ impl Maps {
             stats,
             accept,
             accept6,
+            subnets6,
             local_pods: typed(pins, names::LOCAL_PODS)?,
             global: typed(pins, names::GLOBAL_STATS)?,
             peer_capacity,
@@ -287,6 +296,45 @@ impl Maps {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
             Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
             Err(e) => Err(e).with_context(|| format!("cannot stop accepting IPv6 VXLAN from {ip}")),
+        }
+    }
+}
+
+/// The IPv6 owner map (`EDGEVX_PEER_SUBNETS6`): whose an inner IPv6
+/// source is, for the judge. The kernel's routes on `flannel-v6.<VNI>`
+/// carry the traffic; this map only mirrors which peer owns which prefix.
+impl Maps {
+    fn subnets6(&mut self) -> Result<&mut LpmTrie<MapData, [u8; 16], [u8; 16]>> {
+        self.subnets6.as_mut().with_context(|| {
+            format!("map {} is not pinned: the programs loaded are an earlier edgevx's", names::PEER_SUBNETS6)
+        })
+    }
+
+    /// Every IPv6 pod CIDR with its owner, as the programs see them.
+    pub fn subnets6_entries(&mut self) -> Result<BTreeMap<Ipv6Net, Ipv6Addr>> {
+        let mut out = BTreeMap::new();
+        for item in self.subnets6()?.iter() {
+            let (key, owner) = item.context("cannot read the IPv6 peer subnet map")?;
+            let net = Ipv6Net::new(Ipv6Addr::from(key.data()), key.prefix_len() as u8)
+                .context("bad key in the IPv6 peer subnet map")?;
+            out.insert(net, Ipv6Addr::from(owner));
+        }
+        Ok(out)
+    }
+
+    /// `subnet` is `owner`'s (overwrites in place).
+    pub fn subnet6_put(&mut self, subnet: Ipv6Net, owner: Ipv6Addr) -> Result<()> {
+        let key = Key::new(subnet.prefix_len() as u32, subnet.network().octets());
+        self.subnets6()?.insert(&key, owner.octets(), 0).with_context(|| format!("cannot add IPv6 peer subnet {subnet}"))
+    }
+
+    /// Forgets `subnet`; one not there is fine.
+    pub fn subnet6_del(&mut self, subnet: Ipv6Net) -> Result<()> {
+        let key = Key::new(subnet.prefix_len() as u32, subnet.network().octets());
+        match self.subnets6()?.remove(&key) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("cannot remove IPv6 peer subnet {subnet}")),
         }
     }
 }

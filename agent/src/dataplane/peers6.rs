@@ -33,7 +33,7 @@ use rtnetlink::{
 use crate::{
     dataplane::routes,
     mac::VtepMac,
-    peer::{Peer, Rejection},
+    peer::{Half, Peer, Rejection},
     reconcile::{Accept, OnLink, Outcome, PeerTable},
 };
 
@@ -113,38 +113,67 @@ impl PeerTable for Table6<'_> {
 
 /// The tables the chosen peers need. A peer whose public IPv6 `on_link`
 /// reaches gets a direct route and nothing on the device (flannel's
-/// `v6DirectRoutingOK`); `on_link` is empty when DirectRouting is off. A v6
-/// VtepMAC already taken by an earlier peer through the device would share
-/// its fdb entry, so the later peer is skipped with a reason (the IPv4 side
-/// keys by subnet and has no such clash); so is a peer claiming `own`, our
-/// public IPv6 (its frames would come back to us).
+/// `v6DirectRoutingOK`); `on_link` is empty when DirectRouting is off. One
+/// v6 VtepMAC has one fdb entry, so peers through the device that share a
+/// MAC at different public IPv6 addresses cannot all be reached: the one
+/// whose entry appeared first keeps it (none when that is unknown), the
+/// others are skipped with a reason, whatever their order (the IPv4 side
+/// keys by subnet and has no such clash). Peers sharing a MAC and a public
+/// IPv6 (subnets behind one VTEP) all stay. A peer claiming `own`, our
+/// public IPv6, is skipped too (its frames would come back to us).
 fn tables_for(peers: &[Peer], own: Ipv6Addr, on_link: &OnLink<Ipv6Net>) -> (Tables6, Vec<Rejection>) {
     let mut t = Tables6::default();
-    let mut macs: BTreeMap<VtepMac, &str> = BTreeMap::new();
     let mut skipped = Vec::new();
+    // the peers through the device, and their IPv6 halves
+    let (mut device, mut halves): (Vec<&Peer>, Vec<Half<Ipv6Net>>) = (Vec::new(), Vec::new());
     for p in peers {
         let Some(v6) = p.v6 else { continue };
         if v6.public_ip == own {
             skipped.push(Rejection { node: p.node.clone(), reason: format!("its public-ipv6 {own} is this node's") });
-            continue;
-        }
-        if on_link.reaches(v6.public_ip) {
+        } else if on_link.reaches(v6.public_ip) {
             t.direct.insert(v6.subnet, v6.public_ip);
+        } else {
+            device.push(p);
+            halves.push(v6);
+        }
+    }
+    let mut by_mac: BTreeMap<VtepMac, Vec<usize>> = BTreeMap::new();
+    for (i, v6) in halves.iter().enumerate() {
+        by_mac.entry(v6.vtep_mac).or_default().push(i);
+    }
+    let mut out = vec![false; device.len()];
+    for (mac, group) in &by_mac {
+        let ips: BTreeSet<Ipv6Addr> = group.iter().map(|&i| halves[i].public_ip).collect();
+        if ips.len() < 2 {
             continue;
         }
-        if let Some(first) = macs.get(&v6.vtep_mac) {
-            skipped.push(Rejection {
-                node: p.node.clone(),
-                reason: format!("its IPv6 VtepMAC {} is {first}'s too", v6.vtep_mac),
-            });
-            continue;
+        let winner = crate::reconcile::first_to_appear(&device, group).map(|w| halves[w].public_ip);
+        for &i in group.iter().filter(|&&i| Some(halves[i].public_ip) != winner) {
+            out[i] = true;
+            let mut others: Vec<&str> = group
+                .iter()
+                .filter(|&&o| halves[o].public_ip != halves[i].public_ip)
+                .map(|&o| device[o].node.as_str())
+                .collect();
+            others.sort_unstable();
+            let reason = match winner {
+                Some(_) => format!("its IPv6 VtepMAC {mac} is also {}'s, whose entry appeared first", others.join(", ")),
+                None => format!(
+                    "its IPv6 VtepMAC {mac} is also {}'s at another address, and which entry appeared first is not \
+                     known: none is programmed",
+                    others.join(", ")
+                ),
+            };
+            skipped.push(Rejection { node: device[i].node.clone(), reason });
         }
-        macs.insert(v6.vtep_mac, &p.node);
+    }
+    for (v6, _) in halves.iter().zip(&out).filter(|(_, o)| !**o) {
         let base = v6.subnet.network();
         t.neigh.insert(base, v6.vtep_mac);
         t.fdb.insert((v6.vtep_mac, v6.public_ip));
         t.routes.insert(v6.subnet, base);
     }
+    skipped.sort_by(|a, b| (&a.node, &a.reason).cmp(&(&b.node, &b.reason)));
     (t, skipped)
 }
 
@@ -344,7 +373,7 @@ async fn write_tables(handle: &Handle, at: Devices6, have: &Tables6, want: &Tabl
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{peer::Half, reconcile::Hop};
+    use crate::reconcile::Hop;
 
     fn peer(node: &str, subnet: &str, ip: &str, mac: &str) -> Peer {
         let mut p = crate::reconcile::test_peer(node, "10.244.9.0/24", "198.18.0.9");
@@ -382,14 +411,28 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_v6_mac_skips_the_later_peer_with_its_reason() {
-        let a = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
-        let b = peer("b", "fd00:10:244:3::/64", "fd00:198:18::3", "02:66:00:00:00:02");
-        let (t, skipped) = tables_for(&[a, b], OWN, &OnLink::default());
-        assert_eq!(t.routes.len(), 1);
-        assert_eq!(skipped.len(), 1);
-        assert_eq!(skipped[0].node, "b");
-        assert!(skipped[0].reason.contains("a's too"), "{}", skipped[0].reason);
+    fn a_shared_v6_mac_goes_to_the_entry_that_appeared_first_whatever_the_order() {
+        let mut a = peer("a", "fd00:10:244:2::/64", "fd00:198:18::2", "02:66:00:00:00:02");
+        let mut b = peer("aaa", "fd00:10:244:3::/64", "fd00:198:18::3", "02:66:00:00:00:02");
+        a.appeared = Some(100);
+        b.appeared = Some(200);
+        for order in [[a.clone(), b.clone()], [b.clone(), a.clone()]] {
+            let (t, skipped) = tables_for(&order, OWN, &OnLink::default());
+            assert_eq!(t.fdb.iter().map(|(_, ip)| ip.to_string()).collect::<Vec<_>>(), ["fd00:198:18::2"]);
+            assert_eq!(skipped.len(), 1);
+            assert_eq!(skipped[0].node, "aaa");
+            assert!(skipped[0].reason.contains("also a's, whose entry appeared first"), "{}", skipped[0].reason);
+        }
+        // neither known to be first: neither is programmed
+        let (a, b) = (Peer { appeared: None, ..a }, Peer { appeared: None, ..b });
+        let (t, skipped) = tables_for(&[a.clone(), b], OWN, &OnLink::default());
+        assert!(t.fdb.is_empty() && t.routes.is_empty());
+        assert_eq!(skipped.len(), 2);
+        // one MAC at one address for two subnets (one VTEP): both stay
+        let c = peer("c", "fd00:10:244:4::/64", "fd00:198:18::2", "02:66:00:00:00:02");
+        let (t, skipped) = tables_for(&[a, c], OWN, &OnLink::default());
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!((t.fdb.len(), t.routes.len()), (1, 2));
     }
 
     /// fd00:198:18::/64 is our segment; the rest is behind a router.

@@ -26,8 +26,10 @@ mod table;
 
 pub use capacity::{CAPACITY_FILE, Fill, Nag, Say, fit};
 pub use on_link::{Hop, OnLink};
-pub use plan::{Accept, Changes, Contents, Dataplane, Outcome, Tunnel, VTEP_GATEWAY, apply, diff, plan};
-pub use select::{claiming_ours, select};
+pub use plan::{
+    Accept, Changes, Contents, Dataplane, Outcome, Tunnel, VTEP_GATEWAY, accept_by_public_ip, apply, diff, plan,
+};
+pub use select::{claiming_ours, first_to_appear, select};
 pub use table::{Known, PeerTable};
 
 /// A peer for the unit tests of this module.

@@ -76,11 +76,34 @@ pub fn plan(peers: &[Peer], network: Ipv4Net, on_link: &OnLink) -> Contents {
         subnets: halves()
             .map(|(v4, _)| (v4.subnet, Tunnel { public_ip: v4.public_ip, vtep_mac: v4.vtep_mac.0 }))
             .collect(),
-        accept: halves()
-            .map(|(v4, any_inner_source)| (v4.public_ip, Accept { subnet: v4.subnet, any_inner_source }))
-            .collect(),
+        accept: accept_by_public_ip(halves().map(|(v4, any)| (v4.public_ip, v4.subnet, any))),
         routes: BTreeMap::from([(network, Some(VTEP_GATEWAY))]),
     }
+}
+
+/// One accept entry per public IP, of either family, for `halves`
+/// (public IP, pod CIDR, exempt). Entries that share a public IP (a node
+/// with more than one subnet, or two nodes claiming one address: both are
+/// kept, as flannel keeps both fdb entries) make one: exempt if any is,
+/// bound to the lowest of their pod CIDRs, whatever their order. The
+/// programs judge an inner source by the owner of the longest prefix
+/// holding it (`EDGEVX_PEER_SUBNETS`, `EDGEVX_PEER_SUBNETS6`), so every
+/// subnet behind the address may send; the entry's own CIDR binds only a
+/// source no programmed prefix holds.
+pub fn accept_by_public_ip<N: Family>(
+    halves: impl Iterator<Item = (N::Addr, N, bool)>,
+) -> BTreeMap<N::Addr, Accept<N>> {
+    let mut accept: BTreeMap<N::Addr, Accept<N>> = BTreeMap::new();
+    for (ip, subnet, any_inner_source) in halves {
+        accept
+            .entry(ip)
+            .and_modify(|a| {
+                a.subnet = a.subnet.min(subnet);
+                a.any_inner_source |= any_inner_source;
+            })
+            .or_insert(Accept { subnet, any_inner_source });
+    }
+    accept
 }
 
 /// The writes that turn `have` into `want`, in the order they must run:
@@ -513,7 +536,7 @@ mod apply_tests {
         let node = |i: u8| peer(&format!("n{i}"), &format!("10.244.{}.0/24", 10 + i), &format!("198.18.0.{}", 10 + i));
         let agent_pass = async |dp: &mut Fake, view: &[Peer]| {
             let have = dp.have.clone();
-            let (ok, _) = select(Some("10.244.1.0/24".parse().unwrap()), None, &have, view);
+            let (ok, _) = select(Some("10.244.1.0/24".parse().unwrap()), None, view);
             let established = |p: &Peer| p.v4.is_some_and(|v4| have.subnets.contains_key(&v4.subnet));
             let (kept, left_out) = fit(ok, capacity, established);
             let out = apply(dp, &diff(&plan(&kept, "10.244.0.0/16".parse().unwrap(), &OnLink::default()), &have)).await;

@@ -1,112 +1,130 @@
 //! Which candidates become peers. Pure, and O(n log n): a peer list of
 //! tens of thousands of nodes is checked in milliseconds.
+//!
+//! A conflict is settled as the network would settle it, never by a
+//! node's name or its place in the list: the same candidates in any order
+//! give the same peers, on a node that has run for months and on one that
+//! starts fresh (or from its cache) alike.
+//! - Pod CIDRs that overlap each other are all taken: the LPM map (and the
+//!   kernel's routes for IPv6) sends each address to the longest prefix
+//!   holding it, as flannel's routes do, and the programs judge an inner
+//!   source by that prefix's owner too.
+//! - Two entries with the very same pod CIDR, or the same node name
+//!   twice: the entry that appeared first ([`Peer::appeared`]: the Node's
+//!   creationTimestamp, the etcd key's create revision) is kept. When that
+//!   is unknown or a tie, none is: the subnet manager gave one CIDR twice.
+//! - A shared public IP keeps every entry behind it, as flannel keeps both
+//!   fdb entries.
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
+    fmt::Display,
+    hash::Hash,
     net::IpAddr,
 };
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
-use super::plan::Contents;
 use crate::{
     family::Family,
-    peer::{Peer, Rejection},
+    peer::{Peer, PeerHalf, Rejection},
 };
-
-/// Accepted pod CIDRs of one family as disjoint address intervals, keyed by
-/// first address.
-struct Intervals<A>(BTreeMap<A, (A, usize)>);
-
-impl<A: Ord + Copy> Intervals<A> {
-    fn new() -> Self {
-        Intervals(BTreeMap::new())
-    }
-
-    /// The accepted interval that overlaps `[first, last]`, if any. The
-    /// intervals are disjoint, so of those starting at or before `last`
-    /// only the one starting last can reach into it.
-    fn overlapping(&self, (first, last): (A, A)) -> Option<usize> {
-        let (_, &(end, index)) = self.0.range(..=last).next_back()?;
-        (end >= first).then_some(index)
-    }
-
-    fn insert(&mut self, (first, last): (A, A), index: usize) {
-        self.0.insert(first, (last, index));
-    }
-}
-
-/// A prefix's first and last address, as numbers.
-fn bounds<N: Family>(net: N) -> (u128, u128) {
-    (N::bits(net.network_addr()), net.last_bits())
-}
 
 fn overlaps<N: Family>(a: N, b: N) -> bool {
     a.covers(&b) || b.covers(&a)
 }
 
-/// Chooses which candidates become peers. A peer the dataplane already
-/// holds (its subnet is in the LPM map with its public IP) keeps its place;
-/// a newcomer whose subnet overlaps ours or an accepted peer's, or whose
-/// public IP or name is taken, is rejected with the reason. The same holds
-/// for a peer's IPv6 half (against `own6`, our IPv6 pod CIDR), and a peer
-/// whose IPv6 half collides is rejected whole, as flannel treats a node as
-/// one lease. `own` is `None` in an IPv6-only network, whose peers have
-/// no IPv4 half.
-pub fn select(
-    own: Option<Ipv4Net>,
-    own6: Option<Ipv6Net>,
-    observed: &Contents,
-    candidates: &[Peer],
-) -> (Vec<Peer>, Vec<Rejection>) {
-    let established =
-        |p: &Peer| p.v4.is_some_and(|v4| observed.subnets.get(&v4.subnet).is_some_and(|t| t.public_ip == v4.public_ip));
-    let mut ordered: Vec<&Peer> = candidates.iter().filter(|p| established(p)).collect();
-    ordered.extend(candidates.iter().filter(|p| !established(p)));
+/// Of the entries `group` (indices into `candidates`), the one that
+/// appeared first, if that is known: every entry says when it appeared,
+/// and exactly one did first.
+pub fn first_to_appear(candidates: &[&Peer], group: &[usize]) -> Option<usize> {
+    let first = group.iter().map(|&i| candidates[i].appeared).collect::<Option<Vec<i64>>>()?.into_iter().min()?;
+    let mut at = group.iter().copied().filter(|&i| candidates[i].appeared == Some(first));
+    let winner = at.next()?;
+    at.next().is_none().then_some(winner)
+}
 
-    let mut accepted: Vec<Peer> = Vec::with_capacity(candidates.len());
-    let mut rejected = Vec::new();
-    let mut names: HashSet<&str> = HashSet::with_capacity(candidates.len());
-    let mut ips: HashMap<IpAddr, usize> = HashMap::with_capacity(candidates.len());
-    let mut intervals = Intervals::new();
-    let mut intervals6 = Intervals::new();
-    for p in ordered {
-        let reject = |reason: String| Rejection { node: p.node.clone(), reason };
-        let (v4, v6) = (p.v4.as_ref(), p.v6.as_ref());
-        let ip6 = v6.map(|v6| IpAddr::V6(v6.public_ip));
-        let subnet4 = |a: &Peer| a.v4.map(|a4| a4.subnet.to_string()).unwrap_or_default();
-        if names.contains(p.node.as_str()) {
-            rejected.push(reject("the node is listed twice".into()));
-        } else if let Some((v4, own)) = v4.zip(own).filter(|(v4, own)| overlaps(v4.subnet, *own)) {
-            rejected.push(reject(format!("pod CIDR {} overlaps our own {own}", v4.subnet)));
-        } else if let Some((v4, a)) = v4.and_then(|v4| Some((v4, &accepted[intervals.overlapping(bounds(v4.subnet))?])))
-        {
-            rejected.push(reject(format!("pod CIDR {} overlaps {} of node {}", v4.subnet, subnet4(a), a.node)));
-        } else if let Some((v4, a)) = v4.and_then(|v4| Some((v4, &accepted[*ips.get(&IpAddr::V4(v4.public_ip))?]))) {
-            rejected.push(reject(format!("public IP {} is already node {}'s", v4.public_ip, a.node)));
-        } else if let Some((v6, own6)) = v6.zip(own6).filter(|(v6, own6)| overlaps(v6.subnet, *own6)) {
-            rejected.push(reject(format!("IPv6 pod CIDR {} overlaps our own {own6}", v6.subnet)));
-        } else if let Some((v6, a)) =
-            v6.and_then(|v6| Some((v6, &accepted[intervals6.overlapping(bounds(v6.subnet))?])))
-        {
-            let theirs = a.v6.map(|a6| a6.subnet.to_string()).unwrap_or_default();
-            rejected.push(reject(format!("IPv6 pod CIDR {} overlaps {theirs} of node {}", v6.subnet, a.node)));
-        } else if let Some((ip6, a)) = ip6.and_then(|ip6| Some((ip6, &accepted[*ips.get(&ip6)?]))) {
-            rejected.push(reject(format!("public IPv6 {ip6} is already node {}'s", a.node)));
-        } else if v4.is_none() && v6.is_none() {
-            rejected.push(reject("neither an IPv4 nor an IPv6 half".into()));
-        } else {
-            names.insert(&p.node);
-            if let Some(v4) = v4 {
-                ips.insert(IpAddr::V4(v4.public_ip), accepted.len());
-                intervals.insert(bounds(v4.subnet), accepted.len());
-            }
-            if let Some(v6) = v6 {
-                ips.insert(IpAddr::V6(v6.public_ip), accepted.len());
-                intervals6.insert(bounds(v6.subnet), accepted.len());
-            }
-            accepted.push(p.clone());
+/// The reason a peer's own pod CIDR of family `N` rules it out, if it does.
+fn against_own<N: PeerHalf>(p: &Peer, own: Option<N>, what: &str) -> Option<String> {
+    let (half, own) = (p.half::<N>()?, own?);
+    overlaps(half.subnet, own).then(|| format!("{what} {} overlaps our own {own}", half.subnet))
+}
+
+/// Settles the candidates still `alive` that share a `key` (a name, a pod
+/// CIDR): the one that appeared first stays, the others are rejected; all
+/// of them when none is known to be first. `what` names the key.
+fn settle<K: Eq + Hash + Display>(
+    candidates: &[&Peer],
+    alive: &mut [bool],
+    key: impl Fn(&Peer) -> Option<K>,
+    what: &str,
+    rejected: &mut Vec<Rejection>,
+) {
+    let mut groups: HashMap<K, Vec<usize>> = HashMap::new();
+    for (i, p) in candidates.iter().enumerate().filter(|(i, _)| alive[*i]) {
+        if let Some(k) = key(p) {
+            groups.entry(k).or_default().push(i);
         }
     }
+    for (k, group) in groups.into_iter().filter(|(_, g)| g.len() > 1) {
+        let winner = first_to_appear(candidates, &group);
+        for &i in &group {
+            let reason = match winner {
+                Some(w) if w == i => continue,
+                Some(w) => format!("{what} {k} is also node {}'s, whose entry appeared first", candidates[w].node),
+                None => {
+                    let mut others: Vec<&str> =
+                        group.iter().filter(|&&o| o != i).map(|&o| candidates[o].node.as_str()).collect();
+                    others.sort_unstable();
+                    format!(
+                        "{what} {k} is also claimed by {} and which entry appeared first is not known: none is taken",
+                        others.join(", ")
+                    )
+                }
+            };
+            alive[i] = false;
+            rejected.push(Rejection { node: candidates[i].node.clone(), reason });
+        }
+    }
+}
+
+/// Chooses which candidates become peers. A candidate is rejected, with
+/// the reason, when it has no half, when a pod CIDR of it overlaps ours
+/// (`own`, `own6`: a peer may never take this node's own pods), or when it
+/// loses a tie that routing cannot settle (the same node name, the same
+/// pod CIDR of either family: see the module doc). A peer whose IPv6 half
+/// is rejected is rejected whole, as flannel treats a node as one lease.
+/// `own` is `None` in an IPv6-only network, whose peers have no IPv4 half.
+///
+/// The result does not depend on the candidates' order: the peers come
+/// out by name (then pod CIDR), the rejections by name (then reason).
+pub fn select(own: Option<Ipv4Net>, own6: Option<Ipv6Net>, candidates: &[Peer]) -> (Vec<Peer>, Vec<Rejection>) {
+    let mut sorted: Vec<&Peer> = candidates.iter().collect();
+    // one order, whatever the list's: the groups and reasons below come out the same
+    sorted.sort_by(|a, b| (&a.node, a.v4.map(|h| h.subnet), a.v6.map(|h| h.subnet), a.appeared).cmp(&(
+        &b.node,
+        b.v4.map(|h| h.subnet),
+        b.v6.map(|h| h.subnet),
+        b.appeared,
+    )));
+    let candidates = sorted;
+    let mut rejected = Vec::new();
+    let mut alive = vec![true; candidates.len()];
+    for (i, p) in candidates.iter().enumerate() {
+        let reason = if p.v4.is_none() && p.v6.is_none() {
+            Some("neither an IPv4 nor an IPv6 half".to_string())
+        } else {
+            against_own(p, own, "pod CIDR").or_else(|| against_own(p, own6, "IPv6 pod CIDR"))
+        };
+        if let Some(reason) = reason {
+            alive[i] = false;
+            rejected.push(Rejection { node: p.node.clone(), reason });
+        }
+    }
+    settle(&candidates, &mut alive, |p| Some(p.node.clone()), "the node name", &mut rejected);
+    settle(&candidates, &mut alive, |p| p.v4.map(|h| h.subnet), "pod CIDR", &mut rejected);
+    settle(&candidates, &mut alive, |p| p.v6.map(|h| h.subnet), "IPv6 pod CIDR", &mut rejected);
+    let accepted = candidates.iter().zip(&alive).filter(|(_, a)| **a).map(|(p, _)| (*p).clone()).collect();
+    rejected.sort_by(|a, b| (&a.node, &a.reason).cmp(&(&b.node, &b.reason)));
     (accepted, rejected)
 }
 
@@ -132,90 +150,140 @@ pub fn claiming_ours(candidates: &[Peer], own: &BTreeMap<IpAddr, String>) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::plan;
     use crate::reconcile::test_peer as peer;
 
     fn own() -> Option<Ipv4Net> {
         Some("10.244.1.0/24".parse().unwrap())
     }
-    fn nothing() -> Contents {
-        Contents::default()
+
+    fn at(mut p: Peer, appeared: i64) -> Peer {
+        p.appeared = Some(appeared);
+        p
+    }
+
+    fn names(peers: &[Peer]) -> Vec<&str> {
+        peers.iter().map(|p| p.node.as_str()).collect()
+    }
+
+    fn reason(bad: &[Rejection], node: &str) -> String {
+        bad.iter().filter(|r| r.node == node).map(|r| r.reason.clone()).collect::<Vec<_>>().join(" | ")
     }
 
     #[test]
     fn overlap_with_own_subnet_is_rejected() {
-        let (ok, bad) = select(
-            own(),
-            None,
-            &nothing(),
-            &[peer("x", "10.244.1.0/25", "198.18.0.9"), peer("y", "10.244.0.0/16", "198.18.0.8")],
-        );
+        let (ok, bad) =
+            select(own(), None, &[peer("x", "10.244.1.0/25", "198.18.0.9"), peer("y", "10.244.0.0/16", "198.18.0.8")]);
         assert!(ok.is_empty());
         assert_eq!(bad.len(), 2);
-        assert!(bad[0].reason.contains("overlaps our own"));
+        assert_eq!(bad[0].reason, "pod CIDR 10.244.1.0/25 overlaps our own 10.244.1.0/24");
+        assert!(bad[1].reason.contains("overlaps our own"));
+    }
+
+    /// Finding 3b: a superset beside a victim's subnet takes none of its
+    /// addresses. Both are programmed; the LPM map gives the victim's /24
+    /// its own traffic, and the decap judge its own sources.
+    #[test]
+    fn overlapping_peer_subnets_are_all_taken_as_routing_would() {
+        let victim = at(peer("victim", "10.244.2.0/24", "198.18.0.2"), 100);
+        let attacker = at(peer("aaa-attacker", "10.244.2.0/23", "198.18.0.3"), 200);
+        let (ok, bad) = select(own(), None, &[attacker.clone(), victim.clone()]);
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(ok, vec![attacker, victim]);
+    }
+
+    /// Finding 3a: a node claiming a victim's public IP drops nobody; both
+    /// entries are kept, as flannel keeps both fdb entries.
+    #[test]
+    fn a_shared_public_ip_keeps_both_entries() {
+        let victim = peer("victim", "10.244.2.0/24", "198.18.0.2");
+        let attacker = peer("aaa-attacker", "10.244.3.0/24", "198.18.0.2");
+        let (ok, bad) = select(own(), None, &[attacker, victim]);
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(names(&ok), ["aaa-attacker", "victim"]);
     }
 
     #[test]
-    fn established_peer_keeps_its_subnet_against_a_newcomer() {
-        let old = peer("old", "10.244.2.0/24", "198.18.0.2");
-        let observed = plan(std::slice::from_ref(&old), "10.244.0.0/16".parse().unwrap(), &Default::default());
-        // the newcomer is listed first, but the one in the dataplane wins
-        let (ok, bad) = select(own(), None, &observed, &[peer("new", "10.244.2.0/25", "198.18.0.3"), old.clone()]);
-        assert_eq!(ok, vec![old]);
-        assert_eq!(bad[0].node, "new");
-        assert!(bad[0].reason.contains("of node old"), "{}", bad[0].reason);
+    fn the_same_subnet_twice_goes_to_the_entry_that_appeared_first() {
+        let victim = at(peer("victim", "10.244.2.0/24", "198.18.0.2"), 100);
+        let copy = at(peer("aaa-copy", "10.244.2.0/24", "198.18.0.3"), 200);
+        let (ok, bad) = select(own(), None, &[copy.clone(), victim.clone()]);
+        assert_eq!(names(&ok), ["victim"]);
+        assert_eq!(reason(&bad, "aaa-copy"), "pod CIDR 10.244.2.0/24 is also node victim's, whose entry appeared first");
+        // neither known to be first (a nodes file without timestamps), or a tie: neither
+        for (a, b) in [(None, None), (Some(5), Some(5)), (None, None)] {
+            let (ok, bad) =
+                select(own(), None, &[Peer { appeared: a, ..victim.clone() }, Peer { appeared: b, ..copy.clone() }]);
+            assert!(ok.is_empty(), "{ok:?}");
+            assert!(reason(&bad, "victim").contains("also claimed by aaa-copy"), "{bad:?}");
+            assert!(reason(&bad, "aaa-copy").contains("also claimed by victim"), "{bad:?}");
+        }
     }
 
     #[test]
-    fn duplicate_public_ip_and_name_are_rejected() {
-        let (ok, bad) = select(
-            own(),
-            None,
-            &nothing(),
-            &[
-                peer("a", "10.244.2.0/24", "198.18.0.2"),
-                peer("b", "10.244.3.0/24", "198.18.0.2"),
-                peer("a", "10.244.4.0/24", "198.18.0.4"),
-            ],
-        );
-        assert_eq!(ok.len(), 1);
-        assert!(bad.iter().any(|r| r.node == "b" && r.reason.contains("public IP")));
-        assert!(bad.iter().any(|r| r.node == "a" && r.reason.contains("twice")));
+    fn a_name_listed_twice_goes_to_the_entry_that_appeared_first() {
+        let first = at(peer("a", "10.244.2.0/24", "198.18.0.2"), 1);
+        let second = at(peer("a", "10.244.4.0/24", "198.18.0.4"), 2);
+        let (ok, bad) = select(own(), None, &[second.clone(), first.clone()]);
+        assert_eq!(ok, vec![first.clone()]);
+        assert!(reason(&bad, "a").contains("the node name a is also node a's"), "{bad:?}");
+        let (ok, bad) = select(own(), None, &[Peer { appeared: None, ..first }, Peer { appeared: None, ..second }]);
+        assert!(ok.is_empty());
+        assert_eq!(bad.len(), 2);
     }
 
-    /// The interval index gives the same verdicts as comparing every pair.
+    /// The decision is the candidates', not their order's: every shuffle of
+    /// a list full of conflicts (overlaps, shared IPs, twins, names twice,
+    /// our own CIDR, both families) gives the same peers and reasons.
     #[test]
-    fn overlap_index_agrees_with_the_pairwise_check() {
+    fn the_decision_does_not_depend_on_the_order() {
         let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
+        let mut next = move || {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
             seed
         };
-        for _ in 0..200 {
+        let own6: Option<Ipv6Net> = Some("fd00:10:244:1::/64".parse().unwrap());
+        for _ in 0..50 {
             let candidates: Vec<Peer> = (0..40)
                 .map(|i| {
                     let r = next();
-                    let len = 20 + (r % 9) as u8;
-                    let addr = std::net::Ipv4Addr::from(0x0a00_0000 | ((r >> 8) as u32 & 0x00ff_ffff));
+                    let len = 22 + (r % 4) as u8;
+                    let addr = std::net::Ipv4Addr::from(0x0af4_0000 | ((r >> 8) as u32 & 0x0000_0f00));
                     let net = Ipv4Net::new(addr, len).unwrap().trunc();
-                    Peer::v4(&format!("n{i}"), net, [198, 18, 1, i as u8].into(), "02:00:00:00:00:01".parse().unwrap())
+                    let name = format!("n{}", (r >> 20) % 30);
+                    let ip = [198, 18, 0, ((r >> 30) % 8) as u8].into();
+                    let mut p = Peer::v4(&name, net, ip, "02:00:00:00:00:01".parse().unwrap());
+                    p.appeared = ((r >> 40) % 4 != 0).then_some(((r >> 42) % 6) as i64);
+                    if (r >> 50) % 2 == 0 {
+                        let n6 = Ipv6Net::new(format!("fd00:10:244:{:x}::", (r >> 52) % 4).parse().unwrap(), 63 + (i % 2))
+                            .unwrap()
+                            .trunc();
+                        let ip6 = format!("fd00:198:18::{}", (r >> 56) % 8).parse().unwrap();
+                        p.v6 = Some(crate::peer::Half { subnet: n6, public_ip: ip6, vtep_mac: p.v4.unwrap().vtep_mac });
+                    }
+                    p
                 })
                 .collect();
-            let (ok, _) = select(Some("192.168.0.0/24".parse().unwrap()), None, &nothing(), &candidates);
-            // pairwise reference
-            let mut want: Vec<&Peer> = Vec::new();
-            let net = |p: &Peer| p.v4.unwrap().subnet;
-            for p in &candidates {
-                if !want.iter().any(|a| net(a).contains(&net(p).network()) || net(p).contains(&net(a).network())) {
-                    want.push(p);
+            let want = select(own(), own6, &candidates);
+            let mut shuffled = candidates.clone();
+            for _ in 0..5 {
+                for i in (1..shuffled.len()).rev() {
+                    shuffled.swap(i, (next() % (i as u64 + 1)) as usize);
                 }
+                assert_eq!(select(own(), own6, &shuffled), want);
             }
-            assert_eq!(
-                ok.iter().map(|p| &p.node).collect::<Vec<_>>(),
-                want.iter().map(|p| &p.node).collect::<Vec<_>>()
-            );
+            // and nothing taken collides where routing cannot settle it
+            let (ok, _) = &want;
+            for (i, a) in ok.iter().enumerate() {
+                for b in &ok[i + 1..] {
+                    assert_ne!(a.node, b.node);
+                    assert_ne!(a.v4.map(|h| h.subnet), b.v4.map(|h| h.subnet));
+                    assert!(a.v6.is_none() || a.v6.map(|h| h.subnet) != b.v6.map(|h| h.subnet));
+                }
+                assert!(!overlaps(a.v4.unwrap().subnet, own().unwrap()));
+                assert!(a.v6.is_none_or(|h| !overlaps(h.subnet, own6.unwrap())));
+            }
         }
     }
 
@@ -231,12 +299,11 @@ mod tests {
     }
 
     #[test]
-    fn a_colliding_ipv6_half_rejects_the_peer_whole() {
+    fn ipv6_halves_follow_the_same_rules() {
         let own6 = Some("fd00:10:244:1::/64".parse().unwrap());
         let (ok, bad) = select(
             own(),
             own6,
-            &nothing(),
             &[
                 peer6("a", 2, "fd00:10:244:2::/64", 2),
                 peer6("ours", 3, "fd00:10:244:1:8000::/65", 3),
@@ -244,35 +311,20 @@ mod tests {
                 peer6("wide", 5, "fd00:10:244::/56", 5),
                 peer6("sameip", 6, "fd00:10:244:6::/64", 2),
                 peer("v4only", "10.244.7.0/24", "198.18.0.7"),
-                peer6("b", 8, "fd00:10:244:8::/64", 8),
+                at(peer6("twin", 8, "fd00:10:244:2::/64", 8), 9),
+                at(peer6("b", 9, "fd00:10:244:9::/64", 9), 1),
             ],
         );
-        assert_eq!(ok.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), ["a", "v4only", "b"]);
-        let reason = |n: &str| bad.iter().find(|r| r.node == n).map(|r| r.reason.clone()).unwrap_or_default();
-        assert_eq!(reason("ours"), "IPv6 pod CIDR fd00:10:244:1:8000::/65 overlaps our own fd00:10:244:1::/64");
-        assert_eq!(reason("inside"), "IPv6 pod CIDR fd00:10:244:2:1::/80 overlaps fd00:10:244:2::/64 of node a");
-        assert!(reason("wide").contains("overlaps our own"), "{}", reason("wide"));
-        assert_eq!(reason("sameip"), "public IPv6 fd00:198:18::2 is already node a's");
-        // the rejected IPv6 halves did not take their IPv4 subnets: a later peer may have them
-        let (ok, _) = select(
-            own(),
-            own6,
-            &nothing(),
-            &[peer6("x", 3, "fd00:10:244:1::/64", 3), peer("y", "10.244.3.0/24", "198.18.0.9")],
-        );
-        assert_eq!(ok.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), ["y"]);
-    }
-
-    #[test]
-    fn ipv6_halves_are_checked_without_an_own_ipv6_subnet_too() {
-        let (ok, bad) = select(
-            own(),
-            None,
-            &nothing(),
-            &[peer6("a", 2, "fd00:10:244:2::/64", 2), peer6("b", 3, "fd00:10:244:2::/64", 3)],
-        );
-        assert_eq!(ok.len(), 1);
-        assert!(bad[0].reason.contains("of node a"), "{:?}", bad);
+        // overlapping and shared-address halves are kept; the twin of a's /64 loses (a's age is unknown)
+        assert_eq!(names(&ok), ["b", "inside", "sameip", "v4only"]);
+        assert_eq!(reason(&bad, "ours"), "IPv6 pod CIDR fd00:10:244:1:8000::/65 overlaps our own fd00:10:244:1::/64");
+        assert!(reason(&bad, "wide").contains("overlaps our own"), "{bad:?}");
+        assert!(reason(&bad, "a").contains("also claimed by twin"), "{bad:?}");
+        assert!(reason(&bad, "twin").contains("also claimed by a"), "{bad:?}");
+        // a rejected IPv6 half rejects the peer whole, and its IPv4 subnet is free for another
+        let (ok, _) =
+            select(own(), own6, &[peer6("x", 3, "fd00:10:244:1::/64", 3), peer("y", "10.244.3.0/24", "198.18.0.9")]);
+        assert_eq!(names(&ok), ["y"]);
     }
 
     #[test]
@@ -282,24 +334,18 @@ mod tests {
         let (ok, bad) = select(
             None,
             own6,
-            &nothing(),
             &[
-                only6("a", 2, "fd00:10:244:2::/64", 2),
+                at(only6("a", 2, "fd00:10:244:2::/64", 2), 1),
                 only6("ours", 3, "fd00:10:244:1::/64", 3),
                 only6("inside", 4, "fd00:10:244:2::/80", 4),
-                only6("sameip", 5, "fd00:10:244:5::/64", 2),
-                only6("a", 6, "fd00:10:244:6::/64", 6),
+                at(only6("same", 5, "fd00:10:244:2::/64", 5), 2),
                 Peer { v6: None, ..only6("empty", 7, "fd00:10:244:7::/64", 7) },
-                only6("b", 8, "fd00:10:244:8::/64", 8),
             ],
         );
-        assert_eq!(ok.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), ["a", "b"]);
-        let reason = |n: &str| bad.iter().find(|r| r.node == n).map(|r| r.reason.clone()).unwrap_or_default();
-        assert!(reason("ours").contains("overlaps our own"), "{bad:?}");
-        assert!(reason("inside").contains("of node a"), "{bad:?}");
-        assert!(reason("sameip").contains("already node a's"), "{bad:?}");
-        assert_eq!(reason("a"), "the node is listed twice");
-        assert_eq!(reason("empty"), "neither an IPv4 nor an IPv6 half");
+        assert_eq!(names(&ok), ["a", "inside"]);
+        assert!(reason(&bad, "ours").contains("overlaps our own"), "{bad:?}");
+        assert!(reason(&bad, "same").contains("also node a's"), "{bad:?}");
+        assert_eq!(reason(&bad, "empty"), "neither an IPv4 nor an IPv6 half");
     }
 
     #[test]

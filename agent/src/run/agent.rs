@@ -255,7 +255,10 @@ impl<'a> Agent<'a> {
             warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
         }
         let mut asks = Asks::nothing();
-        let peers_ok = n.reconcile(&d.view, d.conf.direct_routing, &self.state, &mut self.warned).await;
+        // the inner-source exemption is the operator's alone (`--any-inner-source`)
+        let view = crate::exempt::Exemptions::new(&c.args.any_inner_source);
+        let view = view.apply(&d.view);
+        let peers_ok = n.reconcile(&view, d.conf.direct_routing, &self.state, &mut self.warned).await;
         report.set_peers(n.accepted().iter());
         n.enforce_rules();
         let first_attach = !n.attached();
@@ -307,6 +310,7 @@ impl<'a> Agent<'a> {
 fn log_view(view: &ClusterView, warned: &mut Warned) {
     warned.malformed(&view.rejected);
     warned.partial(&view.partial);
+    warned.self_exempt(&view.self_exempt);
     for r in &view.ignored {
         debug!(node = %r.node, "not a peer: {}", r.reason);
     }

@@ -67,13 +67,10 @@ fn sync_accept6(
     peers: &[Peer],
     own: Ipv6Addr,
 ) -> Result<()> {
-    let want: BTreeMap<Ipv6Addr, Accept<Ipv6Net>> = peers
-        .iter()
-        .filter_map(|p| {
-            let v6 = p.v6.filter(|v6| v6.public_ip != own)?;
-            Some((v6.public_ip, Accept { subnet: v6.subnet, any_inner_source: p.any_inner_source }))
-        })
-        .collect();
+    let want: BTreeMap<Ipv6Addr, Accept<Ipv6Net>> = crate::reconcile::accept_by_public_ip(peers.iter().filter_map(|p| {
+        let v6 = p.v6.filter(|v6| v6.public_ip != own)?;
+        Some((v6.public_ip, v6.subnet, p.any_inner_source))
+    }));
     let mut first_err = None;
     for ip in have.keys().filter(|ip| !want.contains_key(ip)) {
         if let Err(e) = maps.accept6_del(*ip) {
@@ -82,6 +79,28 @@ fn sync_accept6(
     }
     for (ip, a) in want.iter().filter(|(ip, a)| have.get(ip) != Some(a)) {
         if let Err(e) = maps.accept6_put(*ip, a) {
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// The IPv6 owner map: each peer's IPv6 pod CIDR → its public IPv6 (never
+/// `own`), read back and written where it differs, as [`sync_accept6`].
+/// Every peer's half is there, overlapping ones too: the judge takes the
+/// owner of the longest prefix, as the kernel's routes do.
+fn sync_subnets6(maps: &mut Maps, peers: &[Peer], own: Ipv6Addr) -> Result<()> {
+    let want: BTreeMap<Ipv6Net, Ipv6Addr> =
+        peers.iter().filter_map(|p| p.v6.filter(|v6| v6.public_ip != own)).map(|v6| (v6.subnet, v6.public_ip)).collect();
+    let have = maps.subnets6_entries()?;
+    let mut first_err = None;
+    for net in have.keys().filter(|n| !want.contains_key(n)) {
+        if let Err(e) = maps.subnet6_del(*net) {
+            first_err.get_or_insert(e);
+        }
+    }
+    for (net, owner) in want.iter().filter(|(n, o)| have.get(n) != Some(o)) {
+        if let Err(e) = maps.subnet6_put(*net, *owner) {
             first_err.get_or_insert(e);
         }
     }
@@ -136,6 +155,13 @@ impl Side6 {
             }
             self.skipped = skipped;
         }
+        let owners_ok = match sync_subnets6(maps, peers, self.record.public_ip) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!("cannot update whose IPv6 pod CIDRs the programs judge by, retrying: {e:#}");
+                false
+            }
+        };
         let accept_ok = match sync_accept6(maps, &accepted, peers, self.record.public_ip) {
             Ok(()) => true,
             Err(e) => {
@@ -145,7 +171,7 @@ impl Side6 {
         };
         let written = table.write(&have, &want).await.ok();
         self.known.keep(want, on_link, direct_routing, written);
-        written && accept_ok
+        written && accept_ok && owners_ok
     }
 
     /// Whether `flannel-v6.<VNI>` is still the device we set up.

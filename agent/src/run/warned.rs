@@ -11,6 +11,7 @@ pub(super) struct Warned {
     malformed: BTreeMap<String, String>,
     conflicts: BTreeMap<String, String>,
     partial: BTreeMap<String, String>,
+    self_exempt: BTreeMap<String, String>,
 }
 
 /// Logs the rejections whose node is new to `seen` or has a new reason;
@@ -37,6 +38,11 @@ impl Warned {
     /// Peers taken without their IPv6 half.
     pub(super) fn partial(&mut self, partial: &[Rejection]) -> usize {
         once(&mut self.partial, partial, "peer without its IPv6 half")
+    }
+
+    /// Nodes whose own entry asks to be exempt from the inner-source check.
+    pub(super) fn self_exempt(&mut self, asked: &[Rejection]) -> usize {
+        once(&mut self.self_exempt, asked, "not exempting a node from the inner-source check")
     }
 
     /// Nodes that conflict with another (overlapping CIDR, taken public IP).

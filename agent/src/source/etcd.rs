@@ -81,6 +81,9 @@ struct Session {
     /// 0 for a reservation (no TTL)
     lease_id: i64,
     leases: BTreeMap<String, String>,
+    /// Each lease key's create revision: when it appeared (settles two
+    /// leases claiming one subnet, see `reconcile::select`).
+    created: BTreeMap<String, i64>,
     revision: i64,
 }
 
@@ -93,7 +96,8 @@ impl Session {
         format!("{}/subnets/", self.settings.prefix)
     }
 
-    async fn list(client: &mut Client, prefix: &str) -> Result<(BTreeMap<String, (String, i64)>, i64)> {
+    /// The leases below `prefix`: key → (value, etcd lease id, create revision).
+    async fn list(client: &mut Client, prefix: &str) -> Result<(BTreeMap<String, (String, i64, i64)>, i64)> {
         let resp = client.get(prefix, Some(GetOptions::new().with_prefix())).await.context("cannot list leases")?;
         let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
         let mut out = BTreeMap::new();
@@ -102,7 +106,7 @@ impl Session {
                 continue;
             };
             if let Some(short) = k.strip_prefix(prefix) {
-                out.insert(short.to_string(), (v.to_string(), kv.lease()));
+                out.insert(short.to_string(), (v.to_string(), kv.lease(), kv.create_revision()));
             }
         }
         Ok((out, rev))
@@ -129,7 +133,7 @@ impl Session {
         let (mut all, revision) = Self::list(&mut client, &prefix).await?;
 
         // 1. our own lease, matched by PublicIP (a reservation counts)
-        let mut mine = all.iter().find_map(|(k, (v, lease))| {
+        let mut mine = all.iter().find_map(|(k, (v, lease, _))| {
             let l = leases::parse_lease(k, v, true).ok()?;
             (l.public_ip == me.public_ip && conf.network.contains(&l.subnet)).then_some((k.clone(), l, *lease))
         });
@@ -168,7 +172,8 @@ impl Session {
             public_ip: me.public_ip,
             public_ipv6,
             lease_id: 0,
-            leases: all.iter().map(|(k, (v, _))| (k.clone(), v.clone())).collect(),
+            leases: all.iter().map(|(k, (v, _, _))| (k.clone(), v.clone())).collect(),
+            created: all.iter().map(|(k, (_, _, c))| (k.clone(), *c)).collect(),
             revision,
         };
         match mine {
@@ -209,7 +214,7 @@ impl Session {
 
     /// A new lease: IPv4 and (dual-stack) IPv6 subnets picked apart, each
     /// preferring what subnet.env says we had, as flannel's `allocateSubnet`.
-    async fn acquire(&mut self, me: &LocalNode, all: &BTreeMap<String, (String, i64)>) -> Result<()> {
+    async fn acquire(&mut self, me: &LocalNode, all: &BTreeMap<String, (String, i64, i64)>) -> Result<()> {
         let env = std::fs::read_to_string(&me.subnet_file).unwrap_or_default();
         let (previous, previous6) = (subnet_range::previous_subnet(&env), subnet_range::previous_subnet(&env));
         let keys: Vec<(Ipv4Net, Option<Ipv6Net>)> = all.keys().filter_map(|k| leases::parse_key(k)).collect();
@@ -263,6 +268,8 @@ impl Session {
             own: Some(self.own),
             own_ip: self.public_ip,
             own_ip6: self.public_ipv6,
+            subnet_len: self.ranges.v4.len,
+            subnet_len6: self.ranges.v6.map(|r| r.len),
         };
         let ours = leases::parse_lease(&self.own_short_key(), &self.own_value, self.own6.is_some()).ok();
         Desired {
@@ -278,7 +285,7 @@ impl Session {
                     // even if the underlay's changed since (flannel: one ExtV6Addr)
                     node_public_ipv6: self.public_ipv6,
                 }),
-                ..reader.peers(&self.leases)
+                ..reader.peers(&self.leases, &self.created)
             },
         }
     }
@@ -316,7 +323,8 @@ impl Session {
                         if resp.compact_revision() > 0 || resp.canceled() {
                             warn!(compacted = resp.compact_revision(), "lease watch fell behind a compaction; listing again");
                             let (all, rev) = Self::list(&mut self.client, &prefix).await?;
-                            self.leases = all.into_iter().map(|(k, (v, _))| (k, v)).collect();
+                            self.created = all.iter().map(|(k, (_, _, c))| (k.clone(), *c)).collect();
+                            self.leases = all.into_iter().map(|(k, (v, _, _))| (k, v)).collect();
                             self.revision = rev;
                             tx.send(self.desired()).await.ok();
                             break;
@@ -333,10 +341,12 @@ impl Session {
                                 EventType::Put => {
                                     if let Ok(v) = kv.value_str() {
                                         self.leases.insert(short.to_string(), v.to_string());
+                                        self.created.insert(short.to_string(), kv.create_revision());
                                     }
                                 }
                                 EventType::Delete => {
                                     self.leases.remove(short);
+                                    self.created.remove(short);
                                     if short == self.own_short_key() {
                                         warn!("our lease disappeared; writing it again");
                                         self.renew().await?;

@@ -171,9 +171,10 @@ impl Rules<'_> {
             Some(network) => Some(self.peer4(&ann, node, network, own_ips)?),
             None => None,
         };
-        let any_inner_source = ann.get(ANY_INNER_SOURCE) == Some("true");
+        // the exemption is the operator's (`--any-inner-source`), never the node's own
+        let (any_inner_source, appeared) = (false, super::appeared::node_appeared(node));
         let Some(network6) = self.network6 else {
-            return Ok(Verdict::Peer(Peer { node: name.to_string(), v4, any_inner_source, v6: None }, None));
+            return Ok(Verdict::Peer(Peer { node: name.to_string(), v4, any_inner_source, appeared, v6: None }, None));
         };
         let half6 = self.peer6(&ann, node)?;
         let (v6, partial) = match v4 {
@@ -192,7 +193,7 @@ impl Rules<'_> {
                 (Some(half6), None)
             }
         };
-        Ok(Verdict::Peer(Peer { node: name.to_string(), v4, any_inner_source, v6 }, partial))
+        Ok(Verdict::Peer(Peer { node: name.to_string(), v4, any_inner_source, appeared, v6 }, partial))
     }
 
     /// A peer's IPv4 half; every part is required and must parse.
@@ -323,6 +324,16 @@ impl Rules<'_> {
                 }
                 continue;
             }
+            if annotations(node).is_ok_and(|a| a.get(ANY_INNER_SOURCE).is_some()) {
+                view.self_exempt.push(Rejection {
+                    node: name.into(),
+                    reason: format!(
+                        "its own annotation {ANY_INNER_SOURCE} is ignored: a node cannot exempt itself from the \
+                         inner-source check. If it is an external VTEP that forwards without SNAT, name it with \
+                         --any-inner-source={name} (or its pod CIDR) on each edgevx node"
+                    ),
+                });
+            }
             match self.peer(name, node, &own_ips) {
                 Ok(Verdict::Peer(p, partial)) => {
                     if let Some(reason) = partial {
@@ -398,7 +409,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_nodes_own_annotation_exempts_it_from_inner_source_binding() {
+    fn a_nodes_own_annotation_exempts_nothing_and_is_named() {
         let with = |value: &str| {
             let mut n = node("f5", "10.244.9.0/24", "198.18.0.9", GOOD);
             n["metadata"]["annotations"][ANY_INNER_SOURCE] = json!(value);
@@ -411,7 +422,10 @@ mod tests {
             n
         }]);
         let exempt: Vec<(&str, bool)> = v.peers.iter().map(|p| (p.node.as_str(), p.any_inner_source)).collect();
-        assert_eq!(exempt, [("b", false), ("f5", true), ("typo", false)]);
+        assert_eq!(exempt, [("b", false), ("f5", false), ("typo", false)]);
+        let named: Vec<&str> = v.self_exempt.iter().map(|r| r.node.as_str()).collect();
+        assert_eq!(named, ["f5", "typo"]);
+        assert!(v.self_exempt[0].reason.contains("--any-inner-source=f5"), "{}", v.self_exempt[0].reason);
     }
 
     #[test]

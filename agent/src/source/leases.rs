@@ -139,6 +139,14 @@ pub enum LeaseError {
     NoVtepMac,
     #[error("lease has an IPv6 subnet but no {0}")]
     Ipv6HalfLacks(&'static str),
+    /// flannel's own rule for its lease (`isSubnetConfigCompat`,
+    /// pkg/subnet/etcd/local_manager.go): every lease is a `SubnetLen`
+    /// block. A wider one would take a neighbour's addresses.
+    #[error(
+        "{what} {subnet} is a /{len}, but the network config's {field} is {want}: every lease is a /{want} \
+         (a wider one would cover another node's subnet). Refused; delete the key or fix the subnet manager"
+    )]
+    PrefixLen { what: &'static str, subnet: ipnet::IpNet, len: u8, field: &'static str, want: u8 },
     #[error(transparent)]
     Record(#[from] RecordProblem),
 }
@@ -192,6 +200,10 @@ pub struct Reader {
     pub own: Option<Ipv4Net>,
     pub own_ip: Ipv4Addr,
     pub own_ip6: Option<Ipv6Addr>,
+    /// `SubnetLen`: a lease of another length is refused.
+    pub subnet_len: u8,
+    /// `IPv6SubnetLen` (its default applied) in dual-stack.
+    pub subnet_len6: Option<u8>,
 }
 
 impl Reader {
@@ -201,10 +213,25 @@ impl Reader {
     /// and parsing, or it is rejected (flannel's `handleSubnetEvents` skips
     /// it before programming either family); a half that parses but no IPv6
     /// VTEP can be is left out alone ([`peer_record::checked_half6`]), and
-    /// a lease without one stays an IPv4 peer. The view's `own` is unset.
-    pub fn peers(&self, leases: &BTreeMap<String, String>) -> ClusterView {
+    /// a lease without one stays an IPv4 peer. A lease of a prefix length
+    /// other than `SubnetLen` (`IPv6SubnetLen`) is rejected, named by its
+    /// key. `created` gives each key's create revision: when it appeared.
+    /// A lease asking to be exempt from the inner-source check
+    /// ([`ANY_INNER_SOURCE_FIELD`]) is listed in `self_exempt` and is not.
+    /// The view's `own` is unset.
+    pub fn peers(&self, leases: &BTreeMap<String, String>, created: &BTreeMap<String, i64>) -> ClusterView {
         let mut view = ClusterView::default();
         for (key, value) in leases {
+            if lease_asks_any_inner_source(value) {
+                view.self_exempt.push(Rejection {
+                    node: key.clone(),
+                    reason: format!(
+                        "its own field {ANY_INNER_SOURCE_FIELD} is ignored: a lease cannot exempt itself from the \
+                         inner-source check. If it is an external VTEP that forwards without SNAT, name it with \
+                         --any-inner-source=<its subnet> on each edgevx node"
+                    ),
+                });
+            }
             let reject = |reason: String| Rejection { node: key.clone(), reason };
             match parse_lease(key, value, self.network6.is_some()) {
                 Err(reason) => view.rejected.push(reject(reason.to_string())),
@@ -212,8 +239,9 @@ impl Reader {
                 Ok(l) if l.backend_type != "vxlan" => {
                     view.ignored.push(reject(format!("backend type {:?} is not \"vxlan\"", l.backend_type)))
                 }
-                Ok(l) => match self.peer(key, value, l) {
-                    Ok((p, partial)) => {
+                Ok(l) => match self.peer(key, l) {
+                    Ok((mut p, partial)) => {
+                        p.appeared = created.get(key).copied();
                         view.partial.extend(partial.map(reject));
                         view.peers.push(p)
                     }
@@ -225,7 +253,17 @@ impl Reader {
     }
 
     /// A lease's peer, and why its IPv6 half was left out, if it was.
-    fn peer(&self, key: &str, value: &str, l: Lease) -> Result<(Peer, Option<String>), LeaseError> {
+    fn peer(&self, key: &str, l: Lease) -> Result<(Peer, Option<String>), LeaseError> {
+        if l.subnet.prefix_len() != self.subnet_len {
+            let (what, field, len) = ("subnet", "SubnetLen", l.subnet.prefix_len());
+            return Err(LeaseError::PrefixLen { what, subnet: l.subnet.into(), len, field, want: self.subnet_len });
+        }
+        if let (Some(v6), Some(want)) = (l.v6, self.subnet_len6.filter(|_| self.network6.is_some())) {
+            if v6.subnet.prefix_len() != want {
+                let (what, field, len) = ("IPv6 subnet", "IPv6SubnetLen", v6.subnet.prefix_len());
+                return Err(LeaseError::PrefixLen { what, subnet: v6.subnet.into(), len, field, want });
+            }
+        }
         peer_record::check(l.public_ip, l.subnet, self.network, &[self.own_ip])?;
         let vtep_mac = l.vtep_mac.ok_or(LeaseError::NoVtepMac)?;
         let (v6, partial) = match (l.v6, self.network6) {
@@ -241,20 +279,21 @@ impl Reader {
             }
             _ => (None, None),
         };
-        let any_inner_source = lease_allows_any_inner_source(value);
+        // the exemption is the operator's (`--any-inner-source`), never the lease's own
         let v4 = Some(Half { subnet: l.subnet, public_ip: l.public_ip, vtep_mac });
-        let peer = Peer { node: key.to_string(), v4, any_inner_source, v6 };
+        let peer = Peer { node: key.to_string(), v4, any_inner_source: false, appeared: None, v6 };
         Ok((peer, partial))
     }
 }
 
-/// edgevx's field in a lease value (flanneld never writes it): `true` lets
-/// the lease's VTEP send any inner source, for an external VTEP that
-/// forwards client traffic without SNAT. Anything else is the default.
+/// edgevx's former field in a lease value (flanneld never writes it):
+/// `true` once let the lease's VTEP send any inner source. A lease cannot
+/// exempt itself: the field is ignored, with a warning, and the operator
+/// names such a VTEP with `--any-inner-source`.
 pub const ANY_INNER_SOURCE_FIELD: &str = "EdgevxAnyInnerSource";
 
-fn lease_allows_any_inner_source(value: &str) -> bool {
-    serde_json::from_str::<Value>(value).is_ok_and(|v| v.get(ANY_INNER_SOURCE_FIELD) == Some(&Value::Bool(true)))
+fn lease_asks_any_inner_source(value: &str) -> bool {
+    serde_json::from_str::<Value>(value).is_ok_and(|v| v.get(ANY_INNER_SOURCE_FIELD).is_some())
 }
 
 #[cfg(test)]
@@ -269,6 +308,8 @@ mod tests {
             own: own.map(|o| o.parse().unwrap()),
             own_ip: "198.18.0.1".parse().unwrap(),
             own_ip6: None,
+            subnet_len: 24,
+            subnet_len6: None,
         }
     }
 
@@ -277,6 +318,7 @@ mod tests {
         Reader {
             network6: Some("fd00:10:244::/56".parse().unwrap()),
             own_ip6: Some("fd00:198:18::1".parse().unwrap()),
+            subnet_len6: Some(64),
             ..reader(Some("10.244.1.0/24"))
         }
     }
@@ -305,7 +347,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_leases_own_field_exempts_it_from_inner_source_binding() {
+    fn a_leases_own_field_exempts_nothing_and_is_named() {
         let plain = lease_value("198.18.0.2".parse().unwrap(), 1, "02:00:00:00:00:02".parse().unwrap(), None);
         let with = |field: Value| {
             let mut v: Value = serde_json::from_str(&plain).unwrap();
@@ -317,10 +359,43 @@ mod tests {
             ("10.244.3.0-24".to_string(), with(Value::Bool(true))),
             ("10.244.4.0-24".to_string(), with(Value::String("true".into()))),
         ]);
-        let ClusterView { peers, rejected, .. } = reader(None).peers(&leases);
+        let created = BTreeMap::from([("10.244.3.0-24".to_string(), 7)]);
+        let ClusterView { peers, rejected, self_exempt, .. } = reader(None).peers(&leases, &created);
         assert!(rejected.is_empty(), "{rejected:?}");
-        let exempt: Vec<bool> = peers.iter().map(|p| p.any_inner_source).collect();
-        assert_eq!(exempt, [false, true, false]);
+        assert!(peers.iter().all(|p| !p.any_inner_source), "{peers:?}");
+        assert_eq!(peers.iter().map(|p| p.appeared).collect::<Vec<_>>(), [None, Some(7), None]);
+        let named: Vec<&str> = self_exempt.iter().map(|r| r.node.as_str()).collect();
+        assert_eq!(named, ["10.244.3.0-24", "10.244.4.0-24"]);
+        assert!(self_exempt[0].reason.contains("--any-inner-source"), "{}", self_exempt[0].reason);
+    }
+
+    #[test]
+    fn a_lease_of_another_prefix_length_than_subnet_len_is_refused_by_name() {
+        let good = lease_value("198.18.0.2".parse().unwrap(), 1, "02:00:00:00:00:02".parse().unwrap(), None);
+        let wide = lease_value("198.18.0.3".parse().unwrap(), 1, "02:00:00:00:00:03".parse().unwrap(), None);
+        let leases = BTreeMap::from([
+            ("10.244.2.0-23".to_string(), wide.clone()),
+            ("10.244.2.0-24".to_string(), good.clone()),
+            ("10.244.4.0-25".to_string(), wide),
+        ]);
+        let ClusterView { peers, rejected, .. } = reader(None).peers(&leases, &BTreeMap::new());
+        assert_eq!(peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), ["10.244.2.0-24"]);
+        let said: Vec<(&str, &str)> = rejected.iter().map(|r| (r.node.as_str(), r.reason.as_str())).collect();
+        assert_eq!(said.len(), 2, "{said:?}");
+        assert_eq!(said[0].0, "10.244.2.0-23");
+        assert!(said[0].1.starts_with("subnet 10.244.2.0/23 is a /23, but the network config's SubnetLen is 24"));
+        assert_eq!(said[1].0, "10.244.4.0-25");
+        // the IPv6 half by IPv6SubnetLen
+        let v6 = |ip: &str| {
+            lease_value("198.18.0.5".parse().unwrap(), 1, mac(5), Some((ip.parse().unwrap(), mac(6))))
+        };
+        let leases = BTreeMap::from([
+            ("10.244.5.0-24&fd00:10:244:4::-63".to_string(), v6("fd00:198:18::5")),
+            ("10.244.6.0-24&fd00:10:244:6::-64".to_string(), v6("fd00:198:18::6")),
+        ]);
+        let ClusterView { peers, rejected, .. } = reader6().peers(&leases, &BTreeMap::new());
+        assert_eq!(peers.len(), 1);
+        assert!(rejected[0].reason.contains("IPv6SubnetLen is 64"), "{rejected:?}");
     }
 
     #[test]
@@ -333,7 +408,7 @@ mod tests {
             ("10.244.4.0-24".to_string(), r#"{"PublicIP":"198.18.0.4","BackendType":"udp"}"#.to_string()),
             ("10.244.5.0-24".to_string(), "{".to_string()),
         ]);
-        let ClusterView { peers: p, rejected, ignored, .. } = reader(Some("10.244.1.0/24")).peers(&leases);
+        let ClusterView { peers: p, rejected, ignored, .. } = reader(Some("10.244.1.0/24")).peers(&leases, &BTreeMap::new());
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].node, "10.244.2.0-24");
         assert_eq!(rejected.len(), 2);
@@ -355,7 +430,7 @@ mod tests {
             .enumerate()
             .map(|(i, (ip, _))| (format!("10.244.{}.0-24", i + 10), lease_value(ip.parse().unwrap(), 1, mac, None)))
             .collect();
-        let ClusterView { peers: p, rejected, .. } = reader(None).peers(&leases);
+        let ClusterView { peers: p, rejected, .. } = reader(None).peers(&leases, &BTreeMap::new());
         assert!(p.is_empty(), "{p:?}");
         for (i, (ip, reason)) in cases.iter().enumerate() {
             let key = format!("10.244.{}.0-24", i + 10);
@@ -417,7 +492,7 @@ mod tests {
             // an older, IPv4-only node: still an IPv4 peer, as in flannel's etcd mode
             ("10.244.3.0-24".to_string(), value(3, false)),
         ]);
-        let ClusterView { peers: p, rejected, .. } = reader6().peers(&leases);
+        let ClusterView { peers: p, rejected, .. } = reader6().peers(&leases, &BTreeMap::new());
         assert!(rejected.is_empty(), "{rejected:?}");
         assert_eq!(
             p[0].v6,
@@ -429,7 +504,7 @@ mod tests {
         );
         assert_eq!((p[1].node.as_str(), p[1].v6), ("10.244.3.0-24", None));
         // with IPv6 off the IPv6 half is not read at all
-        let p = reader(None).peers(&leases).peers;
+        let p = reader(None).peers(&leases, &BTreeMap::new()).peers;
         assert!(p.iter().all(|p| p.v6.is_none()) && p.len() == 2);
     }
 
@@ -467,7 +542,7 @@ mod tests {
         ];
         let leases: BTreeMap<String, String> =
             whole.iter().chain(&half).map(|(k, v, _)| (k.to_string(), v.clone())).collect();
-        let view = reader6().peers(&leases);
+        let view = reader6().peers(&leases, &BTreeMap::new());
         let peers: Vec<(&str, bool)> = view.peers.iter().map(|p| (p.node.as_str(), p.v6.is_some())).collect();
         assert_eq!(peers, half.iter().map(|(k, _, _)| (*k, false)).collect::<Vec<_>>());
         for (list, cases) in [(&view.rejected, &whole[..]), (&view.partial, &half[..])] {

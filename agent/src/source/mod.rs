@@ -3,6 +3,7 @@
 //! run loop and nothing else; none of them touches the dataplane. A source
 //! sends only what it read in full, so an unreachable control plane never
 //! looks like "no peers".
+mod appeared;
 pub mod etcd;
 mod etcd_config;
 pub mod etcd_settings;

@@ -58,7 +58,7 @@ impl Node {
             }
             _ => {
                 // IPv6-only: the peers are their IPv6 halves
-                let (selected, rejected) = reconcile::select(None, self.own.subnet6, &Default::default(), &candidates);
+                let (selected, rejected) = reconcile::select(None, self.own.subnet6, &candidates);
                 warned.conflicts(&rejected);
                 Some((self.fit6(selected), true))
             }
@@ -108,8 +108,8 @@ impl Node {
     /// returns the chosen peers, how they fit in the maps, and whether every
     /// write went through, or `None` when the dataplane could not be read.
     /// A twin of [`reconcile6`](Self::reconcile6) because the halves run
-    /// apart: this one chooses the peers for both families (an established
-    /// peer keeps its place by its LPM entry) before the programs are
+    /// apart: this one chooses the peers for both families (by the
+    /// candidates alone, whatever the maps hold) before the programs are
     /// attached, and the IPv6 table is written after.
     async fn reconcile4(
         &mut self,
@@ -137,9 +137,9 @@ impl Node {
                 return None;
             }
         };
-        let (selected, rejected) = reconcile::select(self.own.subnet, self.own.subnet6, &observed, candidates);
+        let (selected, rejected) = reconcile::select(self.own.subnet, self.own.subnet6, candidates);
         warned.conflicts(&rejected);
-        // beyond the capacity: the peers already in the LPM map stay (as in `select`)
+        // beyond the capacity: the peers already in the LPM map stay
         let established = |p: &Peer| {
             p.v4.is_some_and(|v4| observed.subnets.get(&v4.subnet).is_some_and(|t| t.public_ip == v4.public_ip))
         };

@@ -2,8 +2,8 @@
 //! attacker on the underlay (198.18.0.66, not a peer) tries to get a frame
 //! with a forged inner source into node 1's pod by every path the kernel's
 //! VXLAN socket would take it. Each case asserts that nothing reached the
-//! pod and that the counter for its reason moved; an exempt peer (the
-//! `edgevx.io/any-inner-source` annotation) shows the same frame does
+//! pod and that the counter for its reason moved; an exempt peer (named by
+//! node 1's operator with `--any-inner-source`) shows the same frame does
 //! arrive when it is allowed to. Broadcast and multicast VXLAN is refused
 //! for everyone, by the firewall rule in `EDGEVX-INPUT` where decap does not
 //! see it.
@@ -18,7 +18,6 @@ use edgevx_tests::{
     traffic::wait_reachable,
     unique,
 };
-use serde_json::json;
 
 const M1: &str = "02:11:00:00:00:01";
 const M2: &str = "02:22:00:00:00:02";
@@ -26,7 +25,7 @@ const M2: &str = "02:22:00:00:00:02";
 const ATTACKER: &str = "198.18.0.66";
 const ATTACKER_2ND: &str = "198.19.0.66";
 const NODE1_2ND: &str = "198.19.0.1";
-/// An external VTEP whose node entry carries the exemption; the attacker
+/// An external VTEP node 1's operator exempts (`--any-inner-source`); the attacker
 /// holds its address too, to send as it.
 const EXEMPT: u8 = 77;
 const EXEMPT_IP: &str = "198.18.0.77";
@@ -132,7 +131,7 @@ enum Counted {
 /// outermost first: VID 0, priority 5, as an 802.1p switch tags). An
 /// optional last argument names the link to leave by (`SO_BINDTODEVICE`;
 /// required for `tagged`).
-const SEND: &str = r#"
+pub(crate) const SEND: &str = r#"
 import socket, struct, sys
 src, dst, mode, inner_src, inner_dst, mac = sys.argv[1:7]
 link = sys.argv[7].encode() if len(sys.argv) > 7 else b''
@@ -186,8 +185,7 @@ struct Setup {
 fn setup() -> Result<Setup> {
     let mut c = Cluster::new(2)?;
     let nodes = c.dir.join("nodes.yaml");
-    let mut exempt = flannel_node(EXEMPT, Some("02:77:00:00:00:77"));
-    exempt["metadata"]["annotations"]["edgevx.io/any-inner-source"] = json!("true");
+    let exempt = flannel_node(EXEMPT, Some("02:77:00:00:00:77"));
     write(&nodes, &node_list(vec![flannel_node(1, Some(M1)), flannel_node(2, Some(M2)), exempt]))?;
     c.host_mut(1).mount_bpffs()?;
     c.host_mut(2).mount_bpffs()?;
@@ -196,7 +194,7 @@ fn setup() -> Result<Setup> {
     for key in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter"] {
         c.host(1).ns.sysctl(key, "0")?;
     }
-    let a1 = Agent::start(c.host(1), &nodes, &[])?;
+    let a1 = Agent::start(c.host(1), &nodes, &[&format!("--any-inner-source=node{EXEMPT}")])?;
     let a2 = Agent::start(c.host(2), &nodes, &[])?;
     wait_reachable(&c.host(1).pod, pod_ip(2), 20)?;
     let attacker = Netns::new(&unique("atk"))?;

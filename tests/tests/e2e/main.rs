@@ -5,6 +5,8 @@ mod admission_policy;
 mod arm64;
 mod capacity;
 mod cli;
+mod conflicts;
+mod conflicts_judge;
 mod deploy;
 mod direct_routing;
 mod direct_routing_v6;

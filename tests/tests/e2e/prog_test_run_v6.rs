@@ -20,7 +20,7 @@ use crate::prog_test_run::{
     assert_untouched, checksum, eth, ipv4, load, tag_stacks, tagged,
 };
 
-fn v6(s: &str) -> [u8; 16] {
+pub(crate) fn v6(s: &str) -> [u8; 16] {
     s.parse::<Ipv6Addr>().map(|a| a.octets()).unwrap_or_else(|e| panic!("{s}: {e}"))
 }
 
@@ -31,7 +31,7 @@ const EXEMPT_IP6: &str = "fd00:198:18::3";
 pub(crate) const STRANGER_IP6: &str = "fd00:198:18::66";
 /// flannel-v6's own MAC: the inner destination of what peers send us.
 const OUR_MAC6: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 0x61];
-const POD6: &str = "fd00:10:244:1::2";
+pub(crate) const POD6: &str = "fd00:10:244:1::2";
 /// Inside the peer's pod subnet (fd00:10:244:2::/64).
 const PEER_POD6: &str = "fd00:10:244:2::2";
 
@@ -113,7 +113,7 @@ fn udp6(src: [u8; 16], dst: [u8; 16], dport: u16, payload: &[u8]) -> Vec<u8> {
 
 /// An ICMPv6 echo request from `src` to `dst` (the judge reads no further
 /// than the inner source).
-fn inner_echo6(src: &str, dst: &str) -> Vec<u8> {
+pub(crate) fn inner_echo6(src: &str, dst: &str) -> Vec<u8> {
     let mut icmp = vec![128, 0, 0, 0, 0, 1, 0, 1];
     icmp.extend([0x5a; 24]);
     ipv6(v6(src), v6(dst), IPPROTO_ICMPV6, &icmp)
@@ -135,7 +135,7 @@ fn frame6(src: &str, dst: &str, dport: u16, vxlan: [u8; 8], inner_ethertype: u16
 }
 
 /// The usual case: inner IPv6 `inner` from `src` to our public IPv6, VNI `vni`.
-fn vxlan6(src: &str, vni: u32, inner: &[u8]) -> Vec<u8> {
+pub(crate) fn vxlan6(src: &str, vni: u32, inner: &[u8]) -> Vec<u8> {
     frame6(src, OUR_IP6, 8472, vxlan_header(vni), ETH_P_IPV6, inner)
 }
 

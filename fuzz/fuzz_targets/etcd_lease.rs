@@ -34,8 +34,10 @@ fuzz_target!(|data: &[u8]| {
     let network = NetConf::default().network;
     let all = BTreeMap::from([(key.to_string(), value.to_string())]);
     for network6 in [None, "fd00::/8".parse().ok()] {
-        let reader = leases::Reader { network, network6, own: None, own_ip, own_ip6 };
-        let view = reader.peers(&all);
+        // the key's own lengths: a lease of another length than SubnetLen is refused before the rest is read
+        let (subnet_len, subnet_len6) = (lease.subnet.prefix_len(), lease.v6.map(|v6| v6.subnet.prefix_len()));
+        let reader = leases::Reader { network, network6, own: None, own_ip, own_ip6, subnet_len, subnet_len6 };
+        let view = reader.peers(&all, &BTreeMap::new());
         assert_eq!(view.peers.len() + view.rejected.len() + view.ignored.len(), 1);
         assert!(view.partial.iter().all(|r| view.peers.iter().any(|p| p.node == r.node && p.v6.is_none())));
         for p in &view.peers {

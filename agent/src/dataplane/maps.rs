@@ -325,7 +325,9 @@ impl Maps {
     /// `subnet` is `owner`'s (overwrites in place).
     pub fn subnet6_put(&mut self, subnet: Ipv6Net, owner: Ipv6Addr) -> Result<()> {
         let key = Key::new(subnet.prefix_len() as u32, subnet.network().octets());
-        self.subnets6()?.insert(&key, owner.octets(), 0).with_context(|| format!("cannot add IPv6 peer subnet {subnet}"))
+        self.subnets6()?
+            .insert(&key, owner.octets(), 0)
+            .with_context(|| format!("cannot add IPv6 peer subnet {subnet}"))
     }
 
     /// Forgets `subnet`; one not there is fine.

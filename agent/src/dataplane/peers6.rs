@@ -157,7 +157,9 @@ fn tables_for(peers: &[Peer], own: Ipv6Addr, on_link: &OnLink<Ipv6Net>) -> (Tabl
                 .collect();
             others.sort_unstable();
             let reason = match winner {
-                Some(_) => format!("its IPv6 VtepMAC {mac} is also {}'s, whose entry appeared first", others.join(", ")),
+                Some(_) => {
+                    format!("its IPv6 VtepMAC {mac} is also {}'s, whose entry appeared first", others.join(", "))
+                }
                 None => format!(
                     "its IPv6 VtepMAC {mac} is also {}'s at another address, and which entry appeared first is not \
                      known: none is programmed",

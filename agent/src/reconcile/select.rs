@@ -100,12 +100,14 @@ fn settle<K: Eq + Hash + Display>(
 pub fn select(own: Option<Ipv4Net>, own6: Option<Ipv6Net>, candidates: &[Peer]) -> (Vec<Peer>, Vec<Rejection>) {
     let mut sorted: Vec<&Peer> = candidates.iter().collect();
     // one order, whatever the list's: the groups and reasons below come out the same
-    sorted.sort_by(|a, b| (&a.node, a.v4.map(|h| h.subnet), a.v6.map(|h| h.subnet), a.appeared).cmp(&(
-        &b.node,
-        b.v4.map(|h| h.subnet),
-        b.v6.map(|h| h.subnet),
-        b.appeared,
-    )));
+    sorted.sort_by(|a, b| {
+        (&a.node, a.v4.map(|h| h.subnet), a.v6.map(|h| h.subnet), a.appeared).cmp(&(
+            &b.node,
+            b.v4.map(|h| h.subnet),
+            b.v6.map(|h| h.subnet),
+            b.appeared,
+        ))
+    });
     let candidates = sorted;
     let mut rejected = Vec::new();
     let mut alive = vec![true; candidates.len()];
@@ -208,7 +210,10 @@ mod tests {
         let copy = at(peer("aaa-copy", "10.244.2.0/24", "198.18.0.3"), 200);
         let (ok, bad) = select(own(), None, &[copy.clone(), victim.clone()]);
         assert_eq!(names(&ok), ["victim"]);
-        assert_eq!(reason(&bad, "aaa-copy"), "pod CIDR 10.244.2.0/24 is also node victim's, whose entry appeared first");
+        assert_eq!(
+            reason(&bad, "aaa-copy"),
+            "pod CIDR 10.244.2.0/24 is also node victim's, whose entry appeared first"
+        );
         // neither known to be first (a nodes file without timestamps), or a tie: neither
         for (a, b) in [(None, None), (Some(5), Some(5)), (None, None)] {
             let (ok, bad) =
@@ -256,9 +261,10 @@ mod tests {
                     let mut p = Peer::v4(&name, net, ip, "02:00:00:00:00:01".parse().unwrap());
                     p.appeared = ((r >> 40) % 4 != 0).then_some(((r >> 42) % 6) as i64);
                     if (r >> 50) % 2 == 0 {
-                        let n6 = Ipv6Net::new(format!("fd00:10:244:{:x}::", (r >> 52) % 4).parse().unwrap(), 63 + (i % 2))
-                            .unwrap()
-                            .trunc();
+                        let n6 =
+                            Ipv6Net::new(format!("fd00:10:244:{:x}::", (r >> 52) % 4).parse().unwrap(), 63 + (i % 2))
+                                .unwrap()
+                                .trunc();
                         let ip6 = format!("fd00:198:18::{}", (r >> 56) % 8).parse().unwrap();
                         p.v6 = Some(crate::peer::Half { subnet: n6, public_ip: ip6, vtep_mac: p.v4.unwrap().vtep_mac });
                     }

@@ -67,10 +67,11 @@ fn sync_accept6(
     peers: &[Peer],
     own: Ipv6Addr,
 ) -> Result<()> {
-    let want: BTreeMap<Ipv6Addr, Accept<Ipv6Net>> = crate::reconcile::accept_by_public_ip(peers.iter().filter_map(|p| {
-        let v6 = p.v6.filter(|v6| v6.public_ip != own)?;
-        Some((v6.public_ip, v6.subnet, p.any_inner_source))
-    }));
+    let want: BTreeMap<Ipv6Addr, Accept<Ipv6Net>> =
+        crate::reconcile::accept_by_public_ip(peers.iter().filter_map(|p| {
+            let v6 = p.v6.filter(|v6| v6.public_ip != own)?;
+            Some((v6.public_ip, v6.subnet, p.any_inner_source))
+        }));
     let mut first_err = None;
     for ip in have.keys().filter(|ip| !want.contains_key(ip)) {
         if let Err(e) = maps.accept6_del(*ip) {
@@ -90,8 +91,11 @@ fn sync_accept6(
 /// Every peer's half is there, overlapping ones too: the judge takes the
 /// owner of the longest prefix, as the kernel's routes do.
 fn sync_subnets6(maps: &mut Maps, peers: &[Peer], own: Ipv6Addr) -> Result<()> {
-    let want: BTreeMap<Ipv6Net, Ipv6Addr> =
-        peers.iter().filter_map(|p| p.v6.filter(|v6| v6.public_ip != own)).map(|v6| (v6.subnet, v6.public_ip)).collect();
+    let want: BTreeMap<Ipv6Net, Ipv6Addr> = peers
+        .iter()
+        .filter_map(|p| p.v6.filter(|v6| v6.public_ip != own))
+        .map(|v6| (v6.subnet, v6.public_ip))
+        .collect();
     let have = maps.subnets6_entries()?;
     let mut first_err = None;
     for net in have.keys().filter(|n| !want.contains_key(n)) {

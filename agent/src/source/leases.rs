@@ -386,9 +386,7 @@ mod tests {
         assert!(said[0].1.starts_with("subnet 10.244.2.0/23 is a /23, but the network config's SubnetLen is 24"));
         assert_eq!(said[1].0, "10.244.4.0-25");
         // the IPv6 half by IPv6SubnetLen
-        let v6 = |ip: &str| {
-            lease_value("198.18.0.5".parse().unwrap(), 1, mac(5), Some((ip.parse().unwrap(), mac(6))))
-        };
+        let v6 = |ip: &str| lease_value("198.18.0.5".parse().unwrap(), 1, mac(5), Some((ip.parse().unwrap(), mac(6))));
         let leases = BTreeMap::from([
             ("10.244.5.0-24&fd00:10:244:4::-63".to_string(), v6("fd00:198:18::5")),
             ("10.244.6.0-24&fd00:10:244:6::-64".to_string(), v6("fd00:198:18::6")),
@@ -408,7 +406,8 @@ mod tests {
             ("10.244.4.0-24".to_string(), r#"{"PublicIP":"198.18.0.4","BackendType":"udp"}"#.to_string()),
             ("10.244.5.0-24".to_string(), "{".to_string()),
         ]);
-        let ClusterView { peers: p, rejected, ignored, .. } = reader(Some("10.244.1.0/24")).peers(&leases, &BTreeMap::new());
+        let ClusterView { peers: p, rejected, ignored, .. } =
+            reader(Some("10.244.1.0/24")).peers(&leases, &BTreeMap::new());
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].node, "10.244.2.0-24");
         assert_eq!(rejected.len(), 2);

@@ -67,7 +67,7 @@ impl<'de> Visitor<'de> for Fields {
         while let Some(key) = map.next_key::<String>()? {
             if self.0.contains(&key.as_str()) {
                 let v = match key.as_str() {
-                    "metadata" => map.next_value_seed(Fields(&["name", "annotations"]))?,
+                    "metadata" => map.next_value_seed(Fields(&["name", "annotations", "creationTimestamp"]))?,
                     "spec" => map.next_value_seed(Fields(&["podCIDR", "podCIDRs"]))?,
                     _ => map.next_value::<Value>()?,
                 };
@@ -108,7 +108,8 @@ impl<'de> Visitor<'de> for Fields {
 }
 
 /// What flannel's rules read from a Node: its name, annotations and pod
-/// CIDRs. The status with its image list, most of a Node's size, is never
+/// CIDRs, and its creationTimestamp (when it appeared: it settles a pod
+/// CIDR claimed twice, see `reconcile::select`). The status with its image list, most of a Node's size, is never
 /// built.
 const NODE_FIELDS: Fields = Fields(&["metadata", "spec"]);
 

@@ -248,7 +248,8 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        let own6: Option<Ipv6Net> = Some("fd00:10:244:1::/64".parse().unwrap());
+        let own6_net: Ipv6Net = "fd00:10:244:1::/64".parse().unwrap();
+        let own6 = Some(own6_net);
         for _ in 0..50 {
             let candidates: Vec<Peer> = (0..40)
                 .map(|i| {
@@ -288,7 +289,7 @@ mod tests {
                     assert!(a.v6.is_none() || a.v6.map(|h| h.subnet) != b.v6.map(|h| h.subnet));
                 }
                 assert!(!overlaps(a.v4.unwrap().subnet, own().unwrap()));
-                assert!(a.v6.is_none_or(|h| !overlaps(h.subnet, own6.unwrap())));
+                assert!(a.v6.is_none_or(|h| !overlaps(h.subnet, own6_net)));
             }
         }
     }

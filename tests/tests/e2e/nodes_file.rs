@@ -81,8 +81,13 @@ fn malformed_nodes_are_skipped_and_broken_files_keep_the_last_good_state() -> Re
     let mut overlap_own = flannel_node(8, Some("02:00:00:00:08:01"));
     overlap_own["spec"] = json!({"podCIDR": "10.244.1.0/25"});
     let mut overlap_peer = flannel_node(9, Some("02:00:00:00:09:01"));
-    overlap_peer["spec"] = json!({"podCIDR": "10.244.2.128/25"});
-    overlap_peer["metadata"]["name"] = json!("a-newcomer"); // sorts first, still loses
+    // node2's CIDR again: it sorts first by name and in the list, but appeared later, so it loses
+    // (a CIDR inside node2's, by contrast, would be taken: longest prefix wins, as routing does)
+    overlap_peer["spec"] = json!({"podCIDR": "10.244.2.0/24"});
+    overlap_peer["metadata"]["name"] = json!("a-newcomer");
+    overlap_peer["metadata"]["creationTimestamp"] = json!("2026-02-01T00:00:00Z");
+    let mut node2 = flannel_node(2, Some(KERNEL_MAC));
+    node2["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
     write(&nodes, &node_list(vec![flannel_node(1, None), flannel_node(2, Some(KERNEL_MAC))]))?;
     let mut agent = Agent::start(c.host(1), &nodes, &[])?;
     let mac = agent.status()?["vtep_mac"].as_str().unwrap_or_default().to_string();
@@ -95,7 +100,7 @@ fn malformed_nodes_are_skipped_and_broken_files_keep_the_last_good_state() -> Re
         &node_list(vec![
             overlap_peer,
             flannel_node(1, None),
-            flannel_node(2, Some(KERNEL_MAC)),
+            node2,
             bad_mac,
             garbage,
             bad_ip,
@@ -111,7 +116,7 @@ fn malformed_nodes_are_skipped_and_broken_files_keep_the_last_good_state() -> Re
         ("node6", "pod cidr not assigned"),
         ("node7", "outside the network"),
         ("node8", "overlaps our own"),
-        ("a-newcomer", "overlaps 10.244.2.0/24 of node node2"),
+        ("a-newcomer", "pod CIDR 10.244.2.0/24 is also node node2's, whose entry appeared first"),
     ] {
         agent.wait_log(&format!("node={node}"), Duration::from_secs(3))?;
         let log = agent.log_text();

@@ -165,7 +165,8 @@ fn move_aside(state: StateDir, me: &Owner, other: &Owner) -> StateDir {
         }
         Err(e) => {
             let run = state.runtime();
-            let clean = ensure_dir(&run.0, STATE_DIR_MODE).is_ok() && fs::read_dir(&run.0).is_ok_and(|mut d| d.next().is_none());
+            let clean = ensure_dir(&run.0, STATE_DIR_MODE).is_ok()
+                && fs::read_dir(&run.0).is_ok_and(|mut d| d.next().is_none());
             error!(dir = %state.0.display(), belongs_to = %other, this_node = %me, instead = %run.0.display(),
                 clean,
                 "the state dir belongs to another node (copied from it: a golden image, a cloned VM, a moved \
@@ -238,7 +239,7 @@ mod tests {
     #[test]
     fn dates_are_utc_and_sortable() {
         assert_eq!(utc_stamp(UNIX_EPOCH), "1970-01-01T00-00-00Z");
-        assert_eq!(utc_stamp(UNIX_EPOCH + Duration::from_secs(1_795_793_400)), "2026-11-26T14-10-00Z");
+        assert_eq!(utc_stamp(UNIX_EPOCH + Duration::from_secs(1_795_793_400)), "2026-11-27T15-30-00Z");
         assert_eq!(utc_stamp(UNIX_EPOCH + Duration::from_secs(951_782_400)), "2000-02-29T00-00-00Z");
     }
 

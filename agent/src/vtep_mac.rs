@@ -92,16 +92,19 @@ pub fn choose<N: Family>(
 ) -> Result<(VtepMac, MacSource)> {
     let file = mac_file::<N>();
     let saved = state.load_mac(file)?;
-    let mut found = match (published, saved) {
-        (Some(m), _) => Some((m, MacSource::Published)),
-        (None, Some(m)) => Some((m, MacSource::StateDir)),
-        (None, None) => None,
-    };
-    if let Some((m, source)) = found.take_if(|(m, _)| others.owner(*m).is_some()) {
-        let whose = others.owner(m).unwrap_or_default();
-        warn!(mac = %m, node = whose, from = ?source, ipv6 = N::V6,
-            "the VTEP MAC this node would use is the one node {whose:?} publishes (a state dir or an image \
-             copied from it?): two VTEPs cannot share a MAC, so this node takes a new one");
+    // the first that exists and no other node publishes
+    let mut found = None;
+    for (m, source) in [(published, MacSource::Published), (saved, MacSource::StateDir)] {
+        let Some(m) = m else { continue };
+        match others.owner(m) {
+            None => {
+                found = Some((m, source));
+                break;
+            }
+            Some(whose) => warn!(mac = %m, node = whose, from = ?source, ipv6 = N::V6,
+                "the VTEP MAC this node would use is the one node {whose:?} publishes (a state dir or an image \
+                 copied from it?): two VTEPs cannot share a MAC, so this node does not take it"),
+        }
     }
     let (mac, source) = match found {
         Some(f) => f,

@@ -80,7 +80,14 @@ fn create_dir(dir: &Path) -> Result<()> {
 
 fn open(path: &Path, create: bool) -> std::io::Result<(File, bool)> {
     let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
-    let rw = OpenOptions::new().read(true).write(true).create(create).truncate(false).mode(0o600).custom_flags(flags).open(path);
+    let rw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(flags)
+        .open(path);
     match rw {
         Ok(f) => Ok((f, true)),
         // a read-only filesystem (or one we may not write): flock needs only a descriptor
@@ -92,7 +99,8 @@ fn open(path: &Path, create: bool) -> std::io::Result<(File, bool)> {
 }
 
 fn lock(state_dir: &Path, path: &Path, create: bool) -> Result<AgentLock> {
-    let (mut file, writable) = open(path, create).with_context(|| format!("cannot open the agent lock {}", path.display()))?;
+    let (mut file, writable) =
+        open(path, create).with_context(|| format!("cannot open the agent lock {}", path.display()))?;
     // SAFETY: flock on a file descriptor we own.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let err = std::io::Error::last_os_error();

@@ -298,21 +298,25 @@ impl StateDir {
         Ok(self.write(file, format!("{mac}\n").as_bytes())?)
     }
 
+    /// The peer list for `status` (see `records.rs`: best effort).
     pub fn load_peers(&self) -> Result<Vec<Peer>> {
-        self.load_json(PEERS_FILE).map(Option::unwrap_or_default)
+        self.load_record(PEERS_FILE).map(Option::unwrap_or_default)
     }
 
-    pub fn save_peers<'a>(&self, peers: impl Iterator<Item = &'a Peer>) -> Result<()> {
+    /// `false` when neither the state dir nor /run took it (said once).
+    pub fn save_peers<'a>(&self, peers: impl Iterator<Item = &'a Peer>) -> bool {
         let list: Vec<&Peer> = peers.collect();
-        self.save_json(PEERS_FILE, &list)
+        self.save_record(PEERS_FILE, &list)
     }
 
+    /// The last bring-up's record, for `status`, cleanup and the next start.
     pub fn load_agent(&self) -> Result<Option<AgentRecord>> {
-        self.load_json(AGENT_FILE)
+        self.load_record(AGENT_FILE)
     }
 
-    pub fn save_agent(&self, rec: &AgentRecord) -> Result<()> {
-        self.save_json(AGENT_FILE, rec)
+    /// `false` when neither the state dir nor /run took it (said once).
+    pub fn save_agent(&self, rec: &AgentRecord) -> bool {
+        self.save_record(AGENT_FILE, rec)
     }
 
     pub(crate) fn load_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Result<Option<T>> {
@@ -381,7 +385,7 @@ mod tests {
         assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
         // a dangling link, where the file would be created, is refused too
         symlink(d.join("nowhere"), s.path(PEERS_FILE)).unwrap();
-        assert!(s.save_peers([].iter()).is_err());
+        assert!(write_atomic(&s.path(PEERS_FILE), b"[]", 0o600).is_err());
         assert!(!d.join("nowhere").exists());
         fs::remove_dir_all(d).unwrap();
     }

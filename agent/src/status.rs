@@ -43,7 +43,8 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     let direct = rec.v4.as_ref().map(|v4| routes::direct_routes_blocking(&rec.iface, v4.network)).unwrap_or_default();
     let accepted6 = maps.as_ref().and_then(|m| m.accept6_entries().ok()).unwrap_or_default();
     // what the agent's last pass found; the capacity itself is read from the maps
-    let fill: Option<Fill> = state.load_json(CAPACITY_FILE).ok().flatten();
+    // records.rs: the newer of the state dir's copy and the one under /run
+    let fill: Option<Fill> = state.load_record(CAPACITY_FILE).ok().flatten();
     let capacity = maps.as_ref().map(|m| m.peer_capacity() as usize).or(fill.map(|f| f.capacity));
     let peers: Vec<Value> = peers
         .iter()
@@ -107,7 +108,7 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         "peers_in_view": fill.map(|f| f.wanted),
         "peers_not_programmed": fill.map_or(0, |f| f.not_programmed),
         // the agent's first bring-up: ms from process start to each step reached
-        "startup": state.load_json::<Value>(STARTUP_FILE).ok().flatten(),
+        "startup": state.load_record::<Value>(STARTUP_FILE).ok().flatten(),
         "counters": counters,
         "peers": peers,
         // flannel-v6.<VNI> (null when IPv6 is off)

@@ -36,8 +36,6 @@ pub enum Unreadable {
     TooLong,
     #[error("{0}")]
     Io(#[from] io::Error),
-    #[error("not a pod record: {0}")]
-    NotAPodRecord(serde_json::Error),
 }
 
 fn kind(t: FileType) -> &'static str {

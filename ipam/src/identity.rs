@@ -22,13 +22,21 @@
 //! versions wrote one when they migrated an unreserved OpenYurt marker) or
 //! none is the pod's [`LEGACY_IFNAME`].
 //!
-//! A record that cannot be read ([`crate::entry`]: cut short, not JSON, a
-//! FIFO, a directory) is skipped with a warning and left as it is. Its
-//! address, told by its name, stays out of use ([`Records::unreadable`]):
-//! it may be the retained address of a pod that comes back, or live, and
-//! handing it to another pod could put two pods on one address, while
-//! keeping it costs one address until an operator removes the file. A
-//! name that is not an address ties no address up and is only reported.
+//! A damaged record (a regular file cut short, empty, NUL-filled or not
+//! JSON, as a power cut leaves one) is repaired or released under the
+//! lock, with a warning naming the file ([`repair`]): repaired when its
+//! pod can still be read ([`crate::salvage`]), the missing fields taken
+//! from the address's reservation; else released, its bytes moved to
+//! `.edgevx/damaged/` (never deleted), so the address is free again or
+//! held only by its reservation, as host-local's are.
+//!
+//! A record that is not a regular file ([`crate::entry`]: a FIFO, a
+//! directory, a link, too long) is skipped with a warning and left as it
+//! is. Its address, told by its name, stays out of use
+//! ([`Records::unreadable`]): no crash makes one, and handing its address
+//! to another pod could put two pods on one address, while keeping it
+//! costs one address until an operator removes the entry. A name that is
+//! not an address ties no address up and is only reported.
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs, io,
@@ -100,9 +108,24 @@ impl PodRecord {
 pub struct Records {
     pub by_ip: BTreeMap<IpAddr, PodRecord>,
     /// Addresses whose record could not be read: out of use, and never
-    /// rewritten or removed here (see the module's doc).
+    /// rewritten or removed here (see the module's doc). Damaged records
+    /// are here too until [`repair`] handles them.
     pub unreadable: BTreeSet<IpAddr>,
+    /// Regular files that are not records (cut short, empty, garbage):
+    /// what [`repair`] repairs or releases.
+    pub damaged: Vec<Damaged>,
 }
+
+/// A pod record file that is a regular file but not a record.
+#[derive(Debug)]
+pub struct Damaged {
+    pub ip: IpAddr,
+    pub path: std::path::PathBuf,
+    pub bytes: Vec<u8>,
+}
+
+/// Where released damaged records are kept, relative to the store.
+pub const DAMAGED_DIR: &str = ".edgevx/damaged";
 
 /// Every record. Only a failure to list the directory itself is an error.
 pub fn load(store: &Store) -> Result<Records, StoreError> {
@@ -140,26 +163,79 @@ pub fn load_some(store: &Store, ips: &[IpAddr]) -> Records {
 
 impl Records {
     fn read_into(&mut self, ip: IpAddr, path: &Path) {
-        match read(path) {
-            Ok(Some(record)) => {
-                self.by_ip.insert(ip, record);
-            }
-            Ok(None) => {}
+        let bytes = match entry::read(path) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return,
             Err(why) => {
                 entry::warn(path, why, out_of_use(ip));
                 self.unreadable.insert(ip);
+                return;
+            }
+        };
+        match serde_json::from_slice(&bytes) {
+            Ok(record) => {
+                self.by_ip.insert(ip, record);
+            }
+            // out of use until repair() (under the lock) repairs or releases it
+            Err(_) => {
+                self.unreadable.insert(ip);
+                self.damaged.push(Damaged { ip, path: path.to_path_buf(), bytes });
             }
         }
     }
 }
 
-fn out_of_use(ip: IpAddr) -> String {
-    format!("{ip} is given to no pod until the file is removed")
+/// Repairs or releases each damaged record (see the module's doc), staged
+/// for [`Store::commit`], each with a warning naming its file. Only under
+/// the store's lock (ADD, GC).
+pub fn repair(store: &Store, records: &mut Records, reservations: &BTreeMap<IpAddr, Holder>) -> Result<(), StoreError> {
+    for d in std::mem::take(&mut records.damaged) {
+        let holder = reservations.get(&d.ip);
+        let what = match d.bytes.iter().all(|&b| b == 0) {
+            true if d.bytes.is_empty() => "empty",
+            true => "NUL-filled",
+            false => "not a whole pod record",
+        };
+        match crate::salvage::salvage(&d.bytes) {
+            Some(mut r) => {
+                // what was cut off: the reservation says who holds the address now
+                if let Some(h @ Holder::Attachment { container_id, .. }) = holder {
+                    if r.container_id.is_empty() {
+                        r.container_id = container_id.clone();
+                    }
+                    if r.ifname.is_empty() {
+                        r.ifname = h.ifname().unwrap_or(LEGACY_IFNAME).to_string();
+                    }
+                }
+                save(store, d.ip, &r, "repair-record")?;
+                entry::warn(
+                    &d.path,
+                    what,
+                    format_args!("repaired: {} stays pod {}'s ({} bytes were readable)", d.ip, r.pod, d.bytes.len()),
+                );
+                records.by_ip.insert(d.ip, r);
+            }
+            None => {
+                let dir = store.dir().join(DAMAGED_DIR);
+                fs::create_dir_all(&dir).map_err(|source| StoreError::Io { path: dir.clone(), source })?;
+                let kept = format!("{}.{}", d.ip, now_ns());
+                store.write_own(DAMAGED_DIR, &kept, &d.bytes, "keep-damaged-record")?;
+                // staged after the copy, so the copy is placed first
+                remove(store, d.ip);
+                let outcome = match holder {
+                    Some(_) => format!("released: nothing says whose pod {} was; its reservation stays", d.ip),
+                    None => format!("released: nothing says whose pod {} was; it is free again", d.ip),
+                };
+                entry::warn(&d.path, what, format_args!("{outcome} (its bytes kept as {DAMAGED_DIR}/{kept})"));
+            }
+        }
+        records.unreadable.remove(&d.ip);
+    }
+    Ok(())
 }
 
-fn read(path: &Path) -> Result<Option<PodRecord>, entry::Unreadable> {
-    let Some(bytes) = entry::read(path)? else { return Ok(None) };
-    serde_json::from_slice(&bytes).map(Some).map_err(entry::Unreadable::NotAPodRecord)
+fn out_of_use(ip: IpAddr) -> String {
+    format!("{ip} is given to no pod until the file is removed")
 }
 
 /// Stages writing `ip`'s record; `step` names the moment after it for the crash hook.
@@ -169,6 +245,14 @@ pub fn save(store: &Store, ip: IpAddr, record: &PodRecord, step: &'static str) -
         why: format!("cannot encode: {e}"),
     })?;
     store.write_own(PODS_DIR, &ip.to_string(), &json, step)
+}
+
+/// Stages writing `ip`'s record if it can be (see [`Store::write_own_if_possible`]).
+pub fn save_if_possible(store: &Store, ip: IpAddr, record: &PodRecord, step: &'static str) {
+    match serde_json::to_vec(record) {
+        Ok(json) => store.write_own_if_possible(PODS_DIR, &ip.to_string(), &json, step),
+        Err(e) => eprintln!("edgevx-ipam: warning: cannot encode the record of {ip}: {e}"),
+    }
 }
 
 pub fn remove(store: &Store, ip: IpAddr) {

@@ -51,6 +51,7 @@ impl<'a> Ledger<'a> {
     pub fn load(store: &'a Store, retain: Duration) -> Result<Self, StoreError> {
         let reservations = store.reservations()?;
         let mut records = identity::load(store)?;
+        identity::repair(store, &mut records, &reservations)?;
         for (ip, pod) in identity::migrate_openyurt(store, &mut records, &reservations)? {
             log(format_args!("migrated OpenYurt record {ip} of pod {pod}"));
         }
@@ -104,12 +105,19 @@ impl<'a> Ledger<'a> {
     /// Stages the release of `ip`'s reservation; its record, if the
     /// holder's, is retained from now. The record is placed first: a
     /// crash between the two leaves the address reserved and the pod's.
+    /// The record is written only if it can be: on a full disk the
+    /// release goes ahead without it (removing needs no space), and the
+    /// next ADD or GC finds the record live without its reservation and
+    /// retains it from then (see [`Ledger::load`]).
     pub fn release(&mut self, ip: IpAddr) -> Result<(), StoreError> {
         let live = self.records.get(&ip).filter(|r| r.released_at_ns.is_none());
         if let Some(record) = live.filter(|r| held_by_record(self.reservations.get(&ip), r)) {
             let mut r = record.clone();
             r.released_at_ns = Some(self.now);
-            self.save(ip, r, "release-record")?;
+            if !self.blocked.contains(&ip) {
+                identity::save_if_possible(self.store, ip, &r, "release-record");
+                self.records.insert(ip, r);
+            }
         }
         self.store.release(ip, "release-reservation");
         self.reservations.remove(&ip);

@@ -6,6 +6,7 @@ use std::{fs, net::IpAddr, path::PathBuf, time::Duration};
 use crate::{
     add,
     env::Attachment,
+    identity::DAMAGED_DIR,
     identity::PodRef,
     ledger::Ledger,
     range::{Range, RangeSet},
@@ -92,24 +93,54 @@ fn a_bare_id_is_eth0s_to_add_and_released_by_any_interface() {
 }
 
 #[test]
-fn unreadable_entries_cost_their_address_only() {
+fn unreadable_entries_cost_their_address_only_and_damaged_records_are_released() {
     let d = Dir::new("unreadable");
     let a = d.add("a", "cA", "eth0");
     let pods = d.0.join(PODS_DIR);
-    // a's record cut short, a stray file, a directory named by an address, a garbled hint
+    // a's record cut short before its pod, a stray file, a directory named by an address,
+    // an empty record of a free address, a garbled hint
     fs::write(pods.join(a.to_string()), r#"{"pod":{"namespace":"def"#).unwrap();
     fs::write(pods.join("README"), "notes").unwrap();
     fs::create_dir(d.0.join("10.99.5.3")).unwrap();
     fs::write(pods.join("10.99.5.4"), "").unwrap();
     fs::write(d.0.join("last_reserved_ip.0"), "garbage").unwrap();
     let b = d.add("b", "cB", "eth0");
-    assert!(![a, ip("10.99.5.3"), ip("10.99.5.4")].contains(&b), "b got {b}");
-    // a's DEL still works; its address stays out of use, as its record cannot say whose it is
+    // the empty record's address is free again: the walk (its hint garbled) finds it first
+    assert_eq!(b, ip("10.99.5.4"));
+    // nothing says whose they were: released, their bytes kept aside, never deleted
+    assert!(!pods.join(a.to_string()).exists());
+    let kept: Vec<Vec<u8>> =
+        fs::read_dir(d.0.join(DAMAGED_DIR)).unwrap().map(|e| fs::read(e.unwrap().path()).unwrap()).collect();
+    assert!(kept.contains(&br#"{"pod":{"namespace":"def"#.to_vec()) && kept.contains(&Vec::new()), "{kept:?}");
+    // a keeps its reservation until its DEL, as host-local's would
+    assert_eq!(d.holder(a).as_deref(), Some("cA\r\neth0"));
     assert_eq!(d.del("cA", "eth0"), [a]);
+    let mut got = Vec::new();
     for k in 0..4 {
-        let c = d.add(&format!("c{k}"), &format!("cC{k}"), "eth0");
-        assert!(![a, ip("10.99.5.3"), ip("10.99.5.4")].contains(&c), "c{k} got {c}");
+        got.push(d.add(&format!("c{k}"), &format!("cC{k}"), "eth0"));
     }
-    assert_eq!(fs::read(pods.join(a.to_string())).unwrap(), br#"{"pod":{"namespace":"def"#, "a's record was touched");
-    assert!(pods.join("README").is_file() && d.0.join("10.99.5.3").is_dir() && pods.join("10.99.5.4").is_file());
+    assert!(!got.contains(&ip("10.99.5.3")) && !got.contains(&b), "{got:?}");
+    assert!(pods.join("README").is_file() && d.0.join("10.99.5.3").is_dir());
+}
+
+#[test]
+fn a_record_cut_short_after_its_pod_is_repaired_and_the_pod_keeps_its_address() {
+    let d = Dir::new("repair");
+    let a = d.add("web-0", "cA", "eth0");
+    let other = d.add("web-1", "cO", "eth0");
+    let pods = d.0.join(PODS_DIR);
+    let whole = fs::read_to_string(pods.join(a.to_string())).unwrap();
+    let cut = whole.find("\"containerID\"").unwrap() + 10;
+    fs::write(pods.join(a.to_string()), &whole[..cut]).unwrap();
+    // the node reboots, no DEL: web-0's new sandbox gets its address back
+    d.add("web-2", "cX", "eth0");
+    let record: serde_json::Value = serde_json::from_slice(&fs::read(pods.join(a.to_string())).unwrap()).unwrap();
+    assert_eq!(
+        (record["pod"]["name"].as_str(), record["containerID"].as_str()),
+        (Some("web-0"), Some("cA")),
+        "{record}"
+    );
+    assert_eq!(d.add("web-0", "cB", "eth0"), a);
+    assert_eq!(d.holder(a).as_deref(), Some("cB\r\neth0"));
+    assert_eq!(d.holder(other).as_deref(), Some("cO\r\neth0"));
 }

@@ -20,6 +20,7 @@ mod ledger;
 #[cfg(test)]
 mod ledger_tests;
 mod release;
+mod salvage;
 mod store;
 
 use std::{

@@ -249,6 +249,23 @@ impl Store {
         self.stage(&self.dir.join(sub), name, content, Apply::Rename, step)
     }
 
+    /// Stages writing `name` in `sub` where the command succeeds without
+    /// it (a full disk must not fail a DEL: removing needs no space): a
+    /// failure to stage, sync or place it is said on stderr, never
+    /// returned. Every subset of a commit is a sound store (see
+    /// [`Store::commit`]), so the rest goes ahead.
+    pub fn write_own_if_possible(&self, sub: &str, name: &str, content: &[u8], step: &'static str) {
+        let dir = self.dir.join(sub);
+        match self.stage(&dir, name, content, Apply::Rename, step) {
+            Ok(()) => {
+                if let Some(p) = self.pending.borrow_mut().last_mut() {
+                    p.optional = true;
+                }
+            }
+            Err(e) => optional_failed(&dir.join(name), &e),
+        }
+    }
+
     pub fn remove_own(&self, sub: &str, name: &str, step: &'static str) {
         self.stage_removal(&self.dir.join(sub), name, step);
     }
@@ -280,13 +297,29 @@ impl Store {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)
             .map_err(io_at(&tmp))?;
-        f.write_all(content).map_err(io_at(&tmp))?;
-        self.pending.borrow_mut().push(Pending { tmp: Some((f, tmp)), target: dir.join(name), apply, step });
+        if let Err(e) = f.write_all(content) {
+            // a full disk: nothing is staged, and nothing is left behind
+            let _ = fs::remove_file(&tmp);
+            return Err(io_at(&tmp)(e));
+        }
+        self.pending.borrow_mut().push(Pending {
+            tmp: Some((f, tmp)),
+            target: dir.join(name),
+            apply,
+            step,
+            optional: false,
+        });
         Ok(())
     }
 
     fn stage_removal(&self, dir: &Path, name: &str, step: &'static str) {
-        self.pending.borrow_mut().push(Pending { tmp: None, target: dir.join(name), apply: Apply::Remove, step });
+        self.pending.borrow_mut().push(Pending {
+            tmp: None,
+            target: dir.join(name),
+            apply: Apply::Remove,
+            step,
+            optional: false,
+        });
     }
 
     /// Makes every staged change durable, in the order staged:
@@ -301,16 +334,29 @@ impl Store {
     /// holds an address; a record without its reservation is retained, a
     /// reservation without its record is host-local's kind.
     pub fn commit(&self) -> Result<(), StoreError> {
-        let pending = std::mem::take(&mut *self.pending.borrow_mut());
-        for p in &pending {
+        let mut pending = std::mem::take(&mut *self.pending.borrow_mut());
+        let mut synced = Vec::with_capacity(pending.len());
+        for p in pending.drain(..) {
             if let Some((f, path)) = &p.tmp {
-                f.sync_all().map_err(io_at(path))?;
+                if let Err(e) = f.sync_all() {
+                    if !p.optional {
+                        return Err(io_at(path)(e));
+                    }
+                    optional_failed(&p.target, &io_at(path)(e));
+                    let _ = fs::remove_file(path);
+                    continue;
+                }
             }
+            synced.push(p);
         }
         let mut dirs: Vec<&Path> = Vec::new();
         let mut first_error = None;
-        for p in &pending {
+        for p in &synced {
             if let Err(e) = p.apply() {
+                if p.optional {
+                    optional_failed(&p.target, &e);
+                    continue;
+                }
                 // apply the rest: each change stands alone (see above), and GC must free what it can
                 first_error.get_or_insert(e);
                 continue;
@@ -355,6 +401,12 @@ struct Pending {
     apply: Apply,
     /// The crash hook's name for the moment right after this change.
     step: &'static str,
+    /// The command succeeds without it ([`Store::write_own_if_possible`]).
+    optional: bool,
+}
+
+fn optional_failed(target: &Path, e: &StoreError) {
+    eprintln!("edgevx-ipam: warning: cannot write {} ({e}); going on without it", target.display());
 }
 
 impl Pending {

@@ -18,6 +18,9 @@ pub struct Agent {
     pub bpffs: PathBuf,
     /// The node's network namespace, where `edgevx status` looks at interfaces.
     pub netns: String,
+    /// What `edgevx status` runs through inside the node (e.g. `nsenter
+    /// -t PID -m --`, for a state dir mounted in a private mount namespace).
+    pub status_via: Vec<String>,
 }
 
 impl Agent {
@@ -85,6 +88,7 @@ impl Agent {
             state_dir: host.state_dir(),
             bpffs: host.bpffs_dir(),
             netns: host.ns.name.clone(),
+            status_via: Vec::new(),
         };
         Ok(agent)
     }
@@ -121,6 +125,7 @@ impl Agent {
     pub fn status(&self) -> Result<Value> {
         let out = Command::new("ip")
             .args(["netns", "exec", &self.netns])
+            .args(&self.status_via)
             .arg(edgevx_bin())
             .args(["status", "--json", "--state-dir"])
             .arg(&self.state_dir)

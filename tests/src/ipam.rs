@@ -209,11 +209,14 @@ pub struct Call<'a> {
     /// CNI_ARGS; None leaves it unset.
     pub args: Option<String>,
     pub env: Vec<(&'a str, String)>,
+    /// What the plugin runs through (e.g. `nsenter -t PID -m --`, for a
+    /// store in a private mount namespace); empty: run directly.
+    pub via: Vec<String>,
 }
 
 impl<'a> Call<'a> {
     pub fn new(command: &'a str, container_id: &'a str) -> Self {
-        Call { command, container_id, ifname: "eth0", args: None, env: Vec::new() }
+        Call { command, container_id, ifname: "eth0", args: None, env: Vec::new(), via: Vec::new() }
     }
 
     pub fn pod(mut self, namespace: &str, name: &str) -> Self {
@@ -233,6 +236,11 @@ impl<'a> Call<'a> {
 
     pub fn run_raw(&self, plugin: Plugin, stdin: &[u8]) -> Result<Reply> {
         let mut cmd = plugin.command()?;
+        if let Some((first, rest)) = self.via.split_first() {
+            let direct = cmd;
+            cmd = Command::new(first);
+            cmd.args(rest).arg(direct.get_program()).args(direct.get_args());
+        }
         cmd.env_clear()
             .env("CNI_COMMAND", self.command)
             .env("CNI_CONTAINERID", self.container_id)

@@ -56,6 +56,8 @@ pub(super) struct Agent<'a> {
     origin: Origin,
     /// Whether the view in force has been cached since it arrived.
     cached: bool,
+    /// Whether a failure to cache the view has been said (once, until one is saved).
+    cache_failure_said: bool,
     warned: Warned,
     /// Whether a pass has run, so restoring from the cache has been tried
     /// and the source may start.
@@ -83,6 +85,7 @@ impl<'a> Agent<'a> {
             phase: Phase::Down,
             restore_tried: restored.is_none(),
             cached: restored.is_some(),
+            cache_failure_said: false,
             desired: restored,
             origin,
             warned: Warned::default(),
@@ -210,7 +213,17 @@ impl<'a> Agent<'a> {
         let Some(own) = d.view.own.clone() else { return Asks::nothing() };
         let pass = Instant::now();
         match &mut self.phase {
-            Phase::Down => match bring_up(c, &d.conf, own, &self.state, &self.handle, &report.startup).await {
+            Phase::Down => match bring_up(
+                c,
+                &d.conf,
+                own,
+                &crate::vtep_mac::OthersMacs::of(&d.view.peers),
+                &self.state,
+                &self.handle,
+                &report.startup,
+            )
+            .await
+            {
                 Ok(n) => {
                     self.local.send_replace(Some(n.local_vtep()));
                     self.phase = Phase::Up(Box::new(n));
@@ -290,17 +303,24 @@ impl<'a> Agent<'a> {
         report.pass_done(pass, peers_ok, attached);
         // off the path to forwarding: the figures for `edgevx status`
         if let Some(figures) = report.startup.take_changed() {
-            if let Err(e) = self.state.save_json(STARTUP_FILE, &figures) {
-                warn!("cannot save {STARTUP_FILE} (for edgevx status): {e:#}");
-            }
+            // best effort (records.rs)
+            self.state.save_record(STARTUP_FILE, &figures);
         }
         if !(peers_ok && attached) {
             asks = asks.with(retry);
         }
         if !self.cached && self.origin == Origin::Source && !matches!(c.source, Source::File(_)) {
             match self.state.save_view(d) {
-                Ok(()) => self.cached = true,
-                Err(e) => warn!("cannot cache the view: {e:#}"),
+                Ok(()) => {
+                    self.cached = true;
+                    self.cache_failure_said = false;
+                }
+                // a full or read-only state dir: forwarding goes on, an offline boot would start from an older view
+                Err(e) if !self.cache_failure_said => {
+                    self.cache_failure_said = true;
+                    warn!("cannot cache the view (tried again with each view; said once): {e:#}");
+                }
+                Err(_) => {}
             }
         }
         asks

@@ -56,6 +56,9 @@ pub(super) struct Pending {
     /// The last bring-up's record: its public IP chooses the underlay when
     /// nothing else can (no flag, no default route).
     recorded: Option<crate::state::AgentRecord>,
+    /// This node, and whose the state dir is (another node's is not read).
+    me: crate::owner::Owner,
+    verdict: crate::owner::Verdict,
 }
 
 impl Pending {
@@ -64,6 +67,10 @@ impl Pending {
     }
     pub(super) fn args(&self) -> &RunArgs {
         &self.args
+    }
+    /// This node, and whose the state dir is.
+    pub(super) fn owner(&self) -> (&crate::owner::Owner, &crate::owner::Verdict) {
+        (&self.me, &self.verdict)
     }
     pub(super) fn node(&self) -> &str {
         &self.node
@@ -181,7 +188,7 @@ fn check_files(args: &RunArgs) -> Result<()> {
     let state = StateDir(args.paths.state_dir.clone());
     let refuse = |e: state::StateError| usage(e.to_string());
     state.check().map_err(refuse)?;
-    for name in [MAC_FILE, PEERS_FILE, AGENT_FILE, VIEW_FILE] {
+    for name in [MAC_FILE, PEERS_FILE, AGENT_FILE, VIEW_FILE, crate::owner::OWNER_FILE] {
         state::check_target(&state.path(name)).map_err(refuse)?;
     }
     let subnet_file = &args.subnet_file;
@@ -249,15 +256,19 @@ pub(super) async fn check(args: RunArgs, state: &StateDir) -> Result<Pending> {
     if !refused.is_empty() {
         return Err(usage(refused.join("\n")));
     }
-    let stored = stored_public_ip(&source, &node, &names, state).await;
-    let recorded = match state.load_agent() {
-        Ok(r) => r,
+    // another node's state dir (a copied image) is not read: run() moves it aside
+    let me = crate::owner::Owner::this_host(&node);
+    let verdict = crate::owner::examine(state, &me);
+    let own_state = verdict.usable().then_some(state);
+    let stored = stored_public_ip(&source, &node, &names, own_state).await;
+    let recorded = match own_state.map(StateDir::load_agent).transpose() {
+        Ok(r) => r.flatten(),
         Err(e) => {
             warn!("cannot read the record of the last bring-up, so it cannot choose the underlay: {e:#}");
             None
         }
     };
-    Ok(Pending { args, node, conf, names, source, etcd_annotations, stored, recorded })
+    Ok(Pending { args, node, conf, names, source, etcd_annotations, stored, recorded, me, verdict })
 }
 
 fn wanted(args: &RunArgs) -> super::iface::Wanted<'_> {
@@ -323,7 +334,7 @@ async fn stored_public_ip(
     source: &Source,
     node: &str,
     names: &crate::annotations::AnnotationNames,
-    state: &crate::state::StateDir,
+    state: Option<&crate::state::StateDir>,
 ) -> (Option<std::net::Ipv4Addr>, Option<std::net::Ipv6Addr>) {
     let annotated = |n: &serde_json::Value| {
         let a = &n["metadata"]["annotations"];
@@ -342,7 +353,7 @@ async fn stored_public_ip(
             let api: ::kube::Api<k8s_openapi::api::core::v1::Node> = ::kube::Api::all(client.clone());
             match tokio::time::timeout(std::time::Duration::from_secs(2), api.get(node)).await {
                 Ok(Ok(n)) => serde_json::to_value(&n).ok().as_ref().map(annotated).unwrap_or_default(),
-                _ => match state.load_view().ok().flatten().and_then(|d| d.view.own) {
+                _ => match state.and_then(|s| s.load_view().ok().flatten()).and_then(|d| d.view.own) {
                     Some(o) => (o.node_public_ip, o.node_public_ipv6),
                     None => (None, None),
                 },

@@ -104,6 +104,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let state = StateDir(args.paths.state_dir.clone());
     // what the operator must change exits 2 here; the host's state is waited for below
     let pending = check(args, &state).await?;
+    let (me, verdict) = pending.owner();
+    let (me, verdict) = (me.clone(), verdict.clone());
     // one agent per node: a second one is refused here, naming the first
     let early = lock::acquire_existing(&state.0)?;
     // the first thing that touches the host (the checks only read)
@@ -111,6 +113,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         Some(l) => l,
         None => lock::acquire(&state.0)?,
     };
+    // another node's state dir (a copied image) is moved aside before anything reads it
+    let state = crate::owner::settle(state, &me, verdict);
     let report = Arc::new(LoopReport::new(pending.source_name()));
     // the probes answer while the agent waits for the host (503, saying what for)
     metrics::serve(pending.args().metrics_addr, report.clone(), PinDir::new(&pending.args().paths.bpffs))?;

@@ -74,12 +74,13 @@ pub(super) struct Plan<N: VtepFamily> {
 /// The family's VTEP as the network config and our node say (`None` when
 /// the family is off); `underlay` as it is now (its MTU may have changed
 /// since the start, and a global IPv6 address may have come with SLAAC or
-/// DAD). Chooses and saves the VTEP's MAC.
+/// DAD). Chooses and saves the VTEP's MAC, never one of `others`.
 pub(super) fn prepare<N: StackFamily>(
     c: &Checked,
     conf: &NetConf,
     own: &OwnNode,
     state: &StateDir,
+    others: &vtep_mac::OthersMacs,
     underlay: &Underlay,
 ) -> Result<Option<Plan<N>>> {
     let Some(network) = N::network(conf) else { return Ok(None) };
@@ -88,7 +89,7 @@ pub(super) fn prepare<N: StackFamily>(
     let subnet = subnet.with_context(|| {
         format!("{name} is on (Enable{name}), but this node has no {name} pod CIDR (spec.podCIDRs, or the etcd lease)")
     })?;
-    let (mac, _) = vtep_mac::choose::<N>(published_mac, state)?;
+    let (mac, _) = vtep_mac::choose::<N>(published_mac, state, others)?;
     let public_ip = config::public_ip::<N>(N::flag(&c.args), node_public_ip, underlay).with_context(|| {
         let (kind, suffix) = if N::V6 { ("global IPv6", "v6") } else { ("IPv4", "") };
         format!(

@@ -26,6 +26,7 @@ use super::{
     etcd_tls, leases, subnet_range,
 };
 use crate::{
+    mac::VtepMac,
     netconf::NetConf,
     peer::{ClusterView, Desired, OwnNode},
     state::StateDir,
@@ -151,14 +152,25 @@ impl Session {
         // the lease publishes a VtepMAC before bring-up chooses one (flannel's
         // lease carries its device's): ours as published, else the saved one or
         // a new one, which bring-up then finds published and saves
-        let mac = match published.and_then(|(m, _)| m) {
+        // never a MAC another lease publishes (a state dir copied from its node)
+        let mut others = vtep_mac::OthersMacs::default();
+        for (k, (v, _)) in &all {
+            let Ok(l) = leases::parse_lease(k, v, true) else { continue };
+            if l.public_ip != me.public_ip {
+                for m in [l.vtep_mac, l.v6.and_then(|v6| v6.vtep_mac)].into_iter().flatten() {
+                    others.insert(m, format!("{prefix}{k}"));
+                }
+            }
+        }
+        let unshared = |m: &VtepMac| others.owner(*m).is_none();
+        let mac = match published.and_then(|(m, _)| m).filter(unshared) {
             Some(m) => m,
-            None => vtep_mac::candidate::<Ipv4Net>(&me.state)?,
+            None => vtep_mac::candidate::<Ipv4Net>(&me.state, &others)?,
         };
-        let mac6 = match (public_ipv6, published.and_then(|(_, m6)| m6)) {
+        let mac6 = match (public_ipv6, published.and_then(|(_, m6)| m6).filter(unshared)) {
             (None, _) => None,
             (Some(_), Some(m6)) => Some(m6),
-            (Some(_), None) => Some(vtep_mac::candidate::<Ipv6Net>(&me.state)?),
+            (Some(_), None) => Some(vtep_mac::candidate::<Ipv6Net>(&me.state, &others)?),
         };
         let mut s = Session {
             client,

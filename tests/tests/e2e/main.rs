@@ -25,6 +25,7 @@ mod image;
 mod injection;
 mod interop;
 mod ipam;
+mod ipam_damage;
 mod ipam_deploy;
 mod ipam_image;
 mod ipam_reboot;
@@ -48,6 +49,8 @@ mod real_node;
 mod reconcile;
 mod restart;
 mod rollback;
+mod state_fs;
+mod state_identity;
 mod state_safety;
 pub mod underlay_v6;
 

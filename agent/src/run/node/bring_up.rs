@@ -26,6 +26,7 @@ pub(in crate::run) async fn bring_up(
     c: &Checked,
     conf: &NetConf,
     own: OwnNode,
+    others: &crate::vtep_mac::OthersMacs,
     state: &StateDir,
     handle: &Handle,
     startup: &Startup,
@@ -33,8 +34,8 @@ pub(in crate::run) async fn bring_up(
     // the underlay now: its MTU (or IPv6 address) may have changed since the start-up checks
     let underlay = device::underlay(handle, &c.iface).await.unwrap_or_else(|_| c.underlay.clone());
     let underlay_mtu = underlay.mtu;
-    let plan4 = plan::prepare::<Ipv4Net>(c, conf, &own, state, &underlay)?;
-    let plan6 = plan::prepare::<Ipv6Net>(c, conf, &own, state, &underlay)?;
+    let plan4 = plan::prepare::<Ipv4Net>(c, conf, &own, state, others, &underlay)?;
+    let plan6 = plan::prepare::<Ipv6Net>(c, conf, &own, state, others, &underlay)?;
     if let Some(p4) = &plan4 {
         super::mtu::warn_if_capped(conf, underlay_mtu, p4.spec.mtu);
     }
@@ -174,7 +175,8 @@ pub(in crate::run) async fn bring_up(
         pid: std::process::id(),
         v6: v6.as_ref().map(|s| s.record.clone()),
     };
-    state.save_agent(&record)?;
+    // best effort (records.rs): a full or read-only state dir never stops the bring-up
+    state.save_agent(&record);
     if let Some(r) = &record.v4 {
         info!(device = %r.vtep_device, mac = %r.vtep_mac, public_ip = %r.public_ip, subnet = %r.subnet, mtu,
             bypass_netfilter = bypass, ip_masq = c.args.ip_masq, "VTEP ready");
@@ -192,6 +194,7 @@ pub(in crate::run) async fn bring_up(
         rules,
         pins,
         accepted: Vec::new(),
+        peers_saved: false,
         known: Default::default(),
         off_underlay_seen: maps.counter(edgevx_common::counters::Counter::DropVxlanOffUnderlay).ok(),
         maps,

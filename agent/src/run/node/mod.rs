@@ -54,6 +54,8 @@ pub(super) struct Node {
     record: AgentRecord,
     /// The peers the last pass chose (for the metrics and the peer list).
     accepted: Vec<Peer>,
+    /// Whether `accepted` is saved for `edgevx status` (else the next pass tries again).
+    peers_saved: bool,
     /// What the last IPv4 pass left in the kernel. A new view is diffed
     /// against it, so an edit costs no read back of 10,000 map entries; a
     /// resync, a route event or a failed write drops it, and the next pass
@@ -240,5 +242,6 @@ pub(super) async fn readdress(n: &mut Node, own: &OwnNode, state: &StateDir) -> 
     }
     write_subnet_env(&n.record)?;
     n.own = own.clone();
-    state.save_agent(&n.record)
+    state.save_agent(&n.record);
+    Ok(())
 }

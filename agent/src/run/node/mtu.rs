@@ -62,7 +62,8 @@ impl Node {
             // recorded only once subnet.env says it, so a failed write is retried
             super::write_subnet_env(&crate::state::AgentRecord { mtu: want, ..self.record.clone() })?;
             self.record.mtu = want;
-            state.save_agent(&self.record)?;
+            // best effort: status and the next start read it (records.rs)
+            state.save_agent(&self.record);
         }
         Ok(())
     }

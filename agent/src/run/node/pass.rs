@@ -63,20 +63,18 @@ impl Node {
                 Some((self.fit6(selected), true))
             }
         };
-        let Some(((accepted, fill), mut ok)) = chosen else { return false };
+        let Some(((accepted, fill), ok)) = chosen else { return false };
         tracing::debug!(
             peers = accepted.len(),
             not_programmed = fill.not_programmed,
             total_ms = t.elapsed().as_millis() as u64,
             "reconcile pass"
         );
-        if accepted != self.accepted {
+        if accepted != self.accepted || !self.peers_saved {
             // names for `edgevx status` and the hand-over to flanneld; not a
-            // record of what is programmed (the maps are)
-            if let Err(e) = state.save_peers(accepted.iter()) {
-                ok = false;
-                error!("cannot save the peer list: {e:#}");
-            }
+            // record of what is programmed (the maps are): best effort, tried
+            // again each pass until the state dir or /run takes it
+            self.peers_saved = state.save_peers(accepted.iter());
             self.accepted = accepted;
         }
         // after the peer list: a status that shows the new figures shows the new list
@@ -191,9 +189,9 @@ impl Node {
             Say::Nothing => {}
         }
         if self.fill != Some(fill) {
-            match state.save_json(CAPACITY_FILE, &fill) {
-                Ok(()) => self.fill = Some(fill),
-                Err(e) => warn!("cannot save {CAPACITY_FILE} (for edgevx status), retrying at the next pass: {e:#}"),
+            // best effort (records.rs), tried again at the next pass
+            if state.save_record(CAPACITY_FILE, &fill) {
+                self.fill = Some(fill);
             }
         }
     }

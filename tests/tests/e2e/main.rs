@@ -39,6 +39,7 @@ mod offline;
 mod offline_boot;
 mod outage;
 mod privileges;
+mod probe_flood;
 mod prog_fuzz;
 mod prog_test_run;
 mod prog_test_run_v6;
@@ -46,7 +47,9 @@ mod real_node;
 mod reconcile;
 mod restart;
 mod rollback;
+mod squatter;
 mod state_safety;
+mod status_truth;
 pub mod underlay_v6;
 
 use edgevx_tests::traffic::Peer;

@@ -15,7 +15,9 @@
 //! at a time) are also closed after [`HEADER_TIMEOUT`] by themselves. So
 //! a flood holds at most [`MAX_CONNECTIONS`] descriptors, and to crowd a
 //! probe out it must open that many connections in the moment between the
-//! probe's handshake and its request.
+//! probe's handshake and its request. The kernel's queue of handshakes not
+//! yet accepted is [`BACKLOG`] long, so a burst of reconnects does not make
+//! it drop a probe's.
 use std::{
     collections::VecDeque,
     convert::Infallible,
@@ -58,9 +60,21 @@ const BIND_RETRY: Duration = Duration::from_secs(2);
 /// A bind that keeps failing is logged again this often.
 const BIND_WARN_EVERY: Duration = Duration::from_secs(30);
 
+/// Handshakes the kernel completes before the endpoint accepts them (capped
+/// by `net.core.somaxconn`). std's 128 overflows under a burst of
+/// reconnects, and the kernel then drops a probe's handshake: its SYN is
+/// sent again after a second, longer than the readiness probe's timeout.
+const BACKLOG: libc::c_int = 4096;
+
 /// Binds `addr` (non-blocking), naming the flag in the error.
 fn bind(addr: SocketAddr) -> Result<TcpListener> {
     let listener = TcpListener::bind(addr).with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
+    // listen(2) again on a listening socket sets its backlog
+    // SAFETY: listen on a socket we own.
+    if unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&listener), BACKLOG) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("--metrics-addr {addr}: cannot set the listen backlog"));
+    }
     listener.set_nonblocking(true).with_context(|| format!("cannot make the listener on {addr} non-blocking"))?;
     Ok(listener)
 }

@@ -24,7 +24,10 @@ fn running_agent(state_dir: &Path) -> Result<Option<netns_lock::Holder>> {
     let Some(h) = netns_lock::holder()? else { return Ok(None) };
     let same_dir = |r: &netns_lock::Record| {
         r.state_dir == state_dir
-            || std::fs::canonicalize(&r.state_dir).ok().zip(std::fs::canonicalize(state_dir).ok()).is_some_and(|(a, b)| a == b)
+            || std::fs::canonicalize(&r.state_dir)
+                .ok()
+                .zip(std::fs::canonicalize(state_dir).ok())
+                .is_some_and(|(a, b)| a == b)
     };
     let ours = h.record.as_ref().is_none_or(|r| r.role == netns_lock::Role::Run && same_dir(r));
     Ok(ours.then_some(h))

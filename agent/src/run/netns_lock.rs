@@ -196,7 +196,9 @@ fn prepare(dir: &Path) -> Result<()> {
     for (d, is_dir) in parent.map(|p| (p, false)).into_iter().chain([(dir, true)]) {
         let m = fs::symlink_metadata(d).with_context(|| format!("cannot read {}", d.display()))?;
         if !m.file_type().is_dir() {
-            return Err(UsageError(format!("{} must be a directory (it is not, or it is a symlink)", d.display())).into());
+            return Err(
+                UsageError(format!("{} must be a directory (it is not, or it is a symlink)", d.display())).into()
+            );
         }
         if m.uid() != 0 && m.uid() != me {
             return Err(UsageError(format!(

@@ -141,8 +141,7 @@ fn probes_are_answered_under_a_thousand_idle_and_slow_connections() -> Result<()
     let ping = BackgroundPing::start(&s.cluster.host(1).pod, pod_ip(2), 300, "0.1")?;
     // from another node on the underlay, and from the node itself as nobody
     let _remote = flood(&s.cluster.host(2).ns, &[], &underlay_ip(1).to_string(), &hold)?;
-    let _local =
-        flood(node, &["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"], "127.0.0.1", &hold)?;
+    let _local = flood(node, &["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"], "127.0.0.1", &hold)?;
     // the floods hold their connections
     std::thread::sleep(Duration::from_secs(3));
     let established = node.run(&["ss", "-Htn", "state", "established", "( sport = :9117 )"])?.lines().count();

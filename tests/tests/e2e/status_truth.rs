@@ -49,24 +49,21 @@ fn status_says_running_from_the_locks_holder_not_a_recorded_pid() -> Result<()> 
         record_pid(&h.state_dir(), other)?;
         let st = agent::status(&h.ns, &h.state_dir(), &h.bpffs_dir())?;
         ensure!(st["agent_running"] == false, "pid {other} in the record reads as a running agent: {st:#}");
-        let text = h
-            .ns
-            .cmd(&edgevx_bin().to_string_lossy())
-            .args(["status", "--state-dir"])
-            .arg(h.state_dir())
-            .arg("--bpffs")
-            .arg(h.bpffs_dir())
-            .output()?;
+        let text =
+            h.ns.cmd(&edgevx_bin().to_string_lossy())
+                .args(["status", "--state-dir"])
+                .arg(h.state_dir())
+                .arg("--bpffs")
+                .arg(h.bpffs_dir())
+                .output()?;
         let text = String::from_utf8_lossy(&text.stdout);
         ensure!(text.contains("agent stopped"), "{text}");
     }
 
     // an agent stuck before its bring-up (its interface is not there): running,
     // saying what it waits for, although the record is its predecessor's
-    let mut stuck = Agent::spawn_choosing_iface(
-        h,
-        &["--iface", "eth9", "--nodes-file", s.nodes_file.to_str().context("path")?],
-    )?;
+    let mut stuck =
+        Agent::spawn_choosing_iface(h, &["--iface", "eth9", "--nodes-file", s.nodes_file.to_str().context("path")?])?;
     stuck.wait_log("not ready to bring up the dataplane", Duration::from_secs(20))?;
     let spid = stuck.pid().context("pid")?;
     let st = agent::wait_status(&stuck, Duration::from_secs(10), "waiting", |v| {
@@ -78,19 +75,18 @@ fn status_says_running_from_the_locks_holder_not_a_recorded_pid() -> Result<()> 
     // and with no record at all (a new node): running, nothing brought up yet
     stuck.stop()?;
     let fresh = s.cluster.dir.join("fresh-state");
-    let mut new = h
-        .ns
-        .cmd(&edgevx_bin().to_string_lossy())
-        .args(["run", "--node-name", "node1", "--iface", "eth9", "--nodes-file"])
-        .arg(&s.nodes_file)
-        .arg("--state-dir")
-        .arg(&fresh)
-        .arg("--bpffs")
-        .arg(h.bpffs_dir())
-        .arg("--subnet-file")
-        .arg(s.cluster.dir.join("fresh-subnet.env"))
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
+    let mut new =
+        h.ns.cmd(&edgevx_bin().to_string_lossy())
+            .args(["run", "--node-name", "node1", "--iface", "eth9", "--nodes-file"])
+            .arg(&s.nodes_file)
+            .arg("--state-dir")
+            .arg(&fresh)
+            .arg("--bpffs")
+            .arg(h.bpffs_dir())
+            .arg("--subnet-file")
+            .arg(s.cluster.dir.join("fresh-subnet.env"))
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
     let new_pid = new.id();
     let result = (|| -> Result<()> {
         let st = edgevx_tests::patience(Duration::from_secs(20));

@@ -31,7 +31,8 @@ use crate::{
 pub async fn run(args: CleanupArgs) -> Result<()> {
     // an agent here would rebuild what cleanup removes: the locks it holds,
     // on this network namespace and on its state dir, say whether one runs
-    let _netns = crate::run::netns_lock::acquire("cleanup")?;
+    let _netns =
+        crate::run::netns_lock::acquire("cleanup", crate::run::netns_lock::Role::Cleanup, &args.paths.state_dir)?;
     let _lock = crate::run::lock::acquire_existing(&args.paths.state_dir)?;
     let state = StateDir(args.paths.state_dir.clone());
     let rec = state.load_agent().unwrap_or(None);

@@ -1,8 +1,10 @@
 //! `edgevx status`: what is programmed, read from the pins and the state
-//! dir, so it works with the agent running or stopped.
+//! dir, so it works with the agent running or stopped. Whether the agent
+//! runs is the kernel's answer: who holds the lock of this network
+//! namespace (`run::netns_lock`), never a recorded pid.
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use aya::programs::TcAttachType;
 use serde_json::{Value, json};
 
@@ -11,18 +13,52 @@ use crate::{
     dataplane::{bpffs::PinDir, clsact, loader, maps::Maps, routes},
     metrics::startup::STARTUP_FILE,
     reconcile::{CAPACITY_FILE, Fill},
+    run::netns_lock,
     state::StateDir,
 };
 
-fn process_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+/// The agent of this state dir, if one runs: the holder of this network
+/// namespace's lock, when it runs `edgevx run` on this state dir (a holder
+/// that wrote no record yet counts). `None` when none runs.
+fn running_agent(state_dir: &Path) -> Result<Option<netns_lock::Holder>> {
+    let Some(h) = netns_lock::holder()? else { return Ok(None) };
+    let same_dir = |r: &netns_lock::Record| {
+        r.state_dir == state_dir
+            || std::fs::canonicalize(&r.state_dir)
+                .ok()
+                .zip(std::fs::canonicalize(state_dir).ok())
+                .is_some_and(|(a, b)| a == b)
+    };
+    let ours = h.record.as_ref().is_none_or(|r| r.role == netns_lock::Role::Run && same_dir(r));
+    Ok(ours.then_some(h))
+}
+
+/// What `status` says of the agent itself: running or not, its pid (as
+/// this pid namespace sees it) and what it is doing.
+fn agent_json(agent: Option<&netns_lock::Holder>) -> (bool, Value, Value) {
+    let pid = agent.and_then(|h| h.pid).map_or(Value::Null, |p| json!(p));
+    let phase = agent.and_then(|h| h.record.as_ref()).map_or(Value::Null, |r| json!(r.phase));
+    (agent.is_some(), pid, phase)
 }
 
 pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     let state = StateDir(paths.state_dir.clone());
-    let rec = state.load_agent()?.with_context(|| {
-        format!("no edgevx state in {} (has `edgevx run` ever started here?)", paths.state_dir.display())
-    })?;
+    let agent = running_agent(&paths.state_dir)?;
+    let (agent_running, agent_pid, agent_phase) = agent_json(agent.as_ref());
+    let Some(rec) = state.load_agent()? else {
+        // an agent waiting for the host has brought nothing up yet
+        if agent_running {
+            return Ok(json!({
+                "node": null,
+                "agent_running": true,
+                "agent_pid": agent_pid,
+                "agent_phase": agent_phase,
+                "dataplane_attached": false,
+                "peers": [],
+            }));
+        }
+        anyhow::bail!("no edgevx state in {} (has `edgevx run` ever started here?)", paths.state_dir.display());
+    };
     let peers = state.load_peers()?;
     let pins = PinDir::new(&paths.bpffs);
     let maps = Maps::open(&pins).ok();
@@ -85,7 +121,9 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         .collect();
     Ok(json!({
         "node": rec.node,
-        "agent_running": process_alive(rec.pid) && rec.pid != std::process::id(),
+        "agent_running": agent_running,
+        "agent_pid": agent_pid,
+        "agent_phase": agent_phase,
         "dataplane_attached": dataplane_attached,
         "bridge_attached": bridge_attached,
         "attach": rec.attach.name(),
@@ -130,10 +168,21 @@ pub fn run(args: StatusArgs) -> Result<()> {
         return Ok(());
     }
     let s = |k: &str| v[k].as_str().map(str::to_string).unwrap_or_else(|| v[k].to_string());
+    let agent = match (&v["agent_running"], v["agent_pid"].as_u64(), v["agent_phase"].as_str()) {
+        (Value::Bool(true), pid, phase) => format!(
+            "running{}{}",
+            pid.map_or(String::new(), |p| format!(" (pid {p})")),
+            phase.map_or(String::new(), |p| format!(": {p};"))
+        ),
+        _ => "stopped".to_string(),
+    };
+    if v["iface"].is_null() {
+        println!("agent {agent} nothing brought up yet (no agent record in the state dir)");
+        return Ok(());
+    }
     println!(
-        "node {}  agent {}  dataplane {}",
+        "node {}  agent {agent}  dataplane {}",
         s("node"),
-        if v["agent_running"] == true { "running" } else { "stopped" },
         if v["dataplane_attached"] == true { "attached" } else { "NOT attached" }
     );
     if v["vtep_device"].is_null() {

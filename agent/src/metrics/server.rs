@@ -6,7 +6,20 @@
 //! thread, and a slow scrape, or a client that never finishes its request,
 //! must not hold up the run loop (nor a stuck loop hang the probes, which
 //! must be able to say the loop is stuck).
+//!
+//! Whatever other clients do, a probe is answered: connections are
+//! accepted as fast as they come, each new one read before the next is
+//! accepted (a probe sends its request with its handshake, so it is
+//! answered then), and at [`MAX_CONNECTIONS`] the oldest open connection is
+//! closed to make room. Idle or slow clients (a request head sent a byte
+//! at a time) are also closed after [`HEADER_TIMEOUT`] by themselves. So
+//! a flood holds at most [`MAX_CONNECTIONS`] descriptors, and to crowd a
+//! probe out it must open that many connections in the moment between the
+//! probe's handshake and its request. The kernel's queue of handshakes not
+//! yet accepted is [`BACKLOG`] long, so a burst of reconnects does not make
+//! it drop a probe's.
 use std::{
+    collections::VecDeque,
     convert::Infallible,
     net::{SocketAddr, TcpListener},
     sync::Arc,
@@ -22,7 +35,7 @@ use hyper::{
     server::conn::http1,
     service::service_fn,
 };
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tracing::{debug, info, warn};
 
 use super::{exposition, probe, report::LoopReport, snapshot::Snapshot};
@@ -30,22 +43,38 @@ use crate::dataplane::bpffs::PinDir;
 
 /// A connection gets this long to send its request and take the answer.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// ... and this long to send its request's head: the kubelet and
+/// Prometheus send it with the handshake.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Connections served at once. Beyond it the endpoint stops accepting, and
-/// newcomers wait in the kernel's backlog (then are dropped by it): a flood
-/// of idle connections costs the agent at most this many descriptors, never
-/// the ones its state files and BPF objects need. A scrape and the probes
-/// need one each.
-pub const MAX_CONNECTIONS: usize = 64;
+/// Connections open at once. A newcomer beyond it closes the oldest: a
+/// flood of idle connections costs the agent at most this many descriptors
+/// (or a quarter of its open-files limit, if lower), never the ones its
+/// state files and BPF objects need, and never keeps a probe waiting.
+pub const MAX_CONNECTIONS: usize = 256;
+/// A full endpoint is logged again this often.
+const FULL_WARN_EVERY: Duration = Duration::from_secs(30);
 
 /// A bind that failed is tried again this often.
 const BIND_RETRY: Duration = Duration::from_secs(2);
 /// A bind that keeps failing is logged again this often.
 const BIND_WARN_EVERY: Duration = Duration::from_secs(30);
 
+/// Handshakes the kernel completes before the endpoint accepts them (capped
+/// by `net.core.somaxconn`). std's 128 overflows under a burst of
+/// reconnects, and the kernel then drops a probe's handshake: its SYN is
+/// sent again after a second, longer than the readiness probe's timeout.
+const BACKLOG: libc::c_int = 4096;
+
 /// Binds `addr` (non-blocking), naming the flag in the error.
 fn bind(addr: SocketAddr) -> Result<TcpListener> {
     let listener = TcpListener::bind(addr).with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
+    // listen(2) again on a listening socket sets its backlog
+    // SAFETY: listen on a socket we own.
+    if unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&listener), BACKLOG) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("--metrics-addr {addr}: cannot set the listen backlog"));
+    }
     listener.set_nonblocking(true).with_context(|| format!("cannot make the listener on {addr} non-blocking"))?;
     Ok(listener)
 }
@@ -126,6 +155,66 @@ impl Scrape {
     }
 }
 
+/// [`MAX_CONNECTIONS`], or a quarter of the open-files limit if lower.
+fn connection_cap() -> usize {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit with a valid struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return MAX_CONNECTIONS;
+    }
+    usize::try_from(limit.rlim_cur / 4).unwrap_or(usize::MAX).clamp(8, MAX_CONNECTIONS)
+}
+
+/// The connections open, oldest first; closes the oldest when there are
+/// `cap` of them.
+struct Open {
+    cap: usize,
+    tasks: VecDeque<tokio::task::AbortHandle>,
+    warned: Option<std::time::Instant>,
+}
+
+impl Open {
+    /// Makes room for one more.
+    fn room(&mut self) {
+        if self.tasks.len() < self.cap {
+            return;
+        }
+        self.tasks.retain(|t| !t.is_finished());
+        let mut closed = 0;
+        while self.tasks.len() >= self.cap {
+            let Some(oldest) = self.tasks.pop_front() else { break };
+            oldest.abort();
+            closed += 1;
+        }
+        if closed > 0 && self.warned.is_none_or(|at| at.elapsed() >= FULL_WARN_EVERY) {
+            warn!(
+                cap = self.cap,
+                "the metrics endpoint has {} connections open: closing the oldest for each new one (idle or slow \
+                 clients, or a flood)",
+                self.cap
+            );
+            self.warned = Some(std::time::Instant::now());
+        }
+    }
+}
+
+async fn serve_connection(stream: tokio::net::TcpStream, scrape: Arc<Scrape>) {
+    let service = service_fn(move |req: Request<Incoming>| {
+        let response = scrape.answer(req.method(), req.uri().path());
+        async move { Ok::<_, Infallible>(response) }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => debug!("metrics connection failed: {e}"),
+        Err(_) => debug!("metrics connection timed out"),
+    }
+}
+
 async fn accept_loop(listener: TcpListener, scrape: Arc<Scrape>) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
@@ -134,9 +223,8 @@ async fn accept_loop(listener: TcpListener, scrape: Arc<Scrape>) {
             return;
         }
     };
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut open = Open { cap: connection_cap(), tasks: VecDeque::new(), warned: None };
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else { return };
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
             Err(e) => {
@@ -146,20 +234,11 @@ async fn accept_loop(listener: TcpListener, scrape: Arc<Scrape>) {
                 continue;
             }
         };
-        let scrape = scrape.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let service = service_fn(move |req: Request<Incoming>| {
-                let response = scrape.answer(req.method(), req.uri().path());
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let conn = http1::Builder::new().keep_alive(false).serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => debug!("metrics connection failed: {e}"),
-                Err(_) => debug!("metrics connection timed out"),
-            }
-        });
+        open.room();
+        let task = tokio::spawn(serve_connection(stream, scrape.clone()));
+        open.tasks.push_back(task.abort_handle());
+        // the new connection is read (and a probe answered) before the next is accepted
+        tokio::task::yield_now().await;
     }
 }
 
@@ -212,6 +291,35 @@ mod tests {
 
     fn scrape(report: LoopReport) -> Scrape {
         Scrape { report: Arc::new(report), pins: PinDir::new(std::path::Path::new("/nonexistent/edgevx")) }
+    }
+
+    #[test]
+    fn a_probe_is_answered_past_a_full_endpoint() {
+        use std::io::{Read, Write};
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let s = Arc::new(scrape(LoopReport::new("nodes file")));
+        s.report.tick();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        std::thread::spawn(move || rt.block_on(accept_loop(listener, s)));
+        // more idle connections than the cap, and one sending its head a byte at a time
+        let idle: Vec<_> = (0..connection_cap() + 40).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        let mut slow = std::net::TcpStream::connect(addr).unwrap();
+        slow.write_all(b"G").unwrap();
+        // below CONNECTION_TIMEOUT: answered by making room, not by waiting for the idle ones to time out
+        let bound = Some(Duration::from_secs(5));
+        for _ in 0..3 {
+            let mut probe = std::net::TcpStream::connect(addr).unwrap();
+            probe.set_read_timeout(bound).unwrap();
+            probe.write_all(b"GET /healthz HTTP/1.1\r\nHost: agent\r\n\r\n").unwrap();
+            let mut text = String::new();
+            probe.read_to_string(&mut text).unwrap();
+            assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        }
+        // the oldest were closed to make room
+        let mut first = &idle[0];
+        first.set_read_timeout(bound).unwrap();
+        assert_eq!(first.read(&mut [0; 16]).unwrap_or(0), 0, "the oldest idle connection is still open");
     }
 
     #[test]

@@ -98,7 +98,7 @@ fn start_source(
 
 pub async fn run(args: RunArgs) -> Result<()> {
     // one agent per node, whatever its directories: refused first, naming the other
-    let _netns = netns_lock::acquire("this edgevx")?;
+    let netns = Arc::new(netns_lock::acquire("this edgevx", netns_lock::Role::Run, &args.paths.state_dir)?);
     let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
     tokio::spawn(conn);
     let state = StateDir(args.paths.state_dir.clone());
@@ -120,13 +120,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
     metrics::serve(pending.args().metrics_addr, report.clone(), PinDir::new(&pending.args().paths.bpffs))?;
     let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    let mut notifier = notify::Notifier::default();
+    let mut notifier = notify::Notifier::new(netns.clone());
     let waited = wait_host::wait_for_host(&pending, &handle, &report, &notifier, (&mut term, &mut int)).await?;
     let Some(c) = waited else {
         notifier.stopping();
         info!("stopping before the first bring-up; the dataplane was not brought up");
         return Ok(());
     };
+    notifier.bringing_up();
     let mut kernel = crate::events::kernel::subscribe()?;
 
     let (tx, mut rx) = mpsc::channel::<Desired>(8);

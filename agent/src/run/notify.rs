@@ -1,16 +1,21 @@
-//! systemd's readiness protocol (`Type=notify`): `READY=1` once the node
-//! forwards, `STATUS=` saying what the agent waits for meanwhile, and
-//! `STOPPING=1` on the way out. Outside systemd (`NOTIFY_SOCKET` unset) each
-//! call does nothing. The sd-notify crate speaks the protocol; systemd
-//! ignores a message it cannot take, and so does the agent.
+//! What the agent is doing, told to those who ask: systemd's readiness
+//! protocol (`Type=notify`: `READY=1` once the node forwards, `STATUS=`
+//! saying what the agent waits for meanwhile, and `STOPPING=1` on the way
+//! out), and the phase `edgevx status` reads from the agent's lock. Outside
+//! systemd (`NOTIFY_SOCKET` unset) the systemd half does nothing. The
+//! sd-notify crate speaks the protocol; systemd ignores a message it cannot
+//! take, and so does the agent.
+use std::sync::Arc;
+
 use sd_notify::NotifyState;
 
+use super::netns_lock::NetnsLock;
 use crate::metrics::{LoopReport, Readiness};
 
 /// Whether `READY=1` was sent: systemd takes it once.
-#[derive(Default)]
 pub(super) struct Notifier {
     ready: bool,
+    lock: Arc<NetnsLock>,
 }
 
 fn send(states: &[NotifyState]) {
@@ -20,20 +25,36 @@ fn send(states: &[NotifyState]) {
 }
 
 impl Notifier {
-    /// What the agent waits for before it can forward.
-    pub(super) fn waiting(&self, why: &str) {
-        send(&[NotifyState::Status(&format!("waiting for the host: {why}"))]);
+    pub(super) fn new(lock: Arc<NetnsLock>) -> Self {
+        Self { ready: false, lock }
     }
 
-    /// `READY=1` the first time the report says the node forwards.
+    /// What the agent waits for before it can forward.
+    pub(super) fn waiting(&self, why: &str) {
+        let phase = format!("waiting for the host: {why}");
+        self.lock.phase(&phase);
+        send(&[NotifyState::Status(&phase)]);
+    }
+
+    /// The host has what it needs; the first bring-up (and its retries) runs.
+    pub(super) fn bringing_up(&self) {
+        self.lock.phase("bringing up the dataplane");
+    }
+
+    /// `READY=1` the first time the report says the node forwards; the
+    /// phase follows the report at every turn of the loop (unchanged, it
+    /// costs a comparison).
     pub(super) fn ready_if(&mut self, report: &LoopReport) {
-        if !self.ready && report.readiness() == Readiness::Ready {
+        let readiness = report.readiness();
+        self.lock.phase(if readiness == Readiness::Ready { "forwarding" } else { readiness.reason() });
+        if !self.ready && readiness == Readiness::Ready {
             self.ready = true;
             send(&[NotifyState::Ready, NotifyState::Status("forwarding")]);
         }
     }
 
     pub(super) fn stopping(&self) {
+        self.lock.phase("stopping");
         send(&[NotifyState::Stopping, NotifyState::Status("stopping; the dataplane stays in place")]);
     }
 }

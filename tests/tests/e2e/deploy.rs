@@ -34,7 +34,7 @@ fn daemonset_is_hostnetwork_unprivileged_pinned_and_minimal() -> Result<()> {
     assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
     let paths: BTreeSet<&str> =
         spec["volumes"].as_array().into_iter().flatten().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
-    for p in ["/sys/fs/bpf", "/var/lib/edgevx", "/run/flannel"] {
+    for p in ["/sys/fs/bpf", "/var/lib/edgevx", "/run/flannel", "/run/edgevx/netns"] {
         assert!(paths.contains(p), "no hostPath {p}");
     }
     assert!(spec["volumes"].as_array().into_iter().flatten().any(|v| v["configMap"]["name"] == "edgevx-cfg"));
@@ -163,7 +163,7 @@ fn the_rollback_pod_in_migration_md_runs_cleanup_as_the_daemonset_runs_the_agent
     };
     let (ours, theirs) = (host_mounts(spec, cleanup), host_mounts(ds_spec, agent));
     assert!(ours.is_subset(&theirs), "{ours:?} not all in the DaemonSet's {theirs:?}");
-    for p in ["/sys/fs/bpf", "/var/lib/edgevx", "/run/xtables.lock"] {
+    for p in ["/sys/fs/bpf", "/var/lib/edgevx", "/run/xtables.lock", "/run/edgevx/netns"] {
         assert!(ours.iter().any(|(h, _)| h == p), "the cleanup pod lacks {p}");
     }
     Ok(())

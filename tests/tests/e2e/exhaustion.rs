@@ -40,7 +40,7 @@ time.sleep(hold)
 "#;
 
 /// The agent's cap on metrics connections (`metrics::server::MAX_CONNECTIONS`).
-const METRICS_MAX_CONNECTIONS: usize = 64;
+const METRICS_MAX_CONNECTIONS: usize = 256;
 
 /// Connections the review held: more than the 1,024 soft limit.
 const FLOODED: u32 = 1100;

@@ -216,6 +216,9 @@ fn node_path(host: &Host, host_path: &str) -> Result<PathBuf> {
         "/var/lib/edgevx" => host.state_dir(),
         "/run/flannel" => host.dir.join("run-flannel"),
         "/run/xtables.lock" => host.dir.join("xtables.lock"),
+        // the host's own: an `edgevx cleanup` or agent run in the node by `ip netns
+        // exec` must see the container's lock, as on a real node
+        "/run/edgevx/netns" => PathBuf::from("/run/edgevx/netns"),
         other => bail!("hostPath {other} has no test-node path in tests/tests/e2e/image.rs"),
     })
 }

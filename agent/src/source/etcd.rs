@@ -154,7 +154,7 @@ impl Session {
         // a new one, which bring-up then finds published and saves
         // never a MAC another lease publishes (a state dir copied from its node)
         let mut others = vtep_mac::OthersMacs::default();
-        for (k, (v, _)) in &all {
+        for (k, (v, _, _)) in &all {
             let Ok(l) = leases::parse_lease(k, v, true) else { continue };
             if l.public_ip != me.public_ip {
                 for m in [l.vtep_mac, l.v6.and_then(|v6| v6.vtep_mac)].into_iter().flatten() {

@@ -13,7 +13,10 @@
 //! out. A file in a directory only root can write (created 0700, and
 //! refused if it or its parent is owned by anyone else or writable by
 //! them) can only be locked by a process that may open it: root, the
-//! agent's own uid. The name is no longer bound nor looked at.
+//! agent's own uid. The lock never depends on that name any more; the
+//! holder still binds it when it can (best effort, [`OLD_NAME`]), only so
+//! that a 0.1 agent started beside it (a downgrade gone wrong) refuses to
+//! run, as 0.1 checks nothing else. A squatter there costs nothing.
 //!
 //! The lock is a POSIX record lock (`fcntl(F_SETLK)`) on the whole file, so
 //! the kernel itself says who holds it: `F_GETLK` answers with the holder's
@@ -70,11 +73,30 @@ pub struct Record {
     pub phase: String,
 }
 
+/// The abstract unix socket 0.1 agents take as their lock (without its
+/// leading NUL).
+pub const OLD_NAME: &str = "edgevx/agent";
+
 /// Held while it lives; the file is removed when it is dropped.
 pub struct NetnsLock {
     file: File,
     path: PathBuf,
     record: std::sync::Mutex<Record>,
+    /// `@edgevx/agent` when it could be bound: keeps a 0.1 agent out.
+    old_name: Option<std::os::unix::net::UnixDatagram>,
+}
+
+/// Binds [`OLD_NAME`] if no one has: never required, never a refusal.
+fn bind_old_name() -> Option<std::os::unix::net::UnixDatagram> {
+    use std::os::{linux::net::SocketAddrExt, unix::net::SocketAddr};
+    let addr = SocketAddr::from_abstract_name(OLD_NAME).ok()?;
+    match std::os::unix::net::UnixDatagram::bind_addr(&addr) {
+        Ok(socket) => Some(socket),
+        Err(e) => {
+            debug!("cannot bind @{OLD_NAME} (kept only to keep 0.1 agents out): {e}");
+            None
+        }
+    }
 }
 
 /// Who holds the lock of this network namespace, as the kernel says.
@@ -89,7 +111,9 @@ pub struct Holder {
 /// Takes the lock of this process's network namespace, or fails with exit
 /// 2 naming the holder's pid (`who`: what the caller is, for the message).
 pub fn acquire(who: &str, role: Role, state_dir: &Path) -> Result<NetnsLock> {
-    lock_in(Path::new(DIR), netns_key()?, who, role, state_dir)
+    let mut lock = lock_in(Path::new(DIR), netns_key()?, who, role, state_dir)?;
+    lock.old_name = bind_old_name();
+    Ok(lock)
 }
 
 /// Who holds the lock of this process's network namespace; `None` if no one.
@@ -260,7 +284,7 @@ fn lock_in(dir: &Path, key: u64, who: &str, role: Role, state_dir: &Path) -> Res
         if let Err(e) = write_record(&file, &record) {
             debug!("cannot record the holder in {}: {e}", path.display());
         }
-        return Ok(NetnsLock { file, path, record: std::sync::Mutex::new(record) });
+        return Ok(NetnsLock { file, path, record: std::sync::Mutex::new(record), old_name: None });
     }
     Err(anyhow::anyhow!("cannot take the agent lock {}: it keeps being replaced", path.display()))
 }

@@ -12,6 +12,7 @@ mod host;
 mod image;
 mod kernels;
 mod packages;
+mod previous;
 mod release;
 mod seccomp;
 mod sysroot;

@@ -48,6 +48,7 @@ mod restart;
 mod rollback;
 mod state_safety;
 pub mod underlay_v6;
+mod upgrade;
 
 use edgevx_tests::traffic::Peer;
 

@@ -90,6 +90,9 @@ fn prepare(filter: Option<&str>) -> Result<(toolchain::Tools, std::path::PathBuf
     };
     build::ebpf(&tools)?;
     build::agent(&tools)?;
+    if let Some(prev) = &prev {
+        previous::check_ours_is_back(prev, &exec::workspace_root().join("target/release/edgevx"))?;
+    }
     let ipam = build::ipam()?;
     Ok((tools, ipam, prev))
 }

@@ -44,26 +44,36 @@ impl Agent {
         Self::spawn_via(host, &[], args)
     }
 
+    /// Starts another build of edgevx, `bin` (the previous release), as
+    /// [`Agent::start`] starts this one: a nodes file, `extra` flags, and a
+    /// wait for "dataplane up".
+    pub fn start_bin(bin: &Path, host: &Host, nodes_file: &Path, extra: &[&str]) -> Result<Self> {
+        let mut args = vec!["--nodes-file", nodes_file.to_str().context("path")?];
+        args.extend_from_slice(extra);
+        let mut agent = Self::spawn_inner(bin, host, &[], &["--iface", "eth0"], &args)?;
+        agent.wait_log("dataplane up", Duration::from_secs(20))?;
+        Ok(agent)
+    }
+
     /// Starts the agent through `wrapper` (e.g. `setpriv ...`) inside the node.
     pub fn spawn_via(host: &Host, wrapper: &[&str], args: &[&str]) -> Result<Self> {
-        Self::spawn_inner(host, wrapper, &["--iface", "eth0"], args)
+        Self::spawn_inner(&edgevx_bin(), host, wrapper, &["--iface", "eth0"], args)
     }
 
     /// Starts the agent without the common `--iface eth0`, so that `args`
     /// (or nothing) choose the underlay; waits for nothing.
     pub fn spawn_choosing_iface(host: &Host, args: &[&str]) -> Result<Self> {
-        Self::spawn_inner(host, &[], &[], args)
+        Self::spawn_inner(&edgevx_bin(), host, &[], &[], args)
     }
 
     /// Starts the agent through `wrapper` with no `--iface`: `args` (or the
     /// default route) choose the underlay; waits for nothing.
     pub fn spawn_choosing_iface_via(host: &Host, wrapper: &[&str], args: &[&str]) -> Result<Self> {
-        Self::spawn_inner(host, wrapper, &[], args)
+        Self::spawn_inner(&edgevx_bin(), host, wrapper, &[], args)
     }
 
-    fn spawn_inner(host: &Host, wrapper: &[&str], iface: &[&str], args: &[&str]) -> Result<Self> {
+    fn spawn_inner(bin: &Path, host: &Host, wrapper: &[&str], iface: &[&str], args: &[&str]) -> Result<Self> {
         let log = host.dir.join(format!("{}.log", crate::unique("agent")));
-        let bin = edgevx_bin();
         let bin = bin.to_str().context("bin path")?;
         let mut cmd = host.ns.cmd(wrapper.first().copied().unwrap_or(bin));
         if !wrapper.is_empty() {

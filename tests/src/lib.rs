@@ -7,6 +7,7 @@ pub mod agent;
 pub mod cni;
 pub mod dual;
 pub mod etcd;
+pub mod flows;
 pub mod ipam;
 pub mod ipam_pod;
 pub mod kube_proxy;

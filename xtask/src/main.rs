@@ -12,6 +12,7 @@ mod host;
 mod image;
 mod kernels;
 mod packages;
+mod previous;
 mod release;
 mod seccomp;
 mod sysroot;
@@ -42,6 +43,9 @@ enum Job {
     BuildEbpf,
     /// Build target/release/edgevx with the eBPF object embedded, and target/release/edgevx-ipam.
     Build,
+    /// Build the previous release's agent (the upgrade tests' starting point) once, into
+    /// target/previous/<commit>/; `cargo xtask test` does this when the upgrade tests are selected.
+    BuildPrevious,
     /// Run every test: unit tests, BPF_PROG_TEST_RUN, and namespace tests (root).
     Test {
         /// Only run tests whose name contains this.
@@ -136,6 +140,12 @@ fn main() -> ExitCode {
             .and_then(|_| toolchain::ensure())
             .and_then(|t| build::agent(&t))
             .and_then(|_| build::ipam().map(|_| ())),
+        // ours is built again after it: the previous tree's build leaves its agent in target/release
+        Job::BuildPrevious => packages::ensure_build().and_then(|_| toolchain::ensure()).and_then(|t| {
+            let prev = previous::ensure(&t)?;
+            build::agent(&t)?;
+            previous::check_ours_is_back(&prev, &exec::workspace_root().join("target/release/edgevx"))
+        }),
         Job::Test { filter, host: Some(host), .. } => host::run(&host, filter.as_deref()),
         Job::Test { filter, kernel, ci, host: None } => test::run(filter.as_deref(), kernel.as_deref(), ci),
         Job::Image { arch: Some(platforms) } => image::build_for(platforms).map(|_| ()),

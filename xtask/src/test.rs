@@ -3,7 +3,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{build, exec, image, kernels, packages, seccomp, toolchain, unpacked, vm, vm_arm64};
+use crate::{build, exec, image, kernels, packages, previous, seccomp, toolchain, unpacked, vm, vm_arm64};
 
 /// Where the e2e tests find the image archive (tests/tests/e2e/image.rs).
 pub const IMAGE_ARCHIVE_ENV: &str = "EDGEVX_IMAGE_ARCHIVE";
@@ -13,7 +13,7 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
         return in_vms(filter, kernel, ci);
     }
     packages::ensure_image()?;
-    let (tools, ipam) = prepare()?;
+    let (tools, ipam, prev) = prepare(filter)?;
     let root = exec::workspace_root();
     let mut unit = Command::new("cargo");
     unit.args([
@@ -68,6 +68,7 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
         .env("EDGEVX_PROMTOOL", unpacked::ensure(&unpacked::PROMTOOL)?)
         // deploy/'s kustomize overlays, rendered as a cluster would
         .env("EDGEVX_KUBECTL", unpacked::ensure(&unpacked::KUBECTL)?)
+        .envs(prev.iter().flat_map(previous::Previous::env))
         .arg("--")
         .arg("--test-threads=1");
     if let Some(f) = filter {
@@ -77,14 +78,23 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
 }
 
 /// What every test run needs: the packages, the tools, the eBPF object, the
-/// agent and edgevx-ipam (returned).
-fn prepare() -> Result<(toolchain::Tools, std::path::PathBuf)> {
+/// agent and edgevx-ipam (returned); and when `filter` selects the upgrade
+/// tests, the previous release's agent, built before ours (its build
+/// leaves it where ours goes, see [`previous`]).
+fn prepare(filter: Option<&str>) -> Result<(toolchain::Tools, std::path::PathBuf, Option<previous::Previous>)> {
     packages::ensure()?;
     let tools = toolchain::ensure()?;
+    let prev = match previous::selected(filter) {
+        true => Some(previous::ensure(&tools)?),
+        false => None,
+    };
     build::ebpf(&tools)?;
     build::agent(&tools)?;
+    if let Some(prev) = &prev {
+        previous::check_ours_is_back(prev, &exec::workspace_root().join("target/release/edgevx"))?;
+    }
     let ipam = build::ipam()?;
-    Ok((tools, ipam))
+    Ok((tools, ipam, prev))
 }
 
 /// The e2e tests inside VMs booting `kernels` (a comma-separated list; see
@@ -117,7 +127,7 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
         specs.push(spec);
     }
     packages::ensure_vm()?;
-    let (tools, ipam) = prepare()?;
+    let (tools, ipam, prev) = prepare(filter)?;
     // the amd64 guests all run the one e2e binary built here
     let native = match specs.iter().any(|s| s.arch != "arm64") {
         true => Some(native_binary(&tools)?),
@@ -151,7 +161,9 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
     let mut guests = Vec::new();
     for GuestJob { spec, command, part } in jobs {
         guests.push(match command {
-            Some(command) => Guest::Native(vm::prepare(&native_run(spec, command, part, &tools, &ipam, patience))?),
+            Some(command) => {
+                Guest::Native(vm::prepare(&native_run(spec, command, part, &tools, &ipam, prev.as_ref(), patience))?)
+            }
             None => {
                 // every prog test, with --ci too: the arm64 guest runs nothing else
                 let filters = filter.map_or_else(|| vm_arm64::TESTS.to_vec(), |f| f.split_whitespace().collect());
@@ -279,17 +291,20 @@ fn native_run(
     part: Option<(usize, usize)>,
     tools: &toolchain::Tools,
     ipam: &std::path::Path,
+    prev: Option<&previous::Previous>,
     patience: u32,
 ) -> vm::Run<'static> {
     let root = exec::workspace_root();
+    let mut env: Vec<(String, std::path::PathBuf)> = vec![
+        ("EDGEVX_BIN".into(), root.join("target/release/edgevx")),
+        ("EDGEVX_IPAM_BIN".into(), ipam.to_path_buf()),
+        ("EDGEVX_EBPF_OBJECT".into(), root.join("target/bpfel-unknown-none/release/edgevx")),
+    ];
+    env.extend(prev.iter().flat_map(|p| p.env()).map(|(k, v)| (k.to_string(), v)));
     vm::Run {
         kernel: spec.name,
         command: vec!["sh".to_string(), "-c".to_string(), command],
-        env: vec![
-            ("EDGEVX_BIN".into(), root.join("target/release/edgevx")),
-            ("EDGEVX_IPAM_BIN".into(), ipam.to_path_buf()),
-            ("EDGEVX_EBPF_OBJECT".into(), root.join("target/bpfel-unknown-none/release/edgevx")),
-        ],
+        env,
         path_env: tools.path_env(),
         job: "tests",
         patience,

@@ -56,6 +56,7 @@ mod state_identity;
 mod state_safety;
 mod status_truth;
 pub mod underlay_v6;
+mod upgrade;
 
 use edgevx_tests::traffic::Peer;
 

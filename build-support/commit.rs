@@ -18,10 +18,22 @@ fn emit_commit() {
             .filter(|o| o.status.success())?;
         Some(String::from_utf8(out.stdout).ok()?.trim().to_string()).filter(|s| !s.is_empty())
     };
-    if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-        println!("cargo:rerun-if-changed={dir}/HEAD");
+    // `--git-path` says where git keeps each file: in a linked worktree the
+    // branch refs live in the common dir, not beside HEAD, and a packed ref
+    // has no file of its own (cargo runs a script again every build when a
+    // path it watches does not exist)
+    let path = |file: &str| git(&["rev-parse", "--path-format=absolute", "--git-path", file]);
+    if let Some(head) = path("HEAD") {
+        println!("cargo:rerun-if-changed={head}");
         if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={dir}/{r}");
+            match path(&r).filter(|p| std::path::Path::new(p).exists()) {
+                Some(loose) => println!("cargo:rerun-if-changed={loose}"),
+                None => {
+                    if let Some(packed) = path("packed-refs") {
+                        println!("cargo:rerun-if-changed={packed}");
+                    }
+                }
+            }
         }
     }
     let commit = std::env::var("EDGEVX_COMMIT")

@@ -63,6 +63,8 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         use aya::programs::TcAttachType::{Egress, Ingress};
         let vtep = rec.v4.as_ref().map_or("", |v4| v4.vtep_device.as_str());
         for (name, iface, kind) in [
+            // first, as in PROGRAMS: before decap stops marking what it judged
+            (loader::VTEP_GUARD, vtep, Ingress),
             (loader::ENCAP, vtep, Egress),
             (loader::DECAP, rec.iface.as_str(), Ingress),
             (loader::BRIDGE, rec.pod_bridge.as_str(), Egress),

@@ -20,7 +20,12 @@ use rtnetlink::Handle;
 use tracing::{info, warn};
 
 use crate::{
-    dataplane::{bpffs, device, loader, maps::Maps, own_addrs, vtep},
+    dataplane::{
+        bpffs, device, loader,
+        maps::Maps,
+        order::{Foreign, Place},
+        own_addrs, vtep,
+    },
     netfilter,
     peer::{OwnNode, Peer},
     reconcile::{self, Fill, Nag},
@@ -146,6 +151,10 @@ impl Node {
         }
         // IPv6-only too: it judges the IPv6 VXLAN flannel-v6.<VNI> takes in
         loader::attach_as(mode, &mut ebpf, pins, loader::DECAP, &r.iface, TcAttachType::Ingress)?;
+        // after decap, which marks what it judged: from here on the VTEP takes nothing else
+        if let Some(v4) = &r.v4 {
+            loader::attach_as(mode, &mut ebpf, pins, loader::VTEP_GUARD, &v4.vtep_device, TcAttachType::Ingress)?;
+        }
         self.loaded = Some(ebpf); // the pinned links (or filters) keep the programs; the pinned maps keep their state
         for old in self.pins.other_versions() {
             loader::retire(&old)?;
@@ -194,9 +203,10 @@ impl Node {
         let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
         if let (Some(v4), Some(index)) = (&r.v4, self.vtep_index) {
             let vtep = device::link_by_name(&self.handle, &v4.vtep_device).await?;
+            let on = |name, kind| loader::attached_as(mode, &self.handle, pins, name, &v4.vtep_device, kind);
             if vtep.is_none_or(|l| l.header.index != index)
-                || !loader::attached_as(mode, &self.handle, pins, loader::ENCAP, &v4.vtep_device, TcAttachType::Egress)
-                    .await?
+                || !on(loader::ENCAP, TcAttachType::Egress).await?
+                || !on(loader::VTEP_GUARD, TcAttachType::Ingress).await?
             {
                 return Ok(false);
             }
@@ -207,6 +217,24 @@ impl Node {
             }
         }
         loader::attached_as(mode, &self.handle, pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await
+    }
+
+    /// Whether decap runs first on the underlay's ingress, as the kernel
+    /// says; if something got ahead of it, decap is put back first. Returns
+    /// what was found ahead (empty: decap was first, or is not attached,
+    /// which [`intact`](Self::intact) finds). An error: the kernel could not
+    /// be asked, or decap could not be put back.
+    pub(super) async fn keep_decap_first(&mut self) -> Result<Vec<Foreign>> {
+        if self.pending.is_some() {
+            return Ok(Vec::new()); // not attached yet
+        }
+        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
+        let place = loader::place_as(mode, &self.handle, pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await?;
+        let Place::Behind(ahead) = place else { return Ok(Vec::new()) };
+        let ebpf = self.loaded.as_mut().context("the loaded programs are gone")?;
+        loader::put_first(mode, ebpf, pins, loader::DECAP, &r.iface, TcAttachType::Ingress)
+            .with_context(|| format!("cannot put edgevx's decap back first on {}", r.iface))?;
+        Ok(ahead)
     }
 
     /// Re-asserts our firewall chains (someone may have flushed them).

@@ -132,7 +132,7 @@ enum Counted {
 /// outermost first: VID 0, priority 5, as an 802.1p switch tags). An
 /// optional last argument names the link to leave by (`SO_BINDTODEVICE`;
 /// required for `tagged`).
-const SEND: &str = r#"
+pub(crate) const SEND: &str = r#"
 import socket, struct, sys
 src, dst, mode, inner_src, inner_dst, mac = sys.argv[1:7]
 link = sys.argv[7].encode() if len(sys.argv) > 7 else b''

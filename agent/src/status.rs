@@ -38,7 +38,8 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
             && on(loader::VTEP_GUARD, &v4.vtep_device, TcAttachType::Ingress)
     });
     let decap = place(loader::DECAP, &rec.iface, TcAttachType::Ingress);
-    let dataplane_attached = encap_on && decap.as_ref().is_some_and(|p| *p != Place::Absent);
+    let guard6_on = rec.v6.as_ref().is_none_or(|v6| on(loader::VTEP_GUARD6, &v6.device, TcAttachType::Ingress));
+    let dataplane_attached = encap_on && guard6_on && decap.as_ref().is_some_and(|p| *p != Place::Absent);
     // what runs ahead of decap on the underlay: a program that ends the chain there skips its judging
     let ahead_of_decap: Vec<String> =
         decap.as_ref().map(|p| p.ahead().iter().map(ToString::to_string).collect()).unwrap_or_default();

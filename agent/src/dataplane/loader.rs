@@ -66,6 +66,9 @@ pub const POD_GUARD: &str = "edgevx_pod_guard";
 /// On `flannel.<VNI>`'s ingress (see ebpf/src/vtep_guard.rs): drops what
 /// decap did not judge; attached after decap, which marks what it judged.
 pub const VTEP_GUARD: &str = "edgevx_vtep_guard";
+/// The VTEP guard on `flannel-v6.<VNI>`'s ingress: the same program, its
+/// link pinned under a name of its own (see [`program_of`]).
+pub const VTEP_GUARD6: &str = "edgevx_vtep_guard6";
 /// Every TC program, for loading, status and cleanup. The VTEP guard first:
 /// cleanup detaches in this order, and it must go before decap stops marking.
 pub const PROGRAMS: [&str; 5] = [VTEP_GUARD, ENCAP, DECAP, BRIDGE, POD_GUARD];
@@ -101,6 +104,12 @@ pub fn load(pins: &PinDir, features: &Features) -> Result<Ebpf> {
     Ok(ebpf)
 }
 
+/// The program attached under the pin name `name`: its own, but for
+/// [`VTEP_GUARD6`], the IPv6 VTEP's link of [`VTEP_GUARD`].
+pub fn program_of(name: &str) -> &str {
+    if name == VTEP_GUARD6 { VTEP_GUARD } else { name }
+}
+
 /// The variant of program `name` to load on a kernel with `features`.
 pub fn variant(features: &Features, name: &'static str) -> &'static str {
     match name {
@@ -111,6 +120,7 @@ pub fn variant(features: &Features, name: &'static str) -> &'static str {
 
 /// Program `name` as it was loaded: its variant, if that is what `load` loaded.
 fn loaded<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
+    let name = program_of(name);
     let compat = (name == ENCAP && classifier(ebpf, ENCAP)?.fd().is_err()).then_some(ENCAP_COMPAT);
     classifier(ebpf, compat.unwrap_or(name))
 }
@@ -214,7 +224,7 @@ fn attach_tc(
 ) -> Result<()> {
     match mode {
         AttachMode::Tcx => {
-            if clsact::detach(name, iface, kind)? {
+            if clsact::detach(program_of(name), iface, kind)? {
                 info!(program = name, iface, "removed the clsact filter of an earlier run");
             }
             attach(ebpf, pins, name, iface, kind)
@@ -223,7 +233,7 @@ fn attach_tc(
             if detach_pinned(pins, name)? {
                 info!(program = name, "detached the TCX link of an earlier run");
             }
-            clsact::attach(loaded(ebpf, name)?, name, iface, kind)
+            clsact::attach(loaded(ebpf, name)?, program_of(name), iface, kind)
         }
     }
 }
@@ -288,8 +298,8 @@ pub fn put_first(
             attach(ebpf, pins, name, iface, kind)
         }
         AttachMode::Clsact => {
-            clsact::detach(name, iface, kind)?;
-            clsact::attach(loaded(ebpf, name)?, name, iface, kind)
+            clsact::detach(program_of(name), iface, kind)?;
+            clsact::attach(loaded(ebpf, name)?, program_of(name), iface, kind)
         }
     }
 }

@@ -151,13 +151,22 @@ impl Node {
         }
         // IPv6-only too: it judges the IPv6 VXLAN flannel-v6.<VNI> takes in
         loader::attach_as(mode, &mut ebpf, pins, loader::DECAP, &r.iface, TcAttachType::Ingress)?;
-        // after decap, which marks what it judged: from here on the VTEP takes nothing else
-        if let Some(v4) = &r.v4 {
-            loader::attach_as(mode, &mut ebpf, pins, loader::VTEP_GUARD, &v4.vtep_device, TcAttachType::Ingress)?;
-        }
         self.loaded = Some(ebpf); // the pinned links (or filters) keep the programs; the pinned maps keep their state
         for old in self.pins.other_versions() {
             loader::retire(&old)?;
+        }
+        // After decap, which marks what it judged: from here on the VTEP takes
+        // nothing else. And after an older layout's guard is retired: of two
+        // guards in a row the first clears the mark and the second drops.
+        // Not attached (retire failed): `intact` finds it missing and rebuilds.
+        let ebpf = self.loaded.as_mut().context("the loaded programs are gone")?;
+        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
+        if let Some(v4) = &r.v4 {
+            loader::attach_as(mode, ebpf, pins, loader::VTEP_GUARD, &v4.vtep_device, TcAttachType::Ingress)?;
+        }
+        if let Some(v6) = &self.v6 {
+            let device = &v6.record.device;
+            loader::attach_as(mode, ebpf, pins, loader::VTEP_GUARD6, device, TcAttachType::Ingress)?;
         }
         if let Some(index) = self.vtep_index {
             device::set_noarp(&self.handle, index).await?;
@@ -212,7 +221,10 @@ impl Node {
             }
         }
         if let Some(v6) = &self.v6 {
-            if !v6.intact(&self.handle).await? {
+            let (guard6, device) = (loader::VTEP_GUARD6, &v6.record.device);
+            if !v6.intact(&self.handle).await?
+                || !loader::attached_as(mode, &self.handle, pins, guard6, device, TcAttachType::Ingress).await?
+            {
                 return Ok(false);
             }
         }

@@ -17,8 +17,8 @@ mod stats;
 mod tagged;
 mod too_big;
 mod tunnel;
-mod vxlan_port;
 mod vtep_guard;
+mod vxlan_port;
 
 use aya_ebpf::{
     macros::{classifier, sk_lookup},

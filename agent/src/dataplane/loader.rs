@@ -140,8 +140,7 @@ pub fn attached_here(path: &Path, iface: &str, kind: TcAttachType) -> Result<boo
     let Some(index) = device::ifindex(iface).with_context(|| format!("cannot look up {iface}"))? else {
         return Ok(false);
     };
-    let link =
-        order::pinned_tcx(path).with_context(|| format!("cannot read the link pinned at {}", path.display()))?;
+    let link = order::pinned_tcx(path).with_context(|| format!("cannot read the link pinned at {}", path.display()))?;
     Ok(link.is_some_and(|l| (l.ifindex, l.attach_type) == (index, order::tcx_attach_type(kind))))
 }
 
@@ -275,7 +274,8 @@ pub fn tcx_place(pins: &PinDir, name: &str, iface: &str, kind: TcAttachType) -> 
         return Ok(Place::Absent);
     };
     let path = pins.link(name);
-    let link = order::pinned_tcx(&path).with_context(|| format!("cannot read the link pinned at {}", path.display()))?;
+    let link =
+        order::pinned_tcx(&path).with_context(|| format!("cannot read the link pinned at {}", path.display()))?;
     order::tcx_place(link, index, kind).with_context(|| format!("cannot list the TCX programs of {iface} ({kind:?})"))
 }
 

@@ -160,9 +160,8 @@ pub fn tcx_programs(ifindex: u32, attach_type: u32) -> io::Result<Vec<u32>> {
         ..Default::default()
     };
     // SAFETY: the kernel writes at most `count` ids into `ids`, and the count back into `q`.
-    let rc = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_PROG_QUERY, &mut q as *mut Query, std::mem::size_of::<Query>())
-    };
+    let rc =
+        unsafe { libc::syscall(libc::SYS_bpf, BPF_PROG_QUERY, &mut q as *mut Query, std::mem::size_of::<Query>()) };
     // ENOSPC: more than 64; the first ones are written, which is all that is asked
     if rc != 0 {
         let e = io::Error::last_os_error();

@@ -229,7 +229,9 @@ fn program_ahead_of_decap(attach: &'static str) -> Result<()> {
     })?;
     assert_eq!(s.pod_no_ports()?, seen, "a forged inner source reached the pod");
     // and the next check finds decap first: ready again, the metric says so
-    until("/readyz to be 200 again", Duration::from_secs(30), || Ok((get(s.node1(), "/readyz")?.status == 200).then_some(())))?;
+    until("/readyz to be 200 again", Duration::from_secs(30), || {
+        Ok((get(s.node1(), "/readyz")?.status == 200).then_some(()))
+    })?;
     let metrics = get(s.node1(), "/metrics")?.body;
     assert!(metrics.contains("edgevx_decap_first 1"), "{metrics}");
     // the foreign program stays, behind decap: put first again by its owner, the story repeats

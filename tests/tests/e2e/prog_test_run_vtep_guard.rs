@@ -9,7 +9,7 @@ use aya::{TestRun, TestRunOptions, programs::SchedClassifier};
 use edgevx_common::maps::{FLAG_BYPASS_NETFILTER, FLAG_REQUIRE_JUDGED, MARK_JUDGED};
 
 use crate::prog_test_run::{
-    Loaded, NEXT, OUR_MAC, PEER_IP, PEER_MAC, POD_MAC, HOST_MAC, STRANGER_IP, TC_ACT_REDIRECT, TC_ACT_SHOT, eth, ipv4,
+    HOST_MAC, Loaded, NEXT, OUR_MAC, PEER_IP, PEER_MAC, POD_MAC, STRANGER_IP, TC_ACT_REDIRECT, TC_ACT_SHOT, eth, ipv4,
     load, vxlan_frame,
 };
 

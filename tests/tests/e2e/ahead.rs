@@ -50,7 +50,15 @@ const FOREIGN_NAME: &str = "observe";
 /// (ahead of every program there), pinning the link; `detach PIN` detaches
 /// the link pinned at PIN in the kernel (BPF_LINK_DETACH), leaving the pin.
 const BPF: &str = r#"
-import ctypes, os, socket, struct, sys
+import ctypes, os, resource, socket, struct, sys
+# before 5.11 a program is charged to RLIMIT_MEMLOCK, per user: the agent's
+# maps use root's up, and the load fails with EPERM; raised as far as allowed
+for soft in (resource.RLIM_INFINITY, resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]):
+    try:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]))
+        break
+    except (ValueError, OSError):
+        pass
 libc = ctypes.CDLL(None, use_errno=True)
 NR = {'x86_64': 321, 'aarch64': 280}[os.uname().machine]
 def bpf(cmd, attr):

@@ -53,9 +53,10 @@ const BPF: &str = r#"
 import ctypes, os, resource, socket, struct, sys
 # before 5.11 a program is charged to RLIMIT_MEMLOCK, per user: the agent's
 # maps use root's up, and the load fails with EPERM; raised as far as allowed
-for soft in (resource.RLIM_INFINITY, resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]):
+hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+for limits in ((resource.RLIM_INFINITY, resource.RLIM_INFINITY), (hard, hard)):
     try:
-        resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]))
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, limits)
         break
     except (ValueError, OSError):
         pass

@@ -53,7 +53,8 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         }
         (_, false) => None,
     };
-    for name in loader::PROGRAMS.into_iter().chain([crate::dataplane::guard::GUARD]) {
+    // the IPv6 VTEP's guard first too, before decap stops marking
+    for name in [loader::VTEP_GUARD6].into_iter().chain(loader::PROGRAMS).chain([crate::dataplane::guard::GUARD]) {
         if loader::detach_pinned(&pins, name)? {
             info!(program = name, "detached");
         }
@@ -63,7 +64,11 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
     if let Some(rec) = &rec {
         use aya::programs::TcAttachType::{Egress, Ingress};
         let vtep = rec.v4.as_ref().map_or("", |v4| v4.vtep_device.as_str());
+        let vtep6 = rec.v6.as_ref().map_or("", |v6| v6.device.as_str());
         for (name, iface, kind) in [
+            // first, as in PROGRAMS: before decap stops marking what it judged
+            (loader::VTEP_GUARD, vtep, Ingress),
+            (loader::VTEP_GUARD, vtep6, Ingress),
             (loader::ENCAP, vtep, Egress),
             (loader::DECAP, rec.iface.as_str(), Ingress),
             (loader::BRIDGE, rec.pod_bridge.as_str(), Egress),
@@ -79,7 +84,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         // dev_deactivate, for a clsact qdisc too), and what the kernel sends
         // then is dropped, where the hand-over must lose nothing. An empty
         // clsact qdisc does nothing.
-        let mut ifaces = vec![vtep, rec.iface.as_str(), rec.pod_bridge.as_str()];
+        let mut ifaces = vec![vtep, vtep6, rec.iface.as_str(), rec.pod_bridge.as_str()];
         ifaces.dedup();
         for iface in ifaces.into_iter().filter(|i| !i.is_empty()) {
             if kept_vtep.is_some() {

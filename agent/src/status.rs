@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::{
     cli::StatusArgs,
-    dataplane::{bpffs::PinDir, clsact, loader, maps::Maps, routes},
+    dataplane::{bpffs::PinDir, clsact, loader, maps::Maps, order::Place, routes},
     metrics::startup::STARTUP_FILE,
     reconcile::{CAPACITY_FILE, Fill},
     run::netns_lock,
@@ -62,13 +62,23 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     let peers = state.load_peers()?;
     let pins = PinDir::new(&paths.bpffs);
     let maps = Maps::open(&pins).ok();
-    let on = |name: &str, iface: &str, kind: TcAttachType| match rec.attach {
-        loader::AttachMode::Tcx => pins.link(name).exists(),
-        loader::AttachMode::Clsact => clsact::attached_blocking(iface, kind),
+    // the kernel's word, not the pins': which programs run where, and in what order
+    let place = |name: &str, iface: &str, kind: TcAttachType| match rec.attach {
+        loader::AttachMode::Tcx => loader::tcx_place(&pins, name, iface, kind).ok(),
+        loader::AttachMode::Clsact => clsact::place_blocking(iface, kind),
     };
-    // IPv6-only: no IPv4 VTEP, so no encap program
-    let encap_on = rec.v4.as_ref().is_none_or(|v4| on(loader::ENCAP, &v4.vtep_device, TcAttachType::Egress));
-    let dataplane_attached = encap_on && on(loader::DECAP, &rec.iface, TcAttachType::Ingress);
+    let on = |name: &str, iface: &str, kind: TcAttachType| place(name, iface, kind).is_some_and(|p| p != Place::Absent);
+    // IPv6-only: no IPv4 VTEP, so no encap program and no VTEP guard
+    let encap_on = rec.v4.as_ref().is_none_or(|v4| {
+        on(loader::ENCAP, &v4.vtep_device, TcAttachType::Egress)
+            && on(loader::VTEP_GUARD, &v4.vtep_device, TcAttachType::Ingress)
+    });
+    let decap = place(loader::DECAP, &rec.iface, TcAttachType::Ingress);
+    let guard6_on = rec.v6.as_ref().is_none_or(|v6| on(loader::VTEP_GUARD6, &v6.device, TcAttachType::Ingress));
+    let dataplane_attached = encap_on && guard6_on && decap.as_ref().is_some_and(|p| *p != Place::Absent);
+    // what runs ahead of decap on the underlay: a program that ends the chain there skips its judging
+    let ahead_of_decap: Vec<String> =
+        decap.as_ref().map(|p| p.ahead().iter().map(ToString::to_string).collect()).unwrap_or_default();
     let bridge_attached = on(loader::BRIDGE, &rec.pod_bridge, TcAttachType::Egress);
     let counters = match &maps {
         Some(m) => serde_json::to_value(m.global_stats()?)?,
@@ -125,6 +135,9 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         "agent_pid": agent_pid,
         "agent_phase": agent_phase,
         "dataplane_attached": dataplane_attached,
+        // null when the kernel could not be asked, or decap is not attached
+        "decap_first": decap.as_ref().filter(|p| **p != Place::Absent).map(|p| *p == Place::First),
+        "ahead_of_decap": ahead_of_decap,
         "bridge_attached": bridge_attached,
         "attach": rec.attach.name(),
         "iface": rec.iface,
@@ -185,6 +198,15 @@ pub fn run(args: StatusArgs) -> Result<()> {
         s("node"),
         if v["dataplane_attached"] == true { "attached" } else { "NOT attached" }
     );
+    if let Some(ahead) = v["ahead_of_decap"].as_array().filter(|a| !a.is_empty()) {
+        let names: Vec<&str> = ahead.iter().filter_map(Value::as_str).collect();
+        println!(
+            "NOT first on {}'s ingress: {} run ahead of edgevx's decap (the agent puts it back first at its next \
+             check; meanwhile VXLAN they pass on unjudged is dropped on the VTEP)",
+            s("iface"),
+            names.join("; ")
+        );
+    }
     if v["vtep_device"].is_null() {
         // IPv6-only: the IPv6 VTEP below is the only one
         println!("vni {} port {} mtu {} (IPv6-only)", s("vni"), s("port"), s("mtu"));

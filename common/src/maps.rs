@@ -66,6 +66,24 @@ pub const FLAG_STRICT_INNER_SOURCE: u32 = 2;
 /// bytes on the wire are the same.
 pub const FLAG_ENCAP_NO_L2_ETH: u32 = 4;
 
+/// Flag in [`DataplaneConfig::flags`]: the VTEP guard (ebpf/src/vtep_guard.rs)
+/// drops every frame on `flannel.<VNI>`'s or `flannel-v6.<VNI>`'s ingress
+/// that decap did not mark [`MARK_JUDGED`]. Only an agent whose decap marks
+/// sets it: an older agent rewrites the config without it, so a guard left
+/// attached after a downgrade lets the older decap's traffic through.
+pub const FLAG_REQUIRE_JUDGED: u32 = 8;
+
+/// The `skb->mark` bit decap sets on a frame it judged and accepted that
+/// goes on to our VTEP (redirected to `flannel.<VNI>`'s ingress, or left to
+/// the kernel's VXLAN receive); the VTEP guard clears it again, before
+/// routing and netfilter see the inner packet. The mark survives both
+/// paths: a redirect and `vxlan_rcv` within one network namespace call
+/// `skb_scrub_packet(skb, xnet = false)`, which keeps it, and IPv4 and IPv6
+/// reassembly give the whole datagram the first fragment's (judged) mark.
+/// A bit no neighbour uses: kube-proxy has 0x4000 and 0x8000, Cilium
+/// 0x0f00, Istio 0x539, Calico the upper 16 bits, Weave 0x20000 and 0x40000.
+pub const MARK_JUDGED: u32 = 0x1000;
+
 /// What the agent configured; read by both programs on every packet.
 ///
 /// Addresses are in network byte order as bytes, the way they sit in a

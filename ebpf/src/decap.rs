@@ -34,6 +34,11 @@
 //!   header with options, another local address): left to the kernel's
 //!   `flannel.<VNI>` receive path.
 //!
+//! What is accepted for our VTEP (stripped here or left to the kernel)
+//! carries `MARK_JUDGED` in `skb->mark`: the VTEP's ingress guard
+//! (`vtep_guard.rs`) drops what does not, so a program ahead of this one
+//! that ends the chain cannot let a forged inner source past unjudged.
+//!
 //! IPv6 frames are judged by `judge6.rs` and never decapsulated here: the
 //! kernel's `flannel-v6.<VNI>` receives what it lets through.
 //!
@@ -52,7 +57,7 @@ use aya_ebpf::{
 use edgevx_common::{
     counters::Counter,
     headers::{EthHeader, Ipv4Header, VxlanHeader},
-    maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, LocalPod, PeerAccept},
+    maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, LocalPod, MARK_JUDGED, PeerAccept},
     vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, IPPROTO_UDP, IPV4_HLEN, UDP_HLEN, VXLAN_HLEN},
 };
 
@@ -157,7 +162,19 @@ pub fn run(ctx: &TcContext) -> i32 {
         }
     }
     stats::count(Counter::RxHostPackets, Counter::RxHostBytes, inner_len);
+    judged(ctx);
     NEXT
+}
+
+/// Marks a frame judged and accepted for our VTEP, whose ingress guard
+/// (`vtep_guard.rs`) drops what carries no such mark; never a frame that
+/// goes straight into a pod (`--bypass-netfilter`), which the VTEP does not
+/// see and whose namespace must not get the bit.
+#[inline(always)]
+pub(crate) fn judged(ctx: &TcContext) {
+    // SAFETY: a read of the context's own field.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    ctx.set_mark(mark | MARK_JUDGED);
 }
 
 /// Whether `inner_src` is the peer at `outer_src`'s to send: the longest
@@ -201,6 +218,7 @@ fn deliver_to_stack(ctx: &TcContext, cfg: &DataplaneConfig, peer_mac: &[u8; 6], 
         return TC_ACT_SHOT;
     }
     stats::count(Counter::RxStackPackets, Counter::RxStackBytes, inner_len);
+    judged(ctx);
     // SAFETY: plain helper call; the kernel checks the ifindex.
     unsafe { bpf_redirect(cfg.vtep_ifindex, BPF_F_INGRESS as u64) as i32 }
 }

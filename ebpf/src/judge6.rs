@@ -2,8 +2,10 @@
 //! every IPv6 frame. On a dual-stack node the kernel's own
 //! `flannel-v6.<VNI>` device decapsulates IPv6 pod traffic; this program
 //! only decides what may reach its socket, the IPv6 twin of decap's
-//! judging. Nothing here changes a packet: what passes goes on to the
-//! kernel exactly as it came.
+//! judging. Nothing here changes a packet's bytes: what passes goes on to
+//! the kernel exactly as it came, marked judged (`MARK_JUDGED` in
+//! `skb->mark`) when it is for our VNI, which the VTEP guard on
+//! `flannel-v6.<VNI>`'s ingress requires and clears.
 //!
 //! A frame is judged when it is UDP to our VXLAN port, whatever its
 //! destination address: as for IPv4, the kernel's socket is bound to every
@@ -150,6 +152,8 @@ pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
     }
     let inner_len = ctx.len().wrapping_sub((udp_at + UDP_HLEN + VXLAN_HLEN) as u32);
     stats::count(Counter::RxHostPackets, Counter::RxHostBytes, inner_len);
+    // flannel-v6.<VNI>'s ingress guard lets through only what was judged
+    crate::decap::judged(ctx);
     NEXT
 }
 

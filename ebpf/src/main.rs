@@ -17,6 +17,7 @@ mod stats;
 mod tagged;
 mod too_big;
 mod tunnel;
+mod vtep_guard;
 mod vxlan_port;
 
 use aya_ebpf::{
@@ -54,6 +55,13 @@ pub fn edgevx_pod_guard(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn edgevx_decap(ctx: TcContext) -> i32 {
     decap::run(&ctx)
+}
+
+/// Ingress of `flannel.<VNI>` and `flannel-v6.<VNI>`: a frame decap did
+/// not judge (a program ahead of it ended the chain) is dropped.
+#[classifier]
+pub fn edgevx_vtep_guard(ctx: TcContext) -> i32 {
+    vtep_guard::run(&ctx)
 }
 
 /// Socket lookups in the node's namespace: VXLAN from non-peers, by any

@@ -5,7 +5,8 @@
 //! is built in place of the frame and handed to `flannel.<VNI>`'s ingress:
 //! from the unreachable destination, it is routed back to the sending pod
 //! like any frame from that peer, and conntrack sees it as related to the
-//! flow it quotes.
+//! flow it quotes. It is marked judged (`MARK_JUDGED`), as decap marks what
+//! it hands there, or the VTEP guard would drop it.
 //!
 //! The underlay MTU is the device's (`bpf_check_mtu`); a smaller path MTU
 //! further on is learned by the kernel from ICMP the underlay returns.
@@ -88,6 +89,8 @@ pub fn handle(ctx: &TcContext, cfg: &DataplaneConfig, inner: &Ipv4Header, peer_m
         return TC_ACT_SHOT;
     }
     stats::add(Counter::DropFragNeeded, 1);
+    // our own reply: the VTEP's ingress guard lets only judged frames by
+    crate::decap::judged(ctx);
     // SAFETY: plain helper call; the kernel checks the ifindex.
     unsafe { bpf_redirect(cfg.vtep_ifindex, BPF_F_INGRESS as u64) as i32 }
 }

@@ -15,10 +15,16 @@ use aya::programs::{
     tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
 };
 use futures::TryStreamExt;
-use rtnetlink::{Handle, packet_route::tc::TcHandle as NlHandle};
+use rtnetlink::{
+    Handle,
+    packet_route::tc::{TcAttribute, TcFilterBpfOption, TcHandle as NlHandle, TcMessage, TcOption},
+};
 use tracing::info;
 
-use crate::dataplane::device;
+use crate::dataplane::{
+    device,
+    order::{Foreign, Place},
+};
 
 /// First in line, like the TCX links (`LinkOrder::first`).
 pub const PRIORITY: u16 = 1;
@@ -120,34 +126,82 @@ async fn has_clsact(handle: &Handle, iface: &str, index: u32) -> Result<bool> {
 /// with a filter dump: `tc filter show dev IFACE ingress`). `false` when
 /// the interface is gone; an error when the kernel could not be asked.
 pub async fn attached(handle: &Handle, iface: &str, kind: TcAttachType) -> Result<bool> {
+    Ok(place(handle, iface, kind).await? != Place::Absent)
+}
+
+/// Where our filter sits among the filters on `iface` for `kind`, in the
+/// order the kernel runs them: the dump lists them by priority, and within
+/// one priority newest first (cls_bpf adds a filter at the head of its
+/// list), so one added after ours at our priority runs before it. Only
+/// chain 0 is run by the hook itself. `Absent` when the interface is gone.
+pub async fn place(handle: &Handle, iface: &str, kind: TcAttachType) -> Result<Place> {
     let Some(index) = device::ifindex(iface).with_context(|| format!("cannot look up {iface}"))? else {
-        return Ok(false);
+        return Ok(Place::Absent);
     };
     let req = handle.traffic_filter(index as i32).get();
     let req = if matches!(kind, TcAttachType::Ingress) { req.ingress() } else { req.egress() };
     let filters = match req.execute().try_collect::<Vec<_>>().await {
         Ok(filters) => filters,
         // gone between the lookup and the dump
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => return Ok(false),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => return Ok(Place::Absent),
         Err(e) => return Err(e).with_context(|| format!("cannot list the filters of {iface}")),
     };
-    Ok(filters.iter().any(|f| {
+    let mut ahead = Vec::new();
+    for f in &filters {
         let h = f.header.handle;
-        u32::from(h.major) << 16 | u32::from(h.minor) == u32::from(HANDLE) && (f.header.info >> 16) as u16 == PRIORITY
-    }))
+        let handle = u32::from(h.major) << 16 | u32::from(h.minor);
+        let prio = (f.header.info >> 16) as u16;
+        let chain = f.attributes.iter().find_map(|a| match a {
+            TcAttribute::Chain(c) => Some(*c),
+            _ => None,
+        });
+        // handle 0: the priority's own entry, not a filter
+        if handle == 0 || chain.unwrap_or(0) != 0 {
+            continue;
+        }
+        if handle == u32::from(HANDLE) && prio == PRIORITY {
+            return Ok(if ahead.is_empty() { Place::First } else { Place::Behind(ahead) });
+        }
+        ahead.push(foreign(f, prio, handle));
+    }
+    Ok(Place::Absent)
 }
 
-/// [`attached`] for callers outside the agent's runtime (`edgevx status`):
-/// asked on a thread of its own, with a runtime and a netlink socket of its own.
-pub fn attached_blocking(iface: &str, kind: TcAttachType) -> bool {
+/// A filter that is not ours, as `tc filter show` names it.
+fn foreign(f: &TcMessage, prio: u16, handle: u32) -> Foreign {
+    let mut out = Foreign::default();
+    let mut kind = String::from("?");
+    for a in &f.attributes {
+        match a {
+            TcAttribute::Kind(k) => kind = k.escape_debug().to_string(),
+            TcAttribute::Options(opts) => {
+                for o in opts {
+                    match o {
+                        TcOption::Bpf(TcFilterBpfOption::ProgId(id)) => out.id = Some(*id),
+                        TcOption::Bpf(TcFilterBpfOption::ProgName(n)) => out.name = Some(n.clone()),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out.filter = Some(format!("pref {prio} handle {handle:#x} {kind}"));
+    out
+}
+
+/// [`place`] for callers outside the agent's runtime (`edgevx status`):
+/// asked on a thread of its own, with a runtime and a netlink socket of
+/// its own. `None` when the kernel could not be asked.
+pub fn place_blocking(iface: &str, kind: TcAttachType) -> Option<Place> {
     let iface = iface.to_string();
-    let ask = move || -> Option<bool> {
+    let ask = move || -> Option<Place> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
         rt.block_on(async {
             let (conn, handle, _) = rtnetlink::new_connection().ok()?;
             tokio::spawn(conn);
-            attached(&handle, &iface, kind).await.ok()
+            place(&handle, &iface, kind).await.ok()
         })
     };
-    std::thread::spawn(ask).join().ok().flatten().unwrap_or(false)
+    std::thread::spawn(ask).join().ok().flatten()
 }

@@ -2,7 +2,7 @@
 //! pinned in bpffs. A restarted or upgraded agent finds the pinned links
 //! and swaps its programs in atomically (`bpf_link_update`), so traffic
 //! never runs without a program; maps are pinned by name and reused.
-use std::{fs, io, os::fd::FromRawFd, path::Path};
+use std::{fs, io, path::Path};
 
 use anyhow::{Context, Result, bail};
 use aya::{
@@ -23,7 +23,9 @@ use crate::dataplane::{
     bpffs::{PinDir, remove_pin},
     clsact, device,
     features::Features,
-    guard, refused,
+    guard,
+    order::{self, Place},
+    refused,
 };
 
 /// How the programs sit on their interfaces.
@@ -61,8 +63,15 @@ pub const BRIDGE: &str = "edgevx_bridge";
 /// On the pod bridge's ingress (see ebpf/src/pod_guard.rs): VXLAN from local
 /// pods is dropped where it starts; attached with the bridge program.
 pub const POD_GUARD: &str = "edgevx_pod_guard";
-/// Every TC program, for loading, status and cleanup.
-pub const PROGRAMS: [&str; 4] = [ENCAP, DECAP, BRIDGE, POD_GUARD];
+/// On `flannel.<VNI>`'s ingress (see ebpf/src/vtep_guard.rs): drops what
+/// decap did not judge; attached after decap, which marks what it judged.
+pub const VTEP_GUARD: &str = "edgevx_vtep_guard";
+/// The VTEP guard on `flannel-v6.<VNI>`'s ingress: the same program, its
+/// link pinned under a name of its own (see [`program_of`]).
+pub const VTEP_GUARD6: &str = "edgevx_vtep_guard6";
+/// Every TC program, for loading, status and cleanup. The VTEP guard first:
+/// cleanup detaches in this order, and it must go before decap stops marking.
+pub const PROGRAMS: [&str; 5] = [VTEP_GUARD, ENCAP, DECAP, BRIDGE, POD_GUARD];
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/edgevx"));
 
@@ -95,6 +104,12 @@ pub fn load(pins: &PinDir, features: &Features) -> Result<Ebpf> {
     Ok(ebpf)
 }
 
+/// The program attached under the pin name `name`: its own, but for
+/// [`VTEP_GUARD6`], the IPv6 VTEP's link of [`VTEP_GUARD`].
+pub fn program_of(name: &str) -> &str {
+    if name == VTEP_GUARD6 { VTEP_GUARD } else { name }
+}
+
 /// The variant of program `name` to load on a kernel with `features`.
 pub fn variant(features: &Features, name: &'static str) -> &'static str {
     match name {
@@ -105,6 +120,7 @@ pub fn variant(features: &Features, name: &'static str) -> &'static str {
 
 /// Program `name` as it was loaded: its variant, if that is what `load` loaded.
 fn loaded<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
+    let name = program_of(name);
     let compat = (name == ENCAP && classifier(ebpf, ENCAP)?.fd().is_err()).then_some(ENCAP_COMPAT);
     classifier(ebpf, compat.unwrap_or(name))
 }
@@ -116,49 +132,6 @@ fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassif
         .with_context(|| format!("program {name} is not a classifier"))
 }
 
-const BPF_OBJ_GET: libc::c_long = 7;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-const BPF_TCX_INGRESS: u32 = 46;
-const BPF_TCX_EGRESS: u32 = 47;
-
-/// (ifindex, attach type) of the TCX link pinned at `path`; ifindex 0 once
-/// its device is gone. Read with two raw bpf(2) calls because aya exposes
-/// neither, and the alternative (BPF_PROG_GET_FD_BY_ID) needs CAP_SYS_ADMIN.
-fn pinned_tcx_target(path: &Path) -> io::Result<Option<(u32, u32)>> {
-    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("pin path {}", path.display())))?;
-    let mut get = [0u64; 3];
-    get[0] = cpath.as_ptr() as u64; // pathname; bpf_fd, file_flags = 0
-    // SAFETY: bpf(BPF_OBJ_GET) reads the attr we own, with a valid C string.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, get.as_mut_ptr(), std::mem::size_of_val(&get)) };
-    if fd < 0 {
-        // no pin is an answer (the link is gone); EMFILE, ENOMEM and the like are not
-        return match io::Error::last_os_error() {
-            e if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            e => Err(e),
-        };
-    }
-    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
-    let mut info = [0u8; 256];
-    let mut attr = [0u32; 4];
-    attr[0] = std::os::fd::AsRawFd::as_raw_fd(&fd) as u32;
-    attr[1] = info.len() as u32;
-    let ptr = info.as_mut_ptr() as u64;
-    attr[2] = ptr as u32;
-    attr[3] = (ptr >> 32) as u32;
-    // SAFETY: the kernel writes at most info_len bytes into `info`.
-    let rc = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, attr.as_mut_ptr(), std::mem::size_of_val(&attr))
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // struct bpf_link_info: type, id, prog_id, then (8-aligned) tcx { ifindex, attach_type }
-    let word = |off: usize| u32::from_ne_bytes([info[off], info[off + 1], info[off + 2], info[off + 3]]);
-    Ok(Some((word(16), word(20))))
-}
-
 /// Whether the link pinned at `path` is attached to `iface` (in this netns)
 /// for `kind`. `false` is the kernel's answer (no such interface, no pin,
 /// a link elsewhere); an error means it could not be asked (out of
@@ -167,13 +140,8 @@ pub fn attached_here(path: &Path, iface: &str, kind: TcAttachType) -> Result<boo
     let Some(index) = device::ifindex(iface).with_context(|| format!("cannot look up {iface}"))? else {
         return Ok(false);
     };
-    let want = match kind {
-        TcAttachType::Ingress => BPF_TCX_INGRESS,
-        _ => BPF_TCX_EGRESS,
-    };
-    let target =
-        pinned_tcx_target(path).with_context(|| format!("cannot read the link pinned at {}", path.display()))?;
-    Ok(target == Some((index, want)))
+    let link = order::pinned_tcx(path).with_context(|| format!("cannot read the link pinned at {}", path.display()))?;
+    Ok(link.is_some_and(|l| (l.ifindex, l.attach_type) == (index, order::tcx_attach_type(kind))))
 }
 
 /// Attaches program `name` to `iface`, adopting a pinned link if there is
@@ -255,7 +223,7 @@ fn attach_tc(
 ) -> Result<()> {
     match mode {
         AttachMode::Tcx => {
-            if clsact::detach(name, iface, kind)? {
+            if clsact::detach(program_of(name), iface, kind)? {
                 info!(program = name, iface, "removed the clsact filter of an earlier run");
             }
             attach(ebpf, pins, name, iface, kind)
@@ -264,7 +232,7 @@ fn attach_tc(
             if detach_pinned(pins, name)? {
                 info!(program = name, "detached the TCX link of an earlier run");
             }
-            clsact::attach(loaded(ebpf, name)?, name, iface, kind)
+            clsact::attach(loaded(ebpf, name)?, program_of(name), iface, kind)
         }
     }
 }
@@ -281,6 +249,58 @@ pub async fn attached_as(
     match mode {
         AttachMode::Tcx => attached_here(&pins.link(name), iface, kind),
         AttachMode::Clsact => clsact::attached(handle, iface, kind).await,
+    }
+}
+
+/// Where program `name` sits on `iface` for `kind` in `mode`, among the
+/// programs the kernel runs there.
+pub async fn place_as(
+    mode: AttachMode,
+    handle: &rtnetlink::Handle,
+    pins: &PinDir,
+    name: &str,
+    iface: &str,
+    kind: TcAttachType,
+) -> Result<Place> {
+    match mode {
+        AttachMode::Tcx => tcx_place(pins, name, iface, kind),
+        AttachMode::Clsact => clsact::place(handle, iface, kind).await,
+    }
+}
+
+/// [`place_as`] for TCX, which needs no runtime (`edgevx status`).
+pub fn tcx_place(pins: &PinDir, name: &str, iface: &str, kind: TcAttachType) -> Result<Place> {
+    let Some(index) = device::ifindex(iface).with_context(|| format!("cannot look up {iface}"))? else {
+        return Ok(Place::Absent);
+    };
+    let path = pins.link(name);
+    let link =
+        order::pinned_tcx(&path).with_context(|| format!("cannot read the link pinned at {}", path.display()))?;
+    order::tcx_place(link, index, kind).with_context(|| format!("cannot list the TCX programs of {iface} ({kind:?})"))
+}
+
+/// Puts program `name` back first on `iface`: attached anew in front of
+/// whatever got ahead of it. The kernel moves no attachment, so ours goes
+/// and comes back (TCX refuses a program twice on one hook; a clsact filter
+/// joins its priority at the head). Meanwhile the VTEP guard drops what
+/// nobody judged.
+pub fn put_first(
+    mode: AttachMode,
+    ebpf: &mut Ebpf,
+    pins: &PinDir,
+    name: &str,
+    iface: &str,
+    kind: TcAttachType,
+) -> Result<()> {
+    match mode {
+        AttachMode::Tcx => {
+            detach_pinned(pins, name)?;
+            attach(ebpf, pins, name, iface, kind)
+        }
+        AttachMode::Clsact => {
+            clsact::detach(program_of(name), iface, kind)?;
+            clsact::attach(loaded(ebpf, name)?, program_of(name), iface, kind)
+        }
     }
 }
 

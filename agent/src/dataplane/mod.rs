@@ -8,6 +8,7 @@ pub mod guard;
 pub mod loader;
 pub mod local_pods;
 pub mod maps;
+pub mod order;
 pub mod own_addrs;
 pub mod peers;
 pub mod peers6;

@@ -160,10 +160,33 @@ fn run_loop(reg: &mut Registry, report: &LoopReport) {
             g,
         );
     }
+    let ahead = report.ahead_of_decap();
     reg.register(
         "ready",
-        "1 when /readyz is 200: subnet.env written, programs attached, first pass done",
-        ConstGauge::new(i64::from(report.readiness() == Readiness::Ready)),
+        "1 when /readyz is 200: subnet.env written, programs attached, first pass done, decap first",
+        ConstGauge::new(i64::from(report.readiness() == Readiness::Ready && ahead.is_empty())),
+    );
+    reg.register(
+        "decap_displaced",
+        "Times a check found another program ahead of decap on the underlay's ingress and put decap back first",
+        p.decap_displaced.clone(),
+    );
+    if let Some(first) = report.decap_first() {
+        reg.register(
+            "decap_first",
+            "1 when the last check found decap first on the underlay's ingress; 0 when programs ran ahead of it \
+             (edgevx_program_ahead_of_decap names them)",
+            ConstGauge::new(i64::from(first)),
+        );
+    }
+    let named = Family::<AheadLabels, Gauge>::default();
+    for program in ahead {
+        named.get_or_create(&AheadLabels { program }).set(1);
+    }
+    reg.register(
+        "program_ahead_of_decap",
+        "A program the last check found running ahead of decap on the underlay's ingress (by id, name or filter)",
+        named,
     );
     let startup = Family::<MilestoneLabels, FloatGauge>::default();
     for (m, d) in report.startup.times() {
@@ -176,6 +199,11 @@ fn run_loop(reg: &mut Registry, report: &LoopReport) {
         Unit::Seconds,
         startup,
     );
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AheadLabels {
+    program: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -91,6 +91,8 @@ pub struct PeerKey {
 /// The reconcile counters; registered into every scrape (shared handles).
 #[derive(Clone, Debug)]
 pub struct PassMetrics {
+    /// Times a check found a program ahead of decap and put decap back first.
+    pub decap_displaced: Counter,
     pub passes: Counter,
     pub errors: Family<StageLabels, Counter>,
     pub duration: Histogram,
@@ -112,6 +114,11 @@ pub struct LoopReport {
     /// When the view in use arrived from the source (a cached view: when it was cached).
     view_at: Mutex<Option<SystemTime>>,
     peers: Mutex<Vec<PeerKey>>,
+    /// What the last check found running ahead of decap on the underlay's
+    /// ingress (empty: decap was first), as `Foreign` renders it.
+    ahead_of_decap: Mutex<Vec<String>>,
+    /// Whether a check has looked at decap's place since the dataplane came up.
+    decap_checked: AtomicBool,
     pub pass: PassMetrics,
     /// The first bring-up's milestones (restore first).
     pub startup: super::startup::Startup,
@@ -138,7 +145,10 @@ impl LoopReport {
             connected: AtomicBool::new(false),
             view_at: Mutex::new(None),
             peers: Mutex::new(Vec::new()),
+            ahead_of_decap: Mutex::new(Vec::new()),
+            decap_checked: AtomicBool::new(false),
             pass: PassMetrics {
+                decap_displaced: Counter::default(),
                 passes: Counter::default(),
                 errors,
                 // 1 ms .. about 16 s
@@ -241,6 +251,26 @@ impl LoopReport {
     pub fn peers(&self) -> Vec<PeerKey> {
         lock(&self.peers).clone()
     }
+
+    /// What a check found ahead of decap (empty: it was first). Anything
+    /// there was put back behind it, or the check says why not.
+    pub fn decap_checked(&self, ahead: Vec<String>) {
+        if !ahead.is_empty() {
+            self.pass.decap_displaced.inc();
+        }
+        self.decap_checked.store(true, Ordering::Relaxed);
+        *lock(&self.ahead_of_decap) = ahead;
+    }
+
+    /// What the last check found ahead of decap.
+    pub fn ahead_of_decap(&self) -> Vec<String> {
+        lock(&self.ahead_of_decap).clone()
+    }
+
+    /// Whether decap was first at the last check (`None`: not checked yet).
+    pub fn decap_first(&self) -> Option<bool> {
+        self.decap_checked.load(Ordering::Relaxed).then(|| lock(&self.ahead_of_decap).is_empty())
+    }
 }
 
 #[cfg(test)]
@@ -269,6 +299,21 @@ mod tests {
         let errors = |s: Stage| r.pass.errors.get_or_create(&StageLabels { stage: s.label() }).get();
         assert_eq!((errors(Stage::BringUp), errors(Stage::Peers), errors(Stage::Attach)), (2, 2, 2));
         assert_eq!(errors(Stage::Readdress), 0);
+    }
+
+    #[test]
+    fn a_program_ahead_of_decap_is_reported_until_a_check_finds_decap_first() {
+        let r = LoopReport::new("nodes file");
+        assert_eq!(r.decap_first(), None, "not checked yet");
+        r.decap_checked(Vec::new());
+        assert_eq!(r.decap_first(), Some(true));
+        r.decap_checked(vec!["id 42 name observe".into()]);
+        assert_eq!(r.decap_first(), Some(false));
+        assert_eq!(r.ahead_of_decap(), vec!["id 42 name observe".to_string()]);
+        assert_eq!(r.pass.decap_displaced.get(), 1);
+        r.decap_checked(Vec::new());
+        assert_eq!(r.decap_first(), Some(true));
+        assert_eq!(r.pass.decap_displaced.get(), 1, "counted once per finding");
     }
 
     #[test]

@@ -148,7 +148,11 @@ impl Scrape {
         }
         match path {
             "/healthz" => verdict(probe::liveness(self.report.since_tick())),
-            "/readyz" => verdict(probe::readiness(self.report.readiness(), self.report.waiting().as_deref())),
+            "/readyz" => verdict(probe::readiness(
+                self.report.readiness(),
+                self.report.waiting().as_deref(),
+                &self.report.ahead_of_decap(),
+            )),
             "/metrics" => self.metrics(),
             _ => reply(StatusCode::NOT_FOUND, TEXT, "try /healthz, /readyz or /metrics\n".into()),
         }

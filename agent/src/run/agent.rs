@@ -187,7 +187,7 @@ impl<'a> Agent<'a> {
             asks = asks.and(Job::Check, RETRY_AFTER);
         }
         match n.intact().await {
-            Ok(true) => {}
+            Ok(true) => asks = asks.with(keep_decap_first(n, &self.c.iface, &self.report).await),
             Ok(false) => {
                 // someone deleted the VTEP or detached a program: build it all again
                 warn!("the VTEP device or an attached program is gone; rebuilding the dataplane");
@@ -324,6 +324,34 @@ impl<'a> Agent<'a> {
             }
         }
         asks
+    }
+}
+
+/// Decap's place on the underlay's ingress, checked and restored: what ran
+/// ahead of it is logged, named, and reported (`/readyz`, the metrics)
+/// until a check finds decap first again.
+async fn keep_decap_first(n: &mut Node, iface: &str, report: &LoopReport) -> Asks {
+    match n.keep_decap_first().await {
+        Ok(ahead) if ahead.is_empty() => {
+            report.decap_checked(Vec::new());
+            Asks::nothing()
+        }
+        Ok(ahead) => {
+            let names: Vec<String> = ahead.iter().map(ToString::to_string).collect();
+            warn!(
+                iface,
+                ahead = %names.join("; "),
+                "found programs running ahead of edgevx's decap on the underlay's ingress: VXLAN they passed on \
+                 skipped decap's judging (the VTEP dropped it, a peer's traffic with it); decap is put back first. \
+                 Attach such programs after edgevx's (TCX: BPF_F_AFTER; clsact: a priority above 1)"
+            );
+            report.decap_checked(names);
+            Asks::nothing()
+        }
+        Err(e) => {
+            warn!("cannot check or restore edgevx's decap as the first program on {iface}'s ingress: {e:#}");
+            Asks::run(Job::Check, RETRY_AFTER)
+        }
     }
 }
 

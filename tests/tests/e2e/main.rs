@@ -2,6 +2,7 @@
 //! `--test-threads=1`). Each test builds its own namespaces and removes
 //! them on drop, also when it fails.
 mod admission_policy;
+mod ahead;
 mod arm64;
 mod capacity;
 mod cli;
@@ -46,6 +47,7 @@ mod probe_flood;
 mod prog_fuzz;
 mod prog_test_run;
 mod prog_test_run_v6;
+mod prog_test_run_vtep_guard;
 mod real_node;
 mod reconcile;
 mod restart;

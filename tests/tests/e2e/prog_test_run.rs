@@ -53,7 +53,7 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
         .with_context(|| format!("cannot read {} (cargo xtask build-ebpf)", object().display()))?;
     let mut ebpf = EbpfLoader::new().default_map_pin_directory(&dir).load(&bytes)?;
     let encap = features::encap();
-    for p in [encap, "edgevx_decap", "edgevx_bridge", "edgevx_pod_guard"] {
+    for p in [encap, "edgevx_decap", "edgevx_bridge", "edgevx_pod_guard", "edgevx_vtep_guard"] {
         let prog: &mut SchedClassifier = ebpf.program_mut(p).context("program")?.try_into()?;
         prog.load()?;
     }

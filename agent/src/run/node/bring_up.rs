@@ -4,7 +4,9 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use edgevx_common::maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_ENCAP_NO_L2_ETH, FLAG_STRICT_INNER_SOURCE};
+use edgevx_common::maps::{
+    DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_ENCAP_NO_L2_ETH, FLAG_REQUIRE_JUDGED, FLAG_STRICT_INNER_SOURCE,
+};
 use ipnet::{Ipv4Net, Ipv6Net};
 use rtnetlink::Handle;
 use tracing::{info, warn};
@@ -120,7 +122,9 @@ pub(in crate::run) async fn bring_up(
         port: conf.port,
         flags: if bypass { FLAG_BYPASS_NETFILTER } else { 0 }
             | if c.args.strict_inner_source { FLAG_STRICT_INNER_SOURCE } else { 0 }
-            | if legacy_encap { FLAG_ENCAP_NO_L2_ETH } else { 0 },
+            | if legacy_encap { FLAG_ENCAP_NO_L2_ETH } else { 0 }
+            // this decap marks what it judged: the VTEP guard may drop the rest
+            | FLAG_REQUIRE_JUDGED,
         vtep_ifindex: vtep_index.unwrap_or(0),
         underlay_ifindex: c.underlay.index,
         // all zero: IPv6 off, IPv6 VXLAN is not judged

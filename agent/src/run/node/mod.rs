@@ -20,7 +20,12 @@ use rtnetlink::Handle;
 use tracing::{info, warn};
 
 use crate::{
-    dataplane::{bpffs, device, loader, maps::Maps, own_addrs, vtep},
+    dataplane::{
+        bpffs, device, loader,
+        maps::Maps,
+        order::{Foreign, Place},
+        own_addrs, vtep,
+    },
     netfilter,
     peer::{OwnNode, Peer},
     reconcile::{self, Fill, Nag},
@@ -152,6 +157,19 @@ impl Node {
         for old in self.pins.other_versions() {
             loader::retire(&old)?;
         }
+        // After decap, which marks what it judged: from here on the VTEP takes
+        // nothing else. And after an older layout's guard is retired: of two
+        // guards in a row the first clears the mark and the second drops.
+        // Not attached (retire failed): `intact` finds it missing and rebuilds.
+        let ebpf = self.loaded.as_mut().context("the loaded programs are gone")?;
+        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
+        if let Some(v4) = &r.v4 {
+            loader::attach_as(mode, ebpf, pins, loader::VTEP_GUARD, &v4.vtep_device, TcAttachType::Ingress)?;
+        }
+        if let Some(v6) = &self.v6 {
+            let device = &v6.record.device;
+            loader::attach_as(mode, ebpf, pins, loader::VTEP_GUARD6, device, TcAttachType::Ingress)?;
+        }
         if let Some(index) = self.vtep_index {
             device::set_noarp(&self.handle, index).await?;
             match device::flush_static_neighbours(&self.handle, index).await? {
@@ -196,19 +214,41 @@ impl Node {
         let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
         if let (Some(v4), Some(index)) = (&r.v4, self.vtep_index) {
             let vtep = device::link_by_name(&self.handle, &v4.vtep_device).await?;
+            let on = |name, kind| loader::attached_as(mode, &self.handle, pins, name, &v4.vtep_device, kind);
             if vtep.is_none_or(|l| l.header.index != index)
-                || !loader::attached_as(mode, &self.handle, pins, loader::ENCAP, &v4.vtep_device, TcAttachType::Egress)
-                    .await?
+                || !on(loader::ENCAP, TcAttachType::Egress).await?
+                || !on(loader::VTEP_GUARD, TcAttachType::Ingress).await?
             {
                 return Ok(false);
             }
         }
         if let Some(v6) = &self.v6 {
-            if !v6.intact(&self.handle).await? {
+            let (guard6, device) = (loader::VTEP_GUARD6, &v6.record.device);
+            if !v6.intact(&self.handle).await?
+                || !loader::attached_as(mode, &self.handle, pins, guard6, device, TcAttachType::Ingress).await?
+            {
                 return Ok(false);
             }
         }
         loader::attached_as(mode, &self.handle, pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await
+    }
+
+    /// Whether decap runs first on the underlay's ingress, as the kernel
+    /// says; if something got ahead of it, decap is put back first. Returns
+    /// what was found ahead (empty: decap was first, or is not attached,
+    /// which [`intact`](Self::intact) finds). An error: the kernel could not
+    /// be asked, or decap could not be put back.
+    pub(super) async fn keep_decap_first(&mut self) -> Result<Vec<Foreign>> {
+        if self.pending.is_some() {
+            return Ok(Vec::new()); // not attached yet
+        }
+        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
+        let place = loader::place_as(mode, &self.handle, pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await?;
+        let Place::Behind(ahead) = place else { return Ok(Vec::new()) };
+        let ebpf = self.loaded.as_mut().context("the loaded programs are gone")?;
+        loader::put_first(mode, ebpf, pins, loader::DECAP, &r.iface, TcAttachType::Ingress)
+            .with_context(|| format!("cannot put edgevx's decap back first on {}", r.iface))?;
+        Ok(ahead)
     }
 
     /// Re-asserts our firewall chains (someone may have flushed them).

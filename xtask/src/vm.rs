@@ -104,6 +104,13 @@ pub const EDGE_TESTS: &[&str] = &[
     "reconcile::",
     // the edge outage end to end: power lost while cut off, restore first
     "outage::",
+    // conflicts by the network's rules, in the programs of every kernel
+    "conflicts_judge::",
+    "conflicts::",
+    // a program ahead of decap: the VTEP guard, the order check (TCX and clsact)
+    "ahead::",
+    // long-lived flows through an upgrade, a downgrade and a switch of attach mode
+    "upgrade::",
 ];
 
 /// What CI runs on each amd64 kernel of the matrix besides every prog test
@@ -132,6 +139,8 @@ pub const CI_TESTS: &[&str] = &[
     "rollback::rolling_back_to_flanneld_keeps_the_node_forwarding",
     "cli::bad_input_exits_2_naming_the_culprit_and_changes_nothing",
     "privileges::agent_runs_with_only_cap_bpf_cap_net_admin_and_cap_perfmon",
+    "conflicts_judge::an_inner_ipv4_source_belongs_to_the_longest_prefixs_owner",
+    "ahead::a_clsact_filter_ahead_of_decap_lets_no_forged_inner_source_in_and_is_reported",
 ];
 
 /// One command to run in a guest booting a matrix kernel.

@@ -40,6 +40,7 @@ mod nodes_file;
 mod offline;
 mod offline_boot;
 mod outage;
+mod own_lease;
 mod privileges;
 mod prog_fuzz;
 mod prog_test_run;

@@ -76,10 +76,7 @@ fn a_lease_claiming_our_public_ip_with_a_key_sorting_first_is_not_taken_as_ours(
     ensure!(rev("10.244.2.0-24") < rev(HOSTILE_KEY), "the hostile lease is not the newer: {revs:?}");
     let keys = etcd.get_prefix(&subnets())?.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
     let first_of_node2 = keys.iter().find(|k| k.ends_with(HOSTILE_KEY) || k.ends_with("10.244.2.0-24"));
-    ensure!(
-        first_of_node2.is_some_and(|k| k.ends_with(HOSTILE_KEY)),
-        "the hostile key does not sort first: {keys:?}"
-    );
+    ensure!(first_of_node2.is_some_and(|k| k.ends_with(HOSTILE_KEY)), "the hostile key does not sort first: {keys:?}");
     // the running cluster is unmoved
     node2_kept_its_lease(&c, &etcd, &a1, &a2, &mac2)?;
 

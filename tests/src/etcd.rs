@@ -148,12 +148,13 @@ impl Etcd {
         let child = cmd.arg("txn").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
         std::mem::forget(ns);
         let mut child = child.context("cannot start etcdctl txn")?;
-        // no compares, then the success ops (values quoted), then no failure ops
+        // no compares, then the success ops (values quoted), then no failure ops:
         let mut input = String::from("\n");
         for (k, v) in kvs {
             input.push_str(&format!("put {k} {}\n", serde_json::to_string(v)?));
         }
-        input.push('\n');
+        // each section ends with an empty line; a missing one is "Error: EOF"
+        input.push_str("\n\n");
         child.stdin.take().context("etcdctl txn stdin")?.write_all(input.as_bytes())?;
         let out = child.wait_with_output()?;
         let said = String::from_utf8_lossy(&out.stdout);

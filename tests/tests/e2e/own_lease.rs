@@ -140,7 +140,8 @@ fn two_claimants_etcd_cannot_order_are_both_refused_by_name() -> Result<()> {
 
     // the operator deletes the one that is not node1's: node1 takes the other
     etcd.ctl(&["del", &format!("{}{a}", subnets())])?;
-    agent.wait_log("reusing our lease", Duration::from_secs(30))?;
+    // (both were written without a TTL: reservations, kept TTL-less)
+    agent.wait_log("using our reserved subnet", Duration::from_secs(30))?;
     agent.wait_log("dataplane up", Duration::from_secs(20))?;
     ensure!(agent.status()?["subnet"] == "10.244.7.0/24", "{}", agent.status()?);
     Ok(())

@@ -135,6 +135,48 @@ impl Etcd {
         self.ctl(&["put", key, value]).map(|_| ())
     }
 
+    /// Puts every `(key, value)` in one transaction (`etcdctl txn`): the
+    /// keys share one create revision, so etcd cannot say which came first.
+    pub fn put_in_one_txn(&self, kvs: &[(&str, &str)]) -> Result<()> {
+        use std::io::Write;
+        let ns = self.netns();
+        let mut cmd = ns.cmd("etcdctl");
+        cmd.env("ETCDCTL_API", "3").arg(format!("--endpoints={}", self.endpoint()));
+        if let Some(t) = &self.tls {
+            cmd.arg("--cacert").arg(&t.ca).arg("--cert").arg(&t.client.0).arg("--key").arg(&t.client.1);
+        }
+        let child = cmd.arg("txn").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
+        std::mem::forget(ns);
+        let mut child = child.context("cannot start etcdctl txn")?;
+        // no compares, then the success ops (values quoted), then no failure ops:
+        let mut input = String::from("\n");
+        for (k, v) in kvs {
+            input.push_str(&format!("put {k} {}\n", serde_json::to_string(v)?));
+        }
+        // each section ends with an empty line; a missing one is "Error: EOF"
+        input.push_str("\n\n");
+        child.stdin.take().context("etcdctl txn stdin")?.write_all(input.as_bytes())?;
+        let out = child.wait_with_output()?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() || !said.starts_with("SUCCESS") {
+            bail!("etcdctl txn {kvs:?}: {said}{}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// Each key under `prefix` with its create revision.
+    pub fn create_revisions(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
+        let out = self.ctl(&["get", "--prefix", prefix, "-w", "json"])?;
+        let v: serde_json::Value = serde_json::from_str(&out).context("etcdctl get -w json")?;
+        let mut all = Vec::new();
+        for kv in v["kvs"].as_array().into_iter().flatten() {
+            let key = kv["key"].as_str().context("key")?;
+            let key = String::from_utf8(base64_decode(key)?)?;
+            all.push((key, kv["create_revision"].as_i64().context("create_revision")?));
+        }
+        Ok(all)
+    }
+
     /// Keys under `prefix` with their values.
     pub fn get_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         let out = self.ctl(&["get", "--prefix", prefix])?;
@@ -147,4 +189,22 @@ impl Drop for Etcd {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// etcdctl's JSON gives keys in standard base64.
+fn base64_decode(s: &str) -> Result<Vec<u8>> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in s.bytes().filter(|&c| c != b'=') {
+        let v = ALPHABET.iter().position(|&a| a == c).with_context(|| format!("not base64: {s:?}"))? as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Ok(out)
 }

@@ -23,7 +23,7 @@ use tracing::{error, info, warn};
 use super::{
     etcd_config::{Ranges, RefusedConfig, public_ipv6_now, read_config},
     etcd_settings::EtcdSettings,
-    etcd_tls, leases, subnet_range,
+    etcd_tls, leases, own_lease, subnet_range,
 };
 use crate::{
     mac::VtepMac,
@@ -133,11 +133,10 @@ impl Session {
         let prefix = format!("{}/subnets/", settings.prefix);
         let (mut all, revision) = Self::list(&mut client, &prefix).await?;
 
-        // 1. our own lease, matched by PublicIP (a reservation counts)
-        let mut mine = all.iter().find_map(|(k, (v, lease, _))| {
-            let l = leases::parse_lease(k, v, true).ok()?;
-            (l.public_ip == me.public_ip && conf.network.contains(&l.subnet)).then_some((k.clone(), l, *lease))
-        });
+        // 1. our own lease, matched by PublicIP (a reservation counts); of
+        //    several, the one we recorded, else the first to appear, never
+        //    the first key (see own_lease)
+        let mut mine = Self::own_lease(me, &conf, &ranges, &all)?;
         // the MACs we published stay ours even if the lease itself must go
         let published = mine.as_ref().map(|(_, l, _)| (l.vtep_mac, l.v6.and_then(|v6| v6.vtep_mac)));
         if let Some((key, _, _)) = mine.take_if(|(_, l, _)| !ranges.ipv6_compatible(l.v6.map(|v6| v6.subnet))) {
@@ -193,6 +192,47 @@ impl Session {
             None => s.acquire(me, &all).await?,
         }
         Ok(s)
+    }
+
+    /// Our lease among those claiming our PublicIP (in the network and a
+    /// `SubnetLen` block, as flannel's `isSubnetConfigCompat`): key → (its
+    /// lease, its etcd lease id).
+    fn own_lease(
+        me: &LocalNode,
+        conf: &NetConf,
+        ranges: &Ranges,
+        all: &BTreeMap<String, (String, i64, i64)>,
+    ) -> Result<Option<(String, leases::Lease, i64)>> {
+        let claims: Vec<(&String, leases::Lease, i64, i64)> = all
+            .iter()
+            .filter_map(|(k, (v, lease, created))| {
+                let l = leases::parse_lease(k, v, true).ok()?;
+                let usable = l.public_ip == me.public_ip
+                    && conf.network.contains(&l.subnet)
+                    && l.subnet.prefix_len() == ranges.v4.len;
+                usable.then_some((k, l, *lease, *created))
+            })
+            .collect();
+        let claimants: Vec<own_lease::Claimant<'_>> = claims
+            .iter()
+            .map(|(k, l, _, created)| own_lease::Claimant { key: k.as_str(), subnet: l.subnet, created: *created })
+            .collect();
+        // what this node recorded as its own: subnet.env (flanneld's fallback
+        // too), then the cached view (the state dir outlives /run's reboot)
+        let env = std::fs::read_to_string(&me.subnet_file).unwrap_or_default();
+        let cached = me.state.load_view().ok().flatten().and_then(|d| d.view.own?.subnet);
+        let recorded: Vec<Ipv4Net> = subnet_range::previous_subnet(&env).into_iter().chain(cached).collect();
+        let Some(i) = own_lease::choose(&claimants, &recorded, me.public_ip)? else { return Ok(None) };
+        if claims.len() > 1 {
+            let others: Vec<&str> =
+                claims.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, c)| c.0.as_str()).collect();
+            warn!(
+                ours = %claims[i].0, others = ?others, public_ip = %me.public_ip,
+                "other leases claim this node's PublicIP; keeping ours (recorded, else the first to appear) and \
+                 refusing them as peers"
+            );
+        }
+        Ok(claims.into_iter().nth(i).map(|(k, l, lease, _)| (k.clone(), l, lease)))
     }
 
     async fn reuse(&mut self, subnet: Ipv4Net, subnet6: Option<Ipv6Net>, lease: i64) -> Result<()> {

@@ -13,6 +13,7 @@ pub mod kube;
 pub mod leases;
 pub mod node_error;
 pub mod nodes_file;
+mod own_lease;
 pub mod peer_record;
 pub mod subnet_range;
 

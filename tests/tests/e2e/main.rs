@@ -42,6 +42,7 @@ mod nodes_file;
 mod offline;
 mod offline_boot;
 mod outage;
+mod own_lease;
 mod privileges;
 mod probe_flood;
 mod prog_fuzz;

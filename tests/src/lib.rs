@@ -12,6 +12,7 @@ pub mod ipam;
 pub mod ipam_pod;
 pub mod kube_proxy;
 pub mod kubeapi;
+pub mod mount_ns;
 pub mod netns;
 pub mod nodes;
 pub mod operator;

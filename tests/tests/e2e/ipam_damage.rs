@@ -5,15 +5,13 @@
 //! whose record says who it is keeps its address; DEL succeeds with the
 //! store's filesystem full, as host-local's does, and the pod still gets
 //! its address back afterwards.
-use std::{
-    fs,
-    net::IpAddr,
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::{fs, net::IpAddr, process::Command};
 
-use anyhow::{Context, Result, bail, ensure};
-use edgevx_tests::ipam::{Call, DataDir, Plugin, Reply, SHARED_VERSION, add, config, del};
+use anyhow::{Context, Result, ensure};
+use edgevx_tests::{
+    ipam::{Call, DataDir, Plugin, Reply, SHARED_VERSION, add, config, del},
+    mount_ns::MountNs,
+};
 use serde_json::json;
 
 const EVX: Plugin = Plugin::EdgevxIpam;
@@ -79,51 +77,23 @@ fn ipam_repairs_or_releases_damaged_pod_records() -> Result<()> {
     Ok(())
 }
 
-/// A mount namespace of the test's own, kept by a sleeping process, with a
-/// small tmpfs at `dir`: what runs through `via` sees it, nothing else does.
-struct FullDisk {
-    holder: Child,
-    pid: String,
-}
+/// A small tmpfs at `dir` in a mount namespace of the test's own: what
+/// runs through `via` sees it, nothing else does.
+struct FullDisk(MountNs);
 
 impl FullDisk {
     fn mount(dir: &std::path::Path) -> Result<Self> {
-        let holder = Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "sleep", "infinity"])
-            .stdin(Stdio::null())
-            .spawn()?;
-        let pid = holder.id().to_string();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim() != "sleep" {
-            ensure!(Instant::now() < deadline, "the holder never became sleep");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let m = FullDisk { holder, pid };
+        let m = FullDisk(MountNs::new(Command::new("unshare"))?);
         m.sh(&format!("mount -t tmpfs -o size=256k evxipam {}", dir.display()))?;
         Ok(m)
     }
 
     fn via(&self) -> Vec<String> {
-        ["/usr/bin/nsenter", "-t", &self.pid, "-m", "--"].iter().map(|s| s.to_string()).collect()
+        self.0.via()
     }
 
     fn sh(&self, script: &str) -> Result<String> {
-        let out = Command::new("nsenter").args(["-t", &self.pid, "-m", "--", "sh", "-c", script]).output()?;
-        if !out.status.success() {
-            bail!(
-                "{script:?} failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-}
-
-impl Drop for FullDisk {
-    fn drop(&mut self) {
-        let _ = self.holder.kill();
-        let _ = self.holder.wait();
+        self.0.sh(Command::new("nsenter"), script)
     }
 }
 

@@ -4,15 +4,12 @@
 //! take), filled up or remounted read-only between two runs, as a disk
 //! fills or ext4 turns read-only after errors on an SD card. The agent
 //! comes up, forwards, and `edgevx status` lists a peer added meanwhile.
-use std::{
-    fs,
-    process::{Child, Stdio},
-    time::{Duration, Instant},
-};
+use std::{fs, time::Duration};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use edgevx_tests::{
     agent::{Agent, peers, wait_status},
+    mount_ns::MountNs,
     nodes::{flannel_node, node_list, write},
     topo::{Cluster, Host, pod_ip},
     traffic::wait_reachable,
@@ -20,49 +17,22 @@ use edgevx_tests::{
 
 use crate::KERNEL_MAC;
 
-/// A mount namespace of node `host`'s own, kept by a sleeping process:
-/// mounts made in it are seen by what runs through [`PrivateMounts::via`]
-/// and by nothing else, and go when the process does.
-struct PrivateMounts {
-    holder: Child,
-    pid: String,
-}
+/// A mount namespace of node `host`'s own ([`MountNs`] inside the node).
+struct PrivateMounts(MountNs);
 
 impl PrivateMounts {
     fn new(host: &Host) -> Result<Self> {
-        // `ip netns exec` (the node's /sys) then unshare: both exec, so the pid is sleep's
-        let holder = host
-            .ns
-            .cmd("unshare")
-            .args(["--mount", "--propagation", "private", "sleep", "infinity"])
-            .stdin(Stdio::null())
-            .spawn()
-            .context("cannot start the mount namespace's holder")?;
-        let pid = holder.id().to_string();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim() != "sleep" {
-            ensure!(Instant::now() < deadline, "the holder never became sleep");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(PrivateMounts { holder, pid })
+        Ok(PrivateMounts(MountNs::new(host.ns.cmd("unshare"))?))
     }
 
     /// The wrapper that runs a command in this mount namespace (inside the node).
     fn via(&self) -> Vec<String> {
-        ["nsenter", "-t", &self.pid, "-m", "--"].iter().map(|s| s.to_string()).collect()
+        self.0.via()
     }
 
     /// `sh -c script` in this mount namespace, inside the node; its output.
     fn sh(&self, host: &Host, script: &str) -> Result<String> {
-        let out = host.ns.cmd("nsenter").args(["-t", &self.pid, "-m", "--", "sh", "-c", script]).output()?;
-        if !out.status.success() {
-            bail!(
-                "{script:?} failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        self.0.sh(host.ns.cmd("nsenter"), script)
     }
 
     /// Starts the agent of `host` in this mount namespace; `status` too.
@@ -72,13 +42,6 @@ impl PrivateMounts {
         let mut a = Agent::spawn_via(host, &via, args)?;
         a.status_via = self.via();
         Ok(a)
-    }
-}
-
-impl Drop for PrivateMounts {
-    fn drop(&mut self) {
-        let _ = self.holder.kill();
-        let _ = self.holder.wait();
     }
 }
 

@@ -172,10 +172,10 @@ impl NetConf {
             return Ok(conf);
         };
         let backend = backend.as_object().ok_or_else(|| field("Backend", "must be a JSON object".into()))?;
-        if let Some(t) = get(backend, "Type") {
-            if t.as_str() != Some("vxlan") {
-                return Err(field("Backend.Type", format!("is {t}; edgevx only implements \"vxlan\"")));
-            }
+        if let Some(t) = get(backend, "Type")
+            && t.as_str() != Some("vxlan")
+        {
+            return Err(field("Backend.Type", format!("is {t}; edgevx only implements \"vxlan\"")));
         }
         let number = |key: &'static str, max: u64| -> Result<Option<u64>, NetConfError> {
             match get(backend, key) {

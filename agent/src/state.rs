@@ -260,12 +260,12 @@ impl StateDir {
     /// without following links, so what may have been planted is refused).
     pub fn ensure(&self) -> Result<(), StateError> {
         self.check()?;
-        if let Ok(m) = fs::symlink_metadata(&self.0) {
-            if m.mode() & 0o077 != 0 {
-                warn!(dir = %self.0.display(), mode = format!("{:o}", m.mode() & 0o7777), "tightening the state dir to 0700");
-                fs::set_permissions(&self.0, fs::Permissions::from_mode(STATE_DIR_MODE))
-                    .map_err(io_err("chmod", &self.0))?;
-            }
+        if let Ok(m) = fs::symlink_metadata(&self.0)
+            && m.mode() & 0o077 != 0
+        {
+            warn!(dir = %self.0.display(), mode = format!("{:o}", m.mode() & 0o7777), "tightening the state dir to 0700");
+            fs::set_permissions(&self.0, fs::Permissions::from_mode(STATE_DIR_MODE))
+                .map_err(io_err("chmod", &self.0))?;
         }
         ensure_dir(&self.0, STATE_DIR_MODE)
     }

@@ -110,14 +110,14 @@ pub fn choose<N: Family>(
         Some(f) => f,
         None => (others.fresh()?, MacSource::Generated),
     };
-    if saved != Some(mac) {
-        if let Err(e) = state.save_mac(file, mac) {
-            // forwarding now beats a MAC kept later: come up, and say what it costs
-            error!(%mac, file = %state.path(file).display(), ipv6 = N::V6,
+    if saved != Some(mac)
+        && let Err(e) = state.save_mac(file, mac)
+    {
+        // forwarding now beats a MAC kept later: come up, and say what it costs
+        error!(%mac, file = %state.path(file).display(), ipv6 = N::V6,
                 "cannot save the VTEP MAC ({e:#}); coming up with it anyway, but THE MAC WILL CHANGE AT THE \
                  NEXT BOOT unless the state dir can be written before then (free space, or repair and remount \
                  it read-write): peers cut off from the control plane then cannot reach this node");
-        }
     }
     info!(%mac, ?source, ipv6 = N::V6, "VTEP MAC chosen");
     Ok((mac, source))

@@ -28,7 +28,7 @@ pub fn run(ctx: &TcContext) -> i32 {
         return NEXT;
     }
     let dst = [head[ETH_HLEN + 16], head[ETH_HLEN + 17], head[ETH_HLEN + 18], head[ETH_HLEN + 19]];
-    let Some(pod) = EDGEVX_LOCAL_PODS.get_ptr(dst).map(|p| unsafe { *p }) else {
+    let Some(pod) = EDGEVX_LOCAL_PODS.get_ptr(&dst).map(|p| unsafe { *p }) else {
         return NEXT;
     };
     // only where the bridge itself would send it: the frame is for the pod's MAC

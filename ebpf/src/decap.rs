@@ -64,7 +64,7 @@ use edgevx_common::{
 use crate::{
     judge6,
     maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS, EDGEVX_PEER_ACCEPT, EDGEVX_PEER_SUBNETS},
-    stats, tagged,
+    skb, stats, tagged,
     tunnel::{INNER_ETH_AT, NEXT, TUNNEL_LEN, VXLAN_AT, load_tunnel, sub},
 };
 
@@ -97,7 +97,7 @@ pub fn run(ctx: &TcContext) -> i32 {
 
     // From here on the datagram is for the kernel's VXLAN socket: judge it.
     let src = ip.src();
-    let Some(accept) = EDGEVX_PEER_ACCEPT.get_ptr(src).map(|p| unsafe { *p }) else {
+    let Some(accept) = EDGEVX_PEER_ACCEPT.get_ptr(&src).map(|p| unsafe { *p }) else {
         stats::add(Counter::DropUnknownPeer, 1);
         return TC_ACT_SHOT;
     };
@@ -148,8 +148,8 @@ pub fn run(ctx: &TcContext) -> i32 {
     // sum (CHECKSUM_PARTIAL) that cannot be checked in the program; it only
     // guards against corruption, which the inner checksums also catch.
     let whole = ip.total_len() as u32 == ctx.len().wrapping_sub(ETH_HLEN as u32);
-    if ihl == IPV4_HLEN && !ip.is_first_fragment() && whole && ip.dst() == cfg.local_ip {
-        if let Some(pod) = local_pod(&inner_ip.dst()) {
+    if ihl == IPV4_HLEN && !ip.is_first_fragment() && whole && ip.dst() == cfg.local_ip
+        && let Some(pod) = local_pod(&inner_ip.dst()) {
             if strip(ctx).is_err() {
                 stats::add(Counter::DropAdjustRoom, 1);
                 return TC_ACT_SHOT;
@@ -160,7 +160,6 @@ pub fn run(ctx: &TcContext) -> i32 {
                 deliver_to_stack(ctx, cfg, &inner_eth.src(), inner_len)
             };
         }
-    }
     stats::count(Counter::RxHostPackets, Counter::RxHostBytes, inner_len);
     judged(ctx);
     NEXT
@@ -173,7 +172,7 @@ pub fn run(ctx: &TcContext) -> i32 {
 #[inline(always)]
 pub(crate) fn judged(ctx: &TcContext) {
     // SAFETY: a read of the context's own field.
-    let mark = unsafe { (*ctx.skb.skb).mark };
+    let mark = unsafe { (*skb::raw(ctx)).mark };
     ctx.set_mark(mark | MARK_JUDGED);
 }
 
@@ -182,7 +181,7 @@ pub(crate) fn judged(ctx: &TcContext) {
 /// public IP counts), or, when none holds it, its accept entry's CIDR does.
 #[inline(always)]
 fn owns_source(outer_src: &[u8; 4], accept: &PeerAccept, inner_src: [u8; 4]) -> bool {
-    match EDGEVX_PEER_SUBNETS.get(Key::new(32, inner_src)) {
+    match EDGEVX_PEER_SUBNETS.get(&Key::new(32, inner_src)) {
         Some(p) => p.public_ip == *outer_src,
         None => accept.allows_inner_source(inner_src),
     }

@@ -23,7 +23,7 @@ use edgevx_common::{
 
 use crate::{
     maps::{EDGEVX_CONFIG, EDGEVX_IP_ID, EDGEVX_IP_IDENTS, EDGEVX_PEER_SUBNETS},
-    stats, too_big,
+    skb, stats, too_big,
 };
 
 /// The device MTU already leaves room for the 50 bytes (flannel's MTU - 50),
@@ -68,22 +68,21 @@ pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
     // a destination in no peer's subnet is dropped here, counted: handing it
     // to the kernel's device (no fdb) would drop it unseen, and routing it
     // anywhere else could loop
-    let Some(peer) = EDGEVX_PEER_SUBNETS.get(Key::new(32, inner.dst())) else {
+    let Some(peer) = EDGEVX_PEER_SUBNETS.get(&Key::new(32, inner.dst())) else {
         stats::add(Counter::DropNoRoute, 1);
         return TC_ACT_SHOT;
     };
     let peer = *peer;
-    if check_mtu {
-        if let Some(mtu) = too_big::exceeds(ctx, cfg, &inner) {
+    if check_mtu
+        && let Some(mtu) = too_big::exceeds(ctx, cfg, &inner) {
             return too_big::handle(ctx, cfg, &inner, &peer.vtep_mac, mtu);
         }
-    }
     let peer_stats = stats::peer(&peer.public_ip);
 
     let len = ctx.len();
     let inner_ip_len = len.wrapping_sub(ETH_HLEN as u32);
     // SAFETY: the helper only reads the skb it is given.
-    let hash = unsafe { bpf_get_hash_recalc(ctx.skb.skb) };
+    let hash = unsafe { bpf_get_hash_recalc(skb::raw(ctx)) };
     let params = EncapParams {
         local_ip: cfg.local_ip,
         remote_ip: peer.public_ip,
@@ -146,7 +145,7 @@ fn grow(ctx: &TcContext, cfg_flags: u32) -> bool {
 #[inline(always)]
 fn next_ip_id(ctx: &TcContext, shared: bool, dst: [u8; 4]) -> u16 {
     // SAFETY: reading a field of the context the program was given.
-    let segs = unsafe { (*ctx.skb.skb).gso_segs }.max(1);
+    let segs = unsafe { (*skb::raw(ctx)).gso_segs }.max(1);
     if shared {
         return shared_ip_id(dst, segs);
     }

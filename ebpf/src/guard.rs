@@ -45,8 +45,8 @@ pub fn run(ctx: &SkLookupContext, check_iface: bool) -> u32 {
         return SK_PASS;
     }
     let peer = match l.family {
-        AF_INET => EDGEVX_PEER_ACCEPT.get_ptr(l.remote_ip4.to_ne_bytes()).is_some(),
-        AF_INET6 if cfg.ipv6_on() => EDGEVX_PEER_ACCEPT6.get_ptr(remote_ip6(l)).is_some(),
+        AF_INET => EDGEVX_PEER_ACCEPT.get_ptr(&l.remote_ip4.to_ne_bytes()).is_some(),
+        AF_INET6 if cfg.ipv6_on() => EDGEVX_PEER_ACCEPT6.get_ptr(&remote_ip6(l)).is_some(),
         _ => return SK_PASS,
     };
     if !peer {

@@ -162,7 +162,7 @@ pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
 /// it, its accept entry's CIDR does.
 #[inline(always)]
 fn owns_source6(outer_src: &[u8; 16], accept: &PeerAccept6, inner_src: &[u8; 16]) -> bool {
-    match EDGEVX_PEER_SUBNETS6.get(Key::new(128, *inner_src)) {
+    match EDGEVX_PEER_SUBNETS6.get(&Key::new(128, *inner_src)) {
         Some(owner) => owner == outer_src,
         None => accept.allows_inner_source(inner_src),
     }
@@ -171,5 +171,5 @@ fn owns_source6(outer_src: &[u8; 16], accept: &PeerAccept6, inner_src: &[u8; 16]
 /// The accept entry of the peer that sent `ip`, if it is one.
 #[inline(always)]
 fn accepted(ip: &Ipv6Header) -> Option<PeerAccept6> {
-    EDGEVX_PEER_ACCEPT6.get_ptr(ip.src()).map(|p| unsafe { *p })
+    EDGEVX_PEER_ACCEPT6.get_ptr(&ip.src()).map(|p| unsafe { *p })
 }

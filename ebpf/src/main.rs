@@ -5,6 +5,9 @@
 #![no_main]
 // the outer IP ID's atomic fetch-and-add, written out (encap.rs `fetch_add`)
 #![feature(asm_experimental_arch)]
+// aya-ebpf-macros 0.4's #[classifier] wraps each program in a public
+// extern fn taking the raw context pointer; the lint is about that wrapper
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 mod bridge;
 mod decap;
@@ -13,6 +16,7 @@ mod guard;
 mod judge6;
 mod maps;
 mod pod_guard;
+mod skb;
 mod stats;
 mod tagged;
 mod too_big;

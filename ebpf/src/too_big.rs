@@ -24,7 +24,7 @@ use edgevx_common::{
     vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, IPV4_HLEN, UDP_HLEN},
 };
 
-use crate::stats;
+use crate::{skb, stats};
 
 const IPPROTO_TCP: u8 = 6;
 
@@ -34,12 +34,12 @@ const IPPROTO_TCP: u8 = 6;
 pub fn exceeds(ctx: &TcContext, cfg: &DataplaneConfig, inner: &Ipv4Header) -> Option<u32> {
     let mut mtu: u32 = 0;
     // SAFETY: helper on our own skb; mtu is a valid out pointer.
-    let rc = unsafe { bpf_check_mtu(ctx.skb.skb as *mut _, cfg.underlay_ifindex, &mut mtu, ENCAP_OVERHEAD as i32, 0) };
+    let rc = unsafe { bpf_check_mtu(skb::raw(ctx).cast(), cfg.underlay_ifindex, &mut mtu, ENCAP_OVERHEAD as i32, 0) };
     if rc < 0 || mtu == 0 {
         return None;
     }
     // SAFETY: reading a field of the context the program was given.
-    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    let gso_size = unsafe { (*skb::raw(ctx)).gso_size };
     if gso_size == 0 {
         return (rc != BPF_MTU_CHK_RET_SUCCESS as i64).then_some(mtu);
     }
@@ -78,7 +78,7 @@ pub fn handle(ctx: &TcContext, cfg: &DataplaneConfig, inner: &Ipv4Header, peer_m
     let (d, s) = (cfg.vtep_mac, peer_mac);
     let eth = [d[0], d[1], d[2], d[3], d[4], d[5], s[0], s[1], s[2], s[3], s[4], s[5], t[0], t[1]];
     // SAFETY: helper on our own skb.
-    let shrunk = unsafe { bpf_skb_change_tail(ctx.skb.skb as *mut _, (ETH_HLEN + FRAG_NEEDED_LEN) as u32, 0) } == 0;
+    let shrunk = unsafe { bpf_skb_change_tail(skb::raw(ctx), (ETH_HLEN + FRAG_NEEDED_LEN) as u32, 0) } == 0;
     let built = shrunk
         && ctx.store(0, &eth, 0).is_ok()
         && ctx.store(ETH_HLEN, &ip, 0).is_ok()

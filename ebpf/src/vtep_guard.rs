@@ -24,14 +24,14 @@ use aya_ebpf::{
 };
 use edgevx_common::maps::{FLAG_REQUIRE_JUDGED, MARK_JUDGED};
 
-use crate::maps::EDGEVX_CONFIG;
+use crate::{maps::EDGEVX_CONFIG, skb};
 
 /// Judged, or nothing to enforce: the VTEP's receive carries on.
 const NEXT: i32 = TC_ACT_UNSPEC;
 
 pub fn run(ctx: &TcContext) -> i32 {
     // SAFETY: a read of the context's own field.
-    let mark = unsafe { (*ctx.skb.skb).mark };
+    let mark = unsafe { (*skb::raw(ctx)).mark };
     if mark & MARK_JUDGED != 0 {
         ctx.set_mark(mark & !MARK_JUDGED);
         return NEXT;

@@ -337,15 +337,15 @@ impl Store {
         let mut pending = std::mem::take(&mut *self.pending.borrow_mut());
         let mut synced = Vec::with_capacity(pending.len());
         for p in pending.drain(..) {
-            if let Some((f, path)) = &p.tmp {
-                if let Err(e) = f.sync_all() {
-                    if !p.optional {
-                        return Err(io_at(path)(e));
-                    }
-                    optional_failed(&p.target, &io_at(path)(e));
-                    let _ = fs::remove_file(path);
-                    continue;
+            if let Some((f, path)) = &p.tmp
+                && let Err(e) = f.sync_all()
+            {
+                if !p.optional {
+                    return Err(io_at(path)(e));
                 }
+                optional_failed(&p.target, &io_at(path)(e));
+                let _ = fs::remove_file(path);
+                continue;
             }
             synced.push(p);
         }

@@ -70,7 +70,7 @@ pub struct Service {
 impl Service {
     /// A stable chain suffix, in place of upstream's hash of the port name.
     fn id(&self) -> String {
-        format!("{:08X}{:04X}{}", u32::from(self.cluster_ip), self.port, &self.proto.name()[..1].to_uppercase())
+        format!("{:08X}{:04X}{}", u32::from(self.cluster_ip), self.port, self.proto.name()[..1].to_uppercase())
     }
 }
 

@@ -14,12 +14,13 @@ pub fn ebpf(tools: &Tools) -> Result<()> {
     let flags = format!("--cfg=bpf_target_arch=\"{}\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf", std::env::consts::ARCH);
     exec::run(
         Command::new("rustup")
-            .args(["run", crate::toolchain::EBPF_TOOLCHAIN, "cargo", "build", "--release"])
+            .args(["run", &crate::toolchain::ebpf_toolchain()?, "cargo", "build", "--release"])
             .args(["--package", "edgevx-ebpf", "--bins", "--target", "bpfel-unknown-none"])
             .args(["-Z", "build-std=core"])
             .current_dir(&root)
             .env("PATH", tools.path_env())
             .env("CARGO_ENCODED_RUSTFLAGS", flags)
+            .env("RUSTC_BOOTSTRAP", "1")
             .env_remove("RUSTC")
             .env_remove("RUSTC_WORKSPACE_WRAPPER"),
     )

@@ -1,5 +1,5 @@
 //! `cargo xtask fuzz --seconds N`: builds the cargo-fuzz targets in fuzz/
-//! (nightly, AddressSanitizer) and runs each for N seconds, starting from
+//! (the pinned toolchain with RUSTC_BOOTSTRAP=1, AddressSanitizer) and runs each for N seconds, starting from
 //! its seeds in fuzz/seeds/<target>. What libFuzzer finds new goes to
 //! fuzz/corpus/<target> (ignored by git), so later runs start from there;
 //! a crash stops the job and leaves its input in fuzz/artifacts/<target>.
@@ -22,9 +22,11 @@ pub fn run(seconds: u32) -> Result<()> {
     let path = std::env::join_paths(path).context("PATH")?;
     let root = exec::workspace_root();
     let fuzz_dir = root.join("fuzz");
+    // the pinned stable toolchain with RUSTC_BOOTSTRAP=1 takes the
+    // sanitizer's -Z flags; its asan runtime ships with the std component
     let cargo_fuzz = |args: &[&str]| {
         let mut c = Command::new("cargo");
-        c.arg(format!("+{}", toolchain::EBPF_TOOLCHAIN)).arg("fuzz").args(args).current_dir(&root).env("PATH", &path);
+        c.arg("fuzz").args(args).current_dir(&root).env("PATH", &path).env("RUSTC_BOOTSTRAP", "1");
         c
     };
     exec::run(&mut cargo_fuzz(&["build", "--fuzz-dir", "fuzz"]))?;

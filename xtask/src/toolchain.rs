@@ -15,8 +15,21 @@ use anyhow::{Context, Result, bail};
 
 use crate::exec;
 
-/// The toolchain aya-build compiles the eBPF crate with (its default).
-pub const EBPF_TOOLCHAIN: &str = "nightly";
+/// The toolchain rust-toolchain.toml pins; the eBPF crate is built with it
+/// too (RUSTC_BOOTSTRAP=1 for `-Z build-std=core`), as agent/build.rs does.
+pub fn ebpf_toolchain() -> Result<String> {
+    let file = exec::workspace_root().join("rust-toolchain.toml");
+    let text = fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+    pinned_channel(&text).with_context(|| format!("no `channel = \"...\"` in {}", file.display()))
+}
+
+/// The `channel` of a rust-toolchain.toml.
+fn pinned_channel(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let value = l.trim().strip_prefix("channel")?.trim_start().strip_prefix('=')?.trim();
+        Some(value.trim_matches('"').to_string()).filter(|v| !v.is_empty())
+    })
+}
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
 const VIRTIOFSD_VERSION: &str = "1.14.0";
@@ -44,27 +57,26 @@ pub fn ensure() -> Result<Tools> {
 }
 
 fn ensure_rust_src() -> Result<()> {
-    let installed =
-        exec::output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", EBPF_TOOLCHAIN]))
-            .with_context(|| {
-                format!("missing: the Rust toolchain `{EBPF_TOOLCHAIN}` (rustup toolchain install {EBPF_TOOLCHAIN})")
-            })?;
+    let tc = ebpf_toolchain()?;
+    let installed = exec::output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", &tc]))
+        .with_context(|| format!("missing: the Rust toolchain `{tc}` (rustup toolchain install {tc})"))?;
     if installed.lines().any(|l| l.starts_with("rust-src")) {
         return Ok(());
     }
-    eprintln!("xtask: installing rust-src for {EBPF_TOOLCHAIN}");
-    exec::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", EBPF_TOOLCHAIN]))
+    eprintln!("xtask: installing rust-src for {tc}");
+    exec::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", &tc]))
         .context("missing: rust-src, and `rustup component add rust-src` could not install it")
 }
 
 /// The toolchain's own libLLVM shared library and its major version.
 fn toolchain_llvm() -> Result<(PathBuf, String)> {
-    let sysroot = exec::output(Command::new("rustc").arg(format!("+{EBPF_TOOLCHAIN}")).args(["--print", "sysroot"]))?;
+    let sysroot =
+        exec::output(Command::new("rustc").arg(format!("+{}", ebpf_toolchain()?)).args(["--print", "sysroot"]))?;
     let lib = Path::new(sysroot.trim()).join("lib");
     let entries = fs::read_dir(&lib).with_context(|| format!("cannot list {}", lib.display()))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        // libLLVM.so.22.1-rust-1.97.0-nightly
+        // libLLVM.so.23.1-rust-1.99.1-stable
         let major = name
             .strip_prefix("libLLVM.so.")
             .and_then(|rest| rest.split('.').next())
@@ -123,7 +135,7 @@ fn ensure_bpf_linker() -> Result<PathBuf> {
 
 /// cargo-fuzz, built from crates.io into the tools cache like bpf-linker
 /// (nothing is installed into ~/.cargo/bin); returns the directory of the
-/// `cargo-fuzz` binary, to put on PATH for `cargo +nightly fuzz`.
+/// `cargo-fuzz` binary, to put on PATH for `cargo fuzz`.
 pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
     ensure_crate_bin("cargo-fuzz", CARGO_FUZZ_VERSION, "about a minute")
 }
@@ -154,4 +166,26 @@ fn ensure_crate_bin(krate: &str, version: &str, how_long: &str) -> Result<PathBu
     )
     .with_context(|| format!("missing: {krate}, and `cargo install {krate}` failed (needs crates.io)"))?;
     Ok(bin_dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_channel_is_read_from_rust_toolchain_toml() {
+        let text = "# comment\n[toolchain]\nchannel = \"1.99.1\"\ncomponents = [\"rust-src\"]\n";
+        assert_eq!(pinned_channel(text).as_deref(), Some("1.99.1"));
+        assert_eq!(
+            pinned_channel("[toolchain]\nchannel=\"nightly-2026-11-01\"").as_deref(),
+            Some("nightly-2026-11-01")
+        );
+        assert_eq!(pinned_channel("[toolchain]\nprofile = \"minimal\"\n"), None);
+        assert_eq!(pinned_channel("channel = \"\""), None);
+    }
+
+    #[test]
+    fn the_repository_pins_a_channel() {
+        assert!(ebpf_toolchain().is_ok_and(|c| !c.is_empty()));
+    }
 }

@@ -12,7 +12,7 @@ use std::io;
 use anyhow::{Context, Result};
 use aya::programs::{
     SchedClassifier, TcAttachType,
-    tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
+    tc::{self, NlOptions, SchedClassifierLink, TcAttach, TcError, TcHandle},
 };
 use futures::TryStreamExt;
 use rtnetlink::{
@@ -35,9 +35,10 @@ pub const HANDLE: TcHandle = TcHandle::new(0, 0xed);
 /// `iface`, replacing in place the filter an earlier agent left at our
 /// priority and handle.
 pub fn attach(prog: &mut SchedClassifier, name: &str, iface: &str, kind: TcAttachType) -> Result<()> {
+    let c_iface = device::c_name(iface)?;
     // EEXIST is the normal case after the first start; a real failure shows in the attach below
-    let _ = tc::qdisc_add_clsact(iface);
-    let existing = SchedClassifierLink::attached(iface, kind, PRIORITY, HANDLE, None)
+    let _ = tc::qdisc_add_clsact(&c_iface);
+    let existing = SchedClassifierLink::attached(&c_iface, kind.into(), PRIORITY, HANDLE, None)
         .with_context(|| format!("no interface {iface}"))?;
     let id = match prog.attach_to_link(existing) {
         Ok(id) => {
@@ -48,7 +49,7 @@ pub fn attach(prog: &mut SchedClassifier, name: &str, iface: &str, kind: TcAttac
         Err(_) => {
             let opts = NlOptions { priority: PRIORITY, handle: HANDLE, classid: None };
             let id = prog
-                .attach_with_options(iface, kind, TcAttachOptions::Netlink(opts))
+                .attach(&c_iface, TcAttach::Netlink { parent: kind.into(), options: opts })
                 .with_context(|| format!("cannot attach {name} to {iface} ({kind:?}) as a clsact filter"))?;
             info!(program = name, iface, "attached as a clsact filter");
             id
@@ -62,7 +63,7 @@ pub fn attach(prog: &mut SchedClassifier, name: &str, iface: &str, kind: TcAttac
 
 /// Removes our filters named `name` from `iface`; `false` if there were none.
 pub fn detach(name: &str, iface: &str, kind: TcAttachType) -> Result<bool> {
-    match tc::qdisc_detach_program(iface, kind, name) {
+    match tc::qdisc_detach_program(&device::c_name(iface)?, kind.into(), name) {
         Ok(()) => Ok(true),
         Err(TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         // the interface itself is gone: so is every filter on it

@@ -2,9 +2,12 @@
 //! agent needs it, a device's MAC, MTU and VXLAN attributes, NOARP, and
 //! the flush of an adopted VTEP's static entries (the VTEPs themselves are
 //! `vtep.rs`, their routes `routes.rs`).
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    ffi::CString,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 use futures::TryStreamExt;
 use rtnetlink::{
     Handle, LinkUnspec,
@@ -15,6 +18,12 @@ use rtnetlink::{
         neighbour::NeighbourState,
     },
 };
+
+/// `iface` as aya 0.16 takes interface names (`&CStr`); a name with a NUL
+/// byte cannot exist.
+pub fn c_name(iface: &str) -> Result<CString> {
+    CString::new(iface).map_err(|_| anyhow!("interface name {iface:?} has a NUL byte"))
+}
 
 /// The index of `iface` in this network namespace, `None` when there is no
 /// such interface. Any other failure is an error, not an absence: the
@@ -85,10 +94,10 @@ pub async fn underlay(handle: &Handle, name: &str) -> Result<Underlay> {
                 AddressAttribute::Address(IpAddr::V6(ip)) if msg.header.scope == AddressScope::Universe => {
                     ipv6_tentative |=
                         flags.contains(AddressFlags::Tentative) && !flags.contains(AddressFlags::Dadfailed);
-                    if let Some(rank) = ipv6_rank(flags) {
-                        if ipv6.is_none_or(|(r, _)| rank < r) {
-                            ipv6 = Some((rank, *ip));
-                        }
+                    if let Some(rank) = ipv6_rank(flags)
+                        && ipv6.is_none_or(|(r, _)| rank < r)
+                    {
+                        ipv6 = Some((rank, *ip));
                     }
                 }
                 _ => {}

@@ -10,7 +10,7 @@ use aya::{
     programs::{
         LinkOrder, SchedClassifier, TcAttachType,
         links::{FdLink, LinkError, PinnedLink},
-        tc::{SchedClassifierLink, TcAttachOptions},
+        tc::{SchedClassifierLink, TcAttach},
     },
     sys::SyscallError,
 };
@@ -176,7 +176,7 @@ pub fn attach(ebpf: &mut Ebpf, pins: &PinDir, name: &str, iface: &str, kind: TcA
     };
     if !adopted {
         let id = prog
-            .attach_with_options(iface, kind, TcAttachOptions::TcxOrder(LinkOrder::first()))
+            .attach(&device::c_name(iface)?, TcAttach::Tcx { attach_type: kind, order: LinkOrder::first() })
             .with_context(|| format!("cannot attach {name} to {iface} ({kind:?})"))?;
         let link: FdLink =
             prog.take_link(id).context("cannot take the new link")?.try_into().context("TCX link has no fd")?;

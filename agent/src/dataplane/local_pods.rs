@@ -67,10 +67,10 @@ async fn bridge_fdb(handle: &Handle, links: &HashMap<u32, LinkFacts>) -> Result<
             continue;
         };
         for a in &n.attributes {
-            if let NeighbourAttribute::LinkLayerAddress(m) = a {
-                if let Some(mac) = mac6(m) {
-                    out.insert((bridge, mac), port);
-                }
+            if let NeighbourAttribute::LinkLayerAddress(m) = a
+                && let Some(mac) = mac6(m)
+            {
+                out.insert((bridge, mac), port);
             }
         }
     }

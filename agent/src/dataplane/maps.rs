@@ -237,22 +237,25 @@ impl Maps {
     /// `subnet` → the peer at `public_ip` with `vtep_mac` (overwrites in place).
     pub fn put_subnet(&mut self, subnet: Ipv4Net, public_ip: Ipv4Addr, vtep_mac: [u8; 6]) -> Result<()> {
         let entry = PeerEntry { public_ip: public_ip.octets(), vtep_mac, _pad: [0; 2] };
-        self.subnets.insert(&lpm_key(subnet), entry, 0).with_context(|| format!("cannot add peer subnet {subnet}"))
+        self.subnets.insert(&lpm_key(subnet), &entry, 0).with_context(|| format!("cannot add peer subnet {subnet}"))
     }
 
     /// Accepts VXLAN from `ip`, bound as `entry` says; gives it a zeroed
     /// counter set if it has none (existing counters stay).
     pub fn put_accept(&mut self, ip: Ipv4Addr, entry: PeerAccept) -> Result<()> {
         if self.stats.get(&ip.octets(), 0).is_err() {
-            let zeros = PerCpuValues::try_from(vec![PeerStats::default(); aya::util::nr_cpus().map_err(|(_, e)| e)?])
-                .context("cannot size per-CPU counters")?;
-            match self.stats.insert(ip.octets(), zeros, NOEXIST) {
+            let zeros = PerCpuValues::try_from(vec![
+                PeerStats::default();
+                aya::util::nr_cpus().map_err(|(_, e)| e)?.get() as usize
+            ])
+            .context("cannot size per-CPU counters")?;
+            match self.stats.insert(&ip.octets(), zeros, NOEXIST) {
                 Ok(()) => {}
                 Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
                 Err(e) => return Err(e).with_context(|| format!("cannot add counters for {ip}")),
             }
         }
-        self.accept.insert(ip.octets(), entry, 0).with_context(|| format!("cannot accept VXLAN from peer {ip}"))
+        self.accept.insert(&ip.octets(), &entry, 0).with_context(|| format!("cannot accept VXLAN from peer {ip}"))
     }
 
     /// Stops accepting VXLAN from `ip` and drops its counters.
@@ -286,7 +289,7 @@ impl Maps {
     /// says (overwrites in place).
     pub fn accept6_put(&mut self, ip: Ipv6Addr, a: &Accept<Ipv6Net>) -> Result<()> {
         self.accept6
-            .insert(ip.octets(), PeerAccept6::from(a), 0)
+            .insert(&ip.octets(), &PeerAccept6::from(a), 0)
             .with_context(|| format!("cannot accept IPv6 VXLAN from peer {ip}"))
     }
 
@@ -326,7 +329,7 @@ impl Maps {
     pub fn subnet6_put(&mut self, subnet: Ipv6Net, owner: Ipv6Addr) -> Result<()> {
         let key = Key::new(subnet.prefix_len() as u32, subnet.network().octets());
         self.subnets6()?
-            .insert(&key, owner.octets(), 0)
+            .insert(&key, &owner.octets(), 0)
             .with_context(|| format!("cannot add IPv6 peer subnet {subnet}"))
     }
 

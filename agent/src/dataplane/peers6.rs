@@ -216,18 +216,19 @@ async fn read_tables(
     let mut t = Tables6::default();
     let mut dump = handle.neighbours().get().set_address_family(AddressFamily::Inet6).execute();
     while let Some(n) = dump.try_next().await.context("cannot list IPv6 neighbours")? {
-        if n.header.ifindex == index && n.header.state == NeighbourState::Permanent {
-            if let (Some(ip), Some(mac)) = (dst_of(&n), mac_of(&n)) {
-                t.neigh.insert(ip, mac);
-            }
+        if n.header.ifindex == index
+            && n.header.state == NeighbourState::Permanent
+            && let (Some(ip), Some(mac)) = (dst_of(&n), mac_of(&n))
+        {
+            t.neigh.insert(ip, mac);
         }
     }
     let mut dump = handle.neighbours().get().set_address_family(AddressFamily::Bridge).execute();
     while let Some(n) = dump.try_next().await.context("cannot list fdb entries")? {
-        if n.header.ifindex == index {
-            if let (Some(mac), Some(ip)) = (mac_of(&n), dst_of(&n)) {
-                t.fdb.insert((mac, ip));
-            }
+        if n.header.ifindex == index
+            && let (Some(mac), Some(ip)) = (mac_of(&n), dst_of(&n))
+        {
+            t.fdb.insert((mac, ip));
         }
     }
     // the kernel's own fe80::/64 has no gateway: never ours

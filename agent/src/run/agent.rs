@@ -176,11 +176,11 @@ impl<'a> Agent<'a> {
         let Phase::Up(n) = &mut self.phase else { return Ok(Asks::nothing()) };
         let mut asks = Asks::nothing();
         n.warn_off_underlay();
-        if let Some(d) = &self.desired {
-            if let Err(e) = n.follow_mtu(&d.conf, underlay.mtu, &self.state).await {
-                warn!("cannot bring the VTEP's MTU in line with the underlay's, retrying: {e:#}");
-                asks = asks.and(Job::Check, RETRY_AFTER);
-            }
+        if let Some(d) = &self.desired
+            && let Err(e) = n.follow_mtu(&d.conf, underlay.mtu, &self.state).await
+        {
+            warn!("cannot bring the VTEP's MTU in line with the underlay's, retrying: {e:#}");
+            asks = asks.and(Job::Check, RETRY_AFTER);
         }
         if let Err(e) = n.keep_macs().await {
             warn!("cannot put the VTEP's MAC back, retrying: {e:#}");

@@ -119,10 +119,10 @@ pub(super) async fn remove_leftovers<N: StackFamily>(handle: &Handle, vni: u32) 
     if device::delete_link(handle, &device).await? {
         warn!(device, "{family} is off in the network config: deleted the {family} VTEP an earlier run left");
     }
-    if let Ok(fw) = netfilter::Firewall::new::<N>() {
-        if fw.remove_all().with_context(|| format!("cannot remove the {family} firewall rules"))? {
-            info!("{family} is off: removed edgevx's {} chains", N::IPTABLES);
-        }
+    if let Ok(fw) = netfilter::Firewall::new::<N>()
+        && fw.remove_all().with_context(|| format!("cannot remove the {family} firewall rules"))?
+    {
+        info!("{family} is off: removed edgevx's {} chains", N::IPTABLES);
     }
     Ok(())
 }

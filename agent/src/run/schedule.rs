@@ -64,10 +64,10 @@ impl Due {
     /// Takes `asks` as of `now`: a job already due sooner stays so.
     pub(super) fn ask(&mut self, asks: Asks, now: Instant) {
         for (slot, after) in self.0.iter_mut().zip(asks.0) {
-            if let Some(at) = after.map(|a| now + a) {
-                if slot.is_none_or(|t| at < t) {
-                    *slot = Some(at);
-                }
+            if let Some(at) = after.map(|a| now + a)
+                && slot.is_none_or(|t| at < t)
+            {
+                *slot = Some(at);
             }
         }
     }

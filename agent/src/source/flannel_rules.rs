@@ -82,10 +82,10 @@ fn pod_cidr_texts(node: &Value) -> Vec<&str> {
     if let Some(list) = node.pointer("/spec/podCIDRs").and_then(Value::as_array) {
         texts.extend(list.iter().filter_map(Value::as_str));
     }
-    if texts.is_empty() {
-        if let Some(one) = node.pointer("/spec/podCIDR").and_then(Value::as_str) {
-            texts.push(one);
-        }
+    if texts.is_empty()
+        && let Some(one) = node.pointer("/spec/podCIDR").and_then(Value::as_str)
+    {
+        texts.push(one);
     }
     texts
 }

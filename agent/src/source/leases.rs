@@ -258,11 +258,11 @@ impl Reader {
             let (what, field, len) = ("subnet", "SubnetLen", l.subnet.prefix_len());
             return Err(LeaseError::PrefixLen { what, subnet: l.subnet.into(), len, field, want: self.subnet_len });
         }
-        if let (Some(v6), Some(want)) = (l.v6, self.subnet_len6.filter(|_| self.network6.is_some())) {
-            if v6.subnet.prefix_len() != want {
-                let (what, field, len) = ("IPv6 subnet", "IPv6SubnetLen", v6.subnet.prefix_len());
-                return Err(LeaseError::PrefixLen { what, subnet: v6.subnet.into(), len, field, want });
-            }
+        if let (Some(v6), Some(want)) = (l.v6, self.subnet_len6.filter(|_| self.network6.is_some()))
+            && v6.subnet.prefix_len() != want
+        {
+            let (what, field, len) = ("IPv6 subnet", "IPv6SubnetLen", v6.subnet.prefix_len());
+            return Err(LeaseError::PrefixLen { what, subnet: v6.subnet.into(), len, field, want });
         }
         peer_record::check(l.public_ip, l.subnet, self.network, &[self.own_ip])?;
         let vtep_mac = l.vtep_mac.ok_or(LeaseError::NoVtepMac)?;

@@ -24,7 +24,7 @@ const WIDE_IP6: &str = "fd00:198:18::9";
 fn put_subnet(l: &mut Loaded, subnet: [u8; 4], len: u32, public_ip: [u8; 4]) -> Result<()> {
     let mut subnets: LpmTrie<_, [u8; 4], Peer> =
         LpmTrie::try_from(l.ebpf.map_mut(names::PEER_SUBNETS).context("subnets")?)?;
-    subnets.insert(&Key::new(len, subnet), Peer { public_ip, vtep_mac: PEER_MAC, _pad: [0; 2] }, 0)?;
+    subnets.insert(&Key::new(len, subnet), &Peer { public_ip, vtep_mac: PEER_MAC, _pad: [0; 2] }, 0)?;
     Ok(())
 }
 
@@ -51,8 +51,8 @@ fn an_inner_ipv4_source_belongs_to_the_longest_prefixs_owner() -> Result<()> {
         let mut accept: HashMap<_, [u8; 4], PeerAccept> =
             HashMap::try_from(l.ebpf.map_mut(names::PEER_ACCEPT).context("accept")?)?;
         accept.insert(
-            WIDE_IP,
-            PeerAccept { pod_subnet: [10, 244, 2, 0], prefix_len: 23, flags: 0, _pad: [0; 2] },
+            &WIDE_IP,
+            &PeerAccept { pod_subnet: [10, 244, 2, 0], prefix_len: 23, flags: 0, _pad: [0; 2] },
             0,
         )?;
     }
@@ -85,13 +85,13 @@ fn an_inner_ipv6_source_belongs_to_the_longest_prefixs_owner() -> Result<()> {
     {
         let mut owners: LpmTrie<_, [u8; 16], [u8; 16]> =
             LpmTrie::try_from(l.ebpf.map_mut(names::PEER_SUBNETS6).context("subnets6")?)?;
-        owners.insert(&Key::new(64, v6("fd00:10:244:2::")), v6(PEER_IP6), 0)?;
-        owners.insert(&Key::new(63, v6("fd00:10:244:2::")), v6(WIDE_IP6), 0)?;
-        owners.insert(&Key::new(64, v6("fd00:10:244:5::")), v6(PEER_IP6), 0)?;
+        owners.insert(&Key::new(64, v6("fd00:10:244:2::")), &v6(PEER_IP6), 0)?;
+        owners.insert(&Key::new(63, v6("fd00:10:244:2::")), &v6(WIDE_IP6), 0)?;
+        owners.insert(&Key::new(64, v6("fd00:10:244:5::")), &v6(PEER_IP6), 0)?;
         let mut accept: HashMap<_, [u8; 16], PeerAccept6> =
             HashMap::try_from(l.ebpf.map_mut(names::PEER_ACCEPT6).context("accept6")?)?;
         let wide = PeerAccept6 { pod_subnet: v6("fd00:10:244:2::"), prefix_len: 63, flags: 0, _pad: [0; 2] };
-        accept.insert(v6(WIDE_IP6), wide, 0)?;
+        accept.insert(&v6(WIDE_IP6), &wide, 0)?;
     }
     let run = |from: &str, src: &str| -> Result<u32> {
         Ok(l.run("edgevx_decap", &vxlan6(from, 1, &inner_echo6(src, POD6)))?.0)

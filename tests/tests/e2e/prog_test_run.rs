@@ -60,7 +60,7 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
     let mut config: Array<_, DataplaneConfig> = Array::try_from(ebpf.map_mut(names::CONFIG).context("config")?)?;
     config.set(
         0,
-        DataplaneConfig {
+        &DataplaneConfig {
             vni: 1,
             local_ip: OUR_IP,
             vtep_mac: OUR_MAC,
@@ -74,24 +74,28 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
     )?;
     let mut subnets: LpmTrie<_, [u8; 4], Peer> =
         LpmTrie::try_from(ebpf.map_mut(names::PEER_SUBNETS).context("subnets")?)?;
-    subnets.insert(&Key::new(24, [10, 244, 2, 0]), Peer { public_ip: PEER_IP, vtep_mac: PEER_MAC, _pad: [0; 2] }, 0)?;
+    subnets.insert(
+        &Key::new(24, [10, 244, 2, 0]),
+        &Peer { public_ip: PEER_IP, vtep_mac: PEER_MAC, _pad: [0; 2] },
+        0,
+    )?;
     subnets.insert(
         &Key::new(24, [10, 244, 3, 0]),
-        Peer { public_ip: EXEMPT_IP, vtep_mac: PEER_MAC, _pad: [0; 2] },
+        &Peer { public_ip: EXEMPT_IP, vtep_mac: PEER_MAC, _pad: [0; 2] },
         0,
     )?;
     let mut accept: HashMap<_, [u8; 4], PeerAccept> =
         HashMap::try_from(ebpf.map_mut(names::PEER_ACCEPT).context("accept")?)?;
-    accept.insert(PEER_IP, PeerAccept { pod_subnet: [10, 244, 2, 0], prefix_len: 24, flags: 0, _pad: [0; 2] }, 0)?;
+    accept.insert(&PEER_IP, &PeerAccept { pod_subnet: [10, 244, 2, 0], prefix_len: 24, flags: 0, _pad: [0; 2] }, 0)?;
     let exempt =
         PeerAccept { pod_subnet: [10, 244, 3, 0], prefix_len: 24, flags: ACCEPT_ANY_INNER_SOURCE, _pad: [0; 2] };
-    accept.insert(EXEMPT_IP, exempt, 0)?;
-    let ncpu = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+    accept.insert(&EXEMPT_IP, &exempt, 0)?;
+    let ncpu = aya::util::nr_cpus().map_err(|(_, e)| e)?.get() as usize;
     let mut stats: PerCpuHashMap<_, [u8; 4], PeerStats> =
         PerCpuHashMap::try_from(ebpf.map_mut(names::PEER_STATS).context("stats")?)?;
-    stats.insert(PEER_IP, PerCpuValues::try_from(vec![PeerStats::default(); ncpu])?, 0)?;
+    stats.insert(&PEER_IP, PerCpuValues::try_from(vec![PeerStats::default(); ncpu])?, 0)?;
     let mut pods: HashMap<_, [u8; 4], LocalPod> = HashMap::try_from(ebpf.map_mut(names::LOCAL_PODS).context("pods")?)?;
-    pods.insert([10, 244, 1, 2], LocalPod { host_ifindex: 7, pod_mac: POD_MAC, host_mac: HOST_MAC }, 0)?;
+    pods.insert(&[10, 244, 1, 2], &LocalPod { host_ifindex: 7, pod_mac: POD_MAC, host_mac: HOST_MAC }, 0)?;
     Ok(Loaded { ebpf, encap, _bpffs: bpffs })
 }
 

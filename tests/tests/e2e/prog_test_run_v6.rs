@@ -54,8 +54,8 @@ pub(crate) fn load6(flags: u32) -> Result<Loaded> {
     let mut accept: HashMap<_, [u8; 16], PeerAccept6> =
         HashMap::try_from(l.ebpf.map_mut(names::PEER_ACCEPT6).context("accept6")?)?;
     let entry = |subnet: &str, flags| PeerAccept6 { pod_subnet: v6(subnet), prefix_len: 64, flags, _pad: [0; 2] };
-    accept.insert(v6(PEER_IP6), entry("fd00:10:244:2::", 0), 0)?;
-    accept.insert(v6(EXEMPT_IP6), entry("fd00:10:244:3::", ACCEPT_ANY_INNER_SOURCE), 0)?;
+    accept.insert(&v6(PEER_IP6), &entry("fd00:10:244:2::", 0), 0)?;
+    accept.insert(&v6(EXEMPT_IP6), &entry("fd00:10:244:3::", ACCEPT_ANY_INNER_SOURCE), 0)?;
     Ok(l)
 }
 
@@ -63,7 +63,7 @@ fn edit_config(l: &mut Loaded, edit: impl FnOnce(&mut DataplaneConfig)) -> Resul
     let mut config: Array<_, DataplaneConfig> = Array::try_from(l.ebpf.map_mut(names::CONFIG).context("config")?)?;
     let mut c = config.get(&0, 0)?;
     edit(&mut c);
-    config.set(0, c, 0)?;
+    config.set(0, &c, 0)?;
     Ok(())
 }
 

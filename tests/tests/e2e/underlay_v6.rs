@@ -256,7 +256,9 @@ fn attach_in(ns: &Netns, prog: &mut SchedClassifier, link: &str) -> Result<()> {
             if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                 bail!("setns into {path}: {}", std::io::Error::last_os_error());
             }
-            prog.attach(link, TcAttachType::Ingress).with_context(|| format!("cannot attach to {link} in {path}"))?;
+            let c_link = std::ffi::CString::new(link).context("link name")?;
+            prog.attach(&c_link, TcAttachType::Ingress)
+                .with_context(|| format!("cannot attach to {link} in {path}"))?;
             Ok(())
         })
         .join()

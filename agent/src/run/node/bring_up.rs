@@ -97,16 +97,14 @@ pub(in crate::run) async fn bring_up(
     if legacy_encap && plan4.is_some() {
         info!("encapsulating without BPF_F_ADJ_ROOM_ENCAP_L2_ETH (--legacy-encap)");
     }
-    if bypass {
-        if let Some(found) = netfilter::kube_proxy_present() {
-            warn!(
-                %found,
-                "--bypass-netfilter is on, but kube-proxy's packet rules are on this node: replies to Service \
-                 traffic from other nodes lose their reverse NAT, and conntrack sees only one direction of pod \
-                 flows (kube-proxy's ctstate INVALID drop then drops them). Turn it off unless pod traffic has \
-                 no packet-level NAT or policy"
-            );
-        }
+    if bypass && let Some(found) = netfilter::kube_proxy_present() {
+        warn!(
+            %found,
+            "--bypass-netfilter is on, but kube-proxy's packet rules are on this node: replies to Service \
+             traffic from other nodes lose their reverse NAT, and conntrack sees only one direction of pod \
+             flows (kube-proxy's ctstate INVALID drop then drops them). Turn it off unless pod traffic has \
+             no packet-level NAT or policy"
+        );
     }
     // the pods learned by an earlier run may sit on a bridge our program is
     // not attached to yet; they come back at the first learning pass

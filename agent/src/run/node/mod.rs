@@ -254,10 +254,10 @@ impl Node {
     /// Re-asserts our firewall chains (someone may have flushed them).
     pub(super) fn enforce_rules(&self) {
         let r = &self.record;
-        if let (Some(fw), Some(v4)) = (&self.firewall, &r.v4) {
-            if let Err(e) = fw.apply(&netfilter::plan(v4.network, v4.subnet, &self.rules)) {
-                warn!("cannot restore the firewall rules: {e:#}");
-            }
+        if let (Some(fw), Some(v4)) = (&self.firewall, &r.v4)
+            && let Err(e) = fw.apply(&netfilter::plan(v4.network, v4.subnet, &self.rules))
+        {
+            warn!("cannot restore the firewall rules: {e:#}");
         }
         if let Some(v6) = &self.v6 {
             v6.enforce_rules(&self.rules);
@@ -273,12 +273,12 @@ pub(super) async fn readdress(n: &mut Node, own: &OwnNode, state: &StateDir) -> 
         }
         v4.subnet = subnet;
     }
-    if let (Some(v6), Some(subnet6)) = (&mut n.v6, own.subnet6) {
-        if v6.record.subnet != subnet6 {
-            vtep::ensure_address(&n.handle, v6.index, subnet6, v6.record.network).await?;
-            v6.record.subnet = subnet6;
-            n.record.v6 = Some(v6.record.clone());
-        }
+    if let (Some(v6), Some(subnet6)) = (&mut n.v6, own.subnet6)
+        && v6.record.subnet != subnet6
+    {
+        vtep::ensure_address(&n.handle, v6.index, subnet6, v6.record.network).await?;
+        v6.record.subnet = subnet6;
+        n.record.v6 = Some(v6.record.clone());
     }
     write_subnet_env(&n.record)?;
     n.own = own.clone();

@@ -88,9 +88,42 @@ pub enum Counter {
     /// the datagram to the VXLAN socket; the judges read fixed offsets and
     /// never saw it.
     DropVxlanTagged = 28,
+    /// Packets of established plain flows from a peer's pod delivered to a
+    /// local pod past the host stack, after conntrack said so (ebpf/src/fastpath.rs).
+    FastPathPackets = 29,
+    FastPathBytes = 30,
+    /// Left to the host stack by the fast path: a SYN, FIN or RST (or a
+    /// segment without ACK), which conntrack's state machine must see.
+    FastPathStackTcpFlags = 31,
+    /// Left to the host stack: conntrack has no entry for the flow.
+    FastPathStackNoEntry = 32,
+    /// Left to the host stack: the entry is not yet confirmed, replied and
+    /// assured, or the TCP connection is not ESTABLISHED.
+    FastPathStackNotEstablished = 33,
+    /// Left to the host stack: the entry has NAT, a helper, an expectation,
+    /// sequence adjustment, a fixed timeout or a conntrack mark.
+    FastPathStackNotPlain = 34,
+    /// Left to the host stack: TCP whose window tracking is not yet liberal
+    /// both ways (the agent is asked to make it so).
+    FastPathStackNotLiberal = 35,
+    /// Left to the host stack: no packet of the flow has passed the current
+    /// ruleset yet (first packets, and the first after every ruleset change).
+    FastPathStackNewRuleset = 36,
+    /// Left to the host stack: not TCP or UDP, IP options, a fragment, or a
+    /// destination that is not a learned local pod.
+    FastPathStackOther = 37,
+    /// Dropped by the XDP judge on the underlay, before any skb: UDP to the
+    /// VXLAN port from a source that is not an accepted peer (IPv4 or IPv6).
+    XdpDropUnknownPeer = 38,
+    /// Dropped by the XDP judge: VXLAN flags other than exactly the I flag,
+    /// or a non-zero reserved byte.
+    XdpDropBadVxlanFlags = 39,
+    /// Dropped by the XDP judge: UDP to the VXLAN port too short for the
+    /// VXLAN and inner Ethernet headers (not a fragment).
+    XdpDropShort = 40,
 }
 
-pub const COUNT: u32 = 29;
+pub const COUNT: u32 = 41;
 
 impl Counter {
     pub const ALL: [Counter; COUNT as usize] = [
@@ -123,6 +156,18 @@ impl Counter {
         Counter::DropInnerNotIpv6,
         Counter::DropLongExtChain,
         Counter::DropVxlanTagged,
+        Counter::FastPathPackets,
+        Counter::FastPathBytes,
+        Counter::FastPathStackTcpFlags,
+        Counter::FastPathStackNoEntry,
+        Counter::FastPathStackNotEstablished,
+        Counter::FastPathStackNotPlain,
+        Counter::FastPathStackNotLiberal,
+        Counter::FastPathStackNewRuleset,
+        Counter::FastPathStackOther,
+        Counter::XdpDropUnknownPeer,
+        Counter::XdpDropBadVxlanFlags,
+        Counter::XdpDropShort,
     ];
 
     /// Name used in `edgevx status` and metrics.
@@ -157,6 +202,18 @@ impl Counter {
             Counter::DropInnerNotIpv6 => "drop_inner_not_ipv6",
             Counter::DropLongExtChain => "drop_long_ext_chain",
             Counter::DropVxlanTagged => "drop_vxlan_tagged",
+            Counter::FastPathPackets => "fast_path_packets",
+            Counter::FastPathBytes => "fast_path_bytes",
+            Counter::FastPathStackTcpFlags => "fast_path_stack_tcp_flags",
+            Counter::FastPathStackNoEntry => "fast_path_stack_no_entry",
+            Counter::FastPathStackNotEstablished => "fast_path_stack_not_established",
+            Counter::FastPathStackNotPlain => "fast_path_stack_not_plain",
+            Counter::FastPathStackNotLiberal => "fast_path_stack_not_liberal",
+            Counter::FastPathStackNewRuleset => "fast_path_stack_new_ruleset",
+            Counter::FastPathStackOther => "fast_path_stack_other",
+            Counter::XdpDropUnknownPeer => "xdp_drop_unknown_peer",
+            Counter::XdpDropBadVxlanFlags => "xdp_drop_bad_vxlan_flags",
+            Counter::XdpDropShort => "xdp_drop_short",
         }
     }
 }

@@ -7,6 +7,7 @@
 #![no_std]
 
 pub mod counters;
+pub mod fastpath;
 pub mod headers;
 pub mod icmp;
 pub mod maps;
@@ -14,4 +15,4 @@ pub mod vxlan;
 
 /// Bumped whenever a pinned map's layout changes; pins live under
 /// `<bpffs>/v<SCHEMA_VERSION>/` so an upgrade never reuses an incompatible map.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;

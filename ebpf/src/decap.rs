@@ -148,18 +148,22 @@ pub fn run(ctx: &TcContext) -> i32 {
     // sum (CHECKSUM_PARTIAL) that cannot be checked in the program; it only
     // guards against corruption, which the inner checksums also catch.
     let whole = ip.total_len() as u32 == ctx.len().wrapping_sub(ETH_HLEN as u32);
-    if ihl == IPV4_HLEN && !ip.is_first_fragment() && whole && ip.dst() == cfg.local_ip
-        && let Some(pod) = local_pod(&inner_ip.dst()) {
-            if strip(ctx).is_err() {
-                stats::add(Counter::DropAdjustRoom, 1);
-                return TC_ACT_SHOT;
-            }
-            return if cfg.flags & FLAG_BYPASS_NETFILTER != 0 {
-                deliver_to_pod(ctx, &pod, inner_len)
-            } else {
-                deliver_to_stack(ctx, cfg, &inner_eth.src(), inner_len)
-            };
+    if ihl == IPV4_HLEN
+        && !ip.is_first_fragment()
+        && whole
+        && ip.dst() == cfg.local_ip
+        && let Some(pod) = local_pod(&inner_ip.dst())
+    {
+        if strip(ctx).is_err() {
+            stats::add(Counter::DropAdjustRoom, 1);
+            return TC_ACT_SHOT;
         }
+        return if cfg.flags & FLAG_BYPASS_NETFILTER != 0 {
+            deliver_to_pod(ctx, &pod, inner_len)
+        } else {
+            deliver_to_stack(ctx, cfg, &inner_eth.src(), inner_len)
+        };
+    }
     stats::count(Counter::RxHostPackets, Counter::RxHostBytes, inner_len);
     judged(ctx);
     NEXT

@@ -73,10 +73,9 @@ pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
         return TC_ACT_SHOT;
     };
     let peer = *peer;
-    if check_mtu
-        && let Some(mtu) = too_big::exceeds(ctx, cfg, &inner) {
-            return too_big::handle(ctx, cfg, &inner, &peer.vtep_mac, mtu);
-        }
+    if check_mtu && let Some(mtu) = too_big::exceeds(ctx, cfg, &inner) {
+        return too_big::handle(ctx, cfg, &inner, &peer.vtep_mac, mtu);
+    }
     let peer_stats = stats::peer(&peer.public_ip);
 
     let len = ctx.len();

@@ -119,6 +119,12 @@ pub struct RunArgs {
     /// socket-level kube-proxy replacement, or a gateway node with no Services).
     #[arg(long, env = "EDGEVX_BYPASS_NETFILTER", default_value_t = false)]
     pub bypass_netfilter: bool,
+    /// The conntrack-verified fast path: packets of established, plain
+    /// (non-NATed) TCP and UDP flows from a peer's pod to a local pod skip
+    /// the host stack once the kernel's conntrack entry says they may
+    /// (`auto`: where the kernel has the conntrack kfuncs within reach).
+    #[arg(long, env = "EDGEVX_FAST_PATH", value_enum, default_value = "off")]
+    pub fast_path: crate::dataplane::fast_path::Mode,
     /// Accepted for older command lines: host routing is now the default.
     #[arg(long, env = "EDGEVX_HOST_ROUTING", default_value_t = false, hide = true)]
     pub host_routing: bool,

@@ -185,6 +185,10 @@ pub struct AgentRecord {
     /// `--bypass-netfilter` (older records called it fast delivery).
     #[serde(alias = "fast_delivery")]
     pub bypass_netfilter: bool,
+    /// The fast path: "on", or why not ("off (--fast-path=off)",
+    /// "unavailable: ..."); empty in records of earlier versions.
+    #[serde(default)]
+    pub fast_path: String,
     /// `--ip-masq`: FLANNEL_IPMASQ=true and our masquerade chain.
     #[serde(default)]
     pub ip_masq: bool,

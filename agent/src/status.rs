@@ -152,6 +152,8 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         "mtu": rec.mtu,
         "delivery": if rec.bypass_netfilter { "bypass-netfilter" } else { "host-stack" },
         "ip_masq": rec.ip_masq,
+        // "on", or why not; the per-reason counts are in counters (fast_path_*)
+        "fast_path": if rec.fast_path.is_empty() { None } else { Some(rec.fast_path.clone()) },
         "local_pods": maps.as_ref().map(|m| m.local_pods().len()).unwrap_or(0),
         // the limit: peers the maps hold (their max_entries)
         "peer_capacity": capacity,

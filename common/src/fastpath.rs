@@ -35,9 +35,9 @@ pub const FP_LIBERAL_SYSCTL: u32 = 2;
 /// kube-proxy INVALID-drop test must see).
 pub const FP_TEST_IGNORE_LIBERAL: u32 = 0x8000_0000;
 
-/// What the agent tells the fast path; timeouts are the values the stack
+/// What the agent tells the fast path. Timeouts are the values the stack
 /// itself would apply (the node's `nf_conntrack_*_timeout_*` sysctls), in
-/// jiffies of the running kernel.
+/// seconds.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FastPathConfig {
@@ -47,9 +47,7 @@ pub struct FastPathConfig {
     pub tcp_established: u32,
     pub tcp_unacknowledged: u32,
     pub udp_stream: u32,
-    /// The kernel's HZ: a timeout is refreshed only once it has run down by
-    /// more than a second's worth.
-    pub hz: u32,
+    pub _pad: u32,
 }
 
 /// One direction of a flow, as in the packet: addresses and ports in
@@ -74,7 +72,15 @@ pub struct Seen {
     /// The epoch a liberal request went out for this flow in (0: none), so
     /// a flow asks once per epoch, not once per packet.
     pub asked: u32,
+    /// When the fast path last refreshed the entry's timeout, in units of
+    /// 2^30 ns (about a second) of `bpf_ktime_get_ns`: at most once per
+    /// unit, so the entry is not written on every packet.
+    pub refreshed: u32,
+    pub _pad: u32,
 }
+
+/// [`Seen::refreshed`]'s unit: `bpf_ktime_get_ns() >> REFRESH_SHIFT`.
+pub const REFRESH_SHIFT: u32 = 30;
 
 /// [`FP_EVENTS`]'s record.
 #[repr(C)]
@@ -189,7 +195,9 @@ pub fn judge(proto: u8, ct: &CtFields, liberal_sysctl: bool) -> Verdict {
     Verdict::Fast
 }
 
-/// The timeout the stack would set for this packet's entry, in jiffies.
+/// The timeout the stack would set for this packet's entry, in seconds
+/// (nf_conntrack_proto_tcp.c: UNACK while data is unacknowledged either
+/// way and that is shorter; the retransmission limit is not modelled).
 #[inline(always)]
 pub fn stack_timeout(proto: u8, ct: &CtFields, cfg: &FastPathConfig) -> u32 {
     if proto != IPPROTO_TCP {
@@ -197,15 +205,6 @@ pub fn stack_timeout(proto: u8, ct: &CtFields, cfg: &FastPathConfig) -> u32 {
     }
     let unacked = (ct.seen_flags[0] | ct.seen_flags[1]) & IP_CT_TCP_FLAG_DATA_UNACKNOWLEDGED != 0;
     if unacked && cfg.tcp_unacknowledged < cfg.tcp_established { cfg.tcp_unacknowledged } else { cfg.tcp_established }
-}
-
-/// Whether the entry's timeout (`expires`, absolute jiffies) has run down
-/// far enough from `full` that refreshing it is due: at most once a second
-/// per flow, so the fast path does not write the entry on every packet.
-#[inline(always)]
-pub fn refresh_due(expires: u32, now: u32, full: u32, hz: u32) -> bool {
-    let left = expires.wrapping_sub(now) as i32;
-    left < 0 || (left as u32) < full.saturating_sub(hz)
 }
 
 #[cfg(feature = "user")]
@@ -240,7 +239,6 @@ mod tests {
                 continue;
             }
             let v = judge(IPPROTO_TCP, &tcp(IPS_MUST | b, [LIBERAL, LIBERAL]), false);
-            // bits 16.. are not in the uapi enum's first half; every named one below 16 but the musts refuses
             assert_eq!(v, Verdict::NotPlain, "status bit {bit}");
         }
         let marked = CtFields { mark: 1, ..tcp(IPS_MUST, [LIBERAL, LIBERAL]) };
@@ -277,24 +275,12 @@ mod tests {
 
     #[test]
     fn the_timeout_is_the_one_the_stack_would_set() {
-        let cfg = FastPathConfig {
-            tcp_established: 1000,
-            tcp_unacknowledged: 300,
-            udp_stream: 120,
-            hz: 10,
-            ..Default::default()
-        };
+        let cfg =
+            FastPathConfig { tcp_established: 1000, tcp_unacknowledged: 300, udp_stream: 120, ..Default::default() };
         assert_eq!(stack_timeout(IPPROTO_TCP, &tcp(IPS_MUST, [0, 0]), &cfg), 1000);
         assert_eq!(stack_timeout(IPPROTO_TCP, &tcp(IPS_MUST, [IP_CT_TCP_FLAG_DATA_UNACKNOWLEDGED, 0]), &cfg), 300);
         assert_eq!(stack_timeout(IPPROTO_UDP, &CtFields::default(), &cfg), 120);
-    }
-
-    #[test]
-    fn a_refresh_is_due_once_a_second_has_run_down_and_across_jiffies_wrap() {
-        assert!(!refresh_due(1000, 0, 1000, 10));
-        assert!(!refresh_due(995, 0, 1000, 10));
-        assert!(refresh_due(989, 0, 1000, 10));
-        assert!(refresh_due(5, u32::MAX - 4, 1000, 10)); // 10 left across the wrap
-        assert!(refresh_due(0, 10, 1000, 10)); // already expired
+        let short = FastPathConfig { tcp_established: 30, ..cfg };
+        assert_eq!(stack_timeout(IPPROTO_TCP, &tcp(IPS_MUST, [IP_CT_TCP_FLAG_DATA_UNACKNOWLEDGED, 0]), &short), 30);
     }
 }

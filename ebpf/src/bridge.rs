@@ -15,7 +15,7 @@ use edgevx_common::{
     vxlan::{ETH_HLEN, ETH_P_IP},
 };
 
-use crate::{maps::EDGEVX_LOCAL_PODS, stats};
+use crate::{fastpath, maps::EDGEVX_LOCAL_PODS, stats};
 
 /// Not for a learned pod: the bridge forwards it as usual.
 const NEXT: i32 = TC_ACT_UNSPEC;
@@ -36,6 +36,7 @@ pub fn run(ctx: &TcContext) -> i32 {
         return NEXT;
     }
     stats::add(Counter::BridgeToPort, 1);
+    fastpath::record(ctx);
     // SAFETY: plain helper call; the kernel checks the ifindex.
     unsafe { bpf_redirect(pod.host_ifindex, 0) as i32 }
 }

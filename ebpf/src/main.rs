@@ -12,8 +12,10 @@
 mod bridge;
 mod decap;
 mod encap;
+mod fastpath;
 mod guard;
 mod judge6;
+mod kfunc;
 mod maps;
 mod pod_guard;
 mod skb;

@@ -3,10 +3,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use edgevx_common::{
     counters,
+    fastpath::{FP_EVENTS_BYTES, FP_SEEN_ENTRIES, FastPathConfig, FlowKey, Seen},
     maps::{
         DataplaneConfig, IP_ID_BUCKETS, LocalPod, MAX_LOCAL_PODS, MAX_PEERS, Peer, PeerAccept, PeerAccept6, PeerStats,
     },
@@ -44,3 +45,12 @@ pub static EDGEVX_IP_IDENTS: Array<u64> = Array::pinned(IP_ID_BUCKETS + 1, 0);
 
 #[map]
 pub static EDGEVX_GLOBAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(counters::COUNT, 0);
+
+#[map]
+pub static EDGEVX_FP_CONFIG: Array<FastPathConfig> = Array::pinned(1, 0);
+
+#[map]
+pub static EDGEVX_FP_SEEN: LruHashMap<FlowKey, Seen> = LruHashMap::pinned(FP_SEEN_ENTRIES, 0);
+
+#[map]
+pub static EDGEVX_FP_EVENTS: RingBuf = RingBuf::pinned(FP_EVENTS_BYTES, 0);

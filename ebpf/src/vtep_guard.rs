@@ -24,7 +24,7 @@ use aya_ebpf::{
 };
 use edgevx_common::maps::{FLAG_REQUIRE_JUDGED, MARK_JUDGED};
 
-use crate::{maps::EDGEVX_CONFIG, skb};
+use crate::{fastpath, maps::EDGEVX_CONFIG, skb};
 
 /// Judged, or nothing to enforce: the VTEP's receive carries on.
 const NEXT: i32 = TC_ACT_UNSPEC;
@@ -34,13 +34,14 @@ pub fn run(ctx: &TcContext) -> i32 {
     let mark = unsafe { (*skb::raw(ctx)).mark };
     if mark & MARK_JUDGED != 0 {
         ctx.set_mark(mark & !MARK_JUDGED);
-        return NEXT;
+    } else {
+        let Some(cfg) = EDGEVX_CONFIG.get(0) else {
+            return NEXT;
+        };
+        if cfg.flags & FLAG_REQUIRE_JUDGED != 0 {
+            return TC_ACT_SHOT;
+        }
     }
-    let Some(cfg) = EDGEVX_CONFIG.get(0) else {
-        return NEXT;
-    };
-    if cfg.flags & FLAG_REQUIRE_JUDGED == 0 {
-        return NEXT;
-    }
-    TC_ACT_SHOT
+    // judged (or nothing to enforce): an established plain flow may skip the stack
+    fastpath::run(ctx).unwrap_or(NEXT)
 }

@@ -9,15 +9,17 @@
 //! | TCX links | 6.6 | `bpf` filters on a `clsact` qdisc |
 //! | `bpf_sk_lookup.ingress_ifindex` | 5.17 | `edgevx_guard_compat` (`guard.rs` tries the full guard) |
 //! | `BPF_F_ADJ_ROOM_ENCAP_L2_ETH` | 5.13 | the encap asks again without it (`ebpf/src/encap.rs`) |
+//! | conntrack kfuncs in vmlinux BTF | 6.0, conntrack built in | no fast path (`kfunc/mod.rs`) |
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+use super::kfunc::Conntrack;
 use aya::{
     programs::ProgramType,
     sys::{BpfHelper, is_helper_supported},
 };
 
 /// The answers, probed once per bring-up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Features {
     /// `bpf_check_mtu` (Linux 5.12).
     pub check_mtu: bool,
@@ -25,6 +27,8 @@ pub struct Features {
     pub atomic_fetch: bool,
     /// TCX attachment (Linux 6.6).
     pub tcx: bool,
+    /// The conntrack kfuncs, for the fast path (kfunc/mod.rs).
+    pub conntrack: Conntrack,
 }
 
 impl Features {
@@ -36,6 +40,7 @@ impl Features {
                 .unwrap_or(false),
             atomic_fetch: atomic_fetch_supported(),
             tcx: tcx_supported(),
+            conntrack: Conntrack::probe(),
         }
     }
 }

@@ -23,7 +23,7 @@ use crate::dataplane::{
     bpffs::{PinDir, remove_pin},
     clsact, device,
     features::Features,
-    guard,
+    guard, kfunc,
     order::{self, Place},
     refused,
 };
@@ -75,16 +75,21 @@ pub const PROGRAMS: [&str; 5] = [VTEP_GUARD, ENCAP, DECAP, BRIDGE, POD_GUARD];
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/edgevx"));
 
+/// The embedded eBPF object, as built (before its kfunc calls are resolved).
+#[cfg(test)]
+pub fn object() -> &'static [u8] {
+    OBJECT
+}
+
 /// Loads the programs, each in the variant `features` allow; creates the
 /// maps or reuses their pins. A program the verifier refuses is a
 /// [`Refused`](refused::Refused) in the error's chain: one line, with
 /// [`retry_after`](refused::Refused::retry_after) for the next try.
 pub fn load(pins: &PinDir, features: &Features) -> Result<Ebpf> {
     pins.create()?;
-    let mut ebpf = EbpfLoader::new()
-        .default_map_pin_directory(pins.maps())
-        .load(OBJECT)
-        .context("cannot load the eBPF object (maps or BTF rejected by the kernel)")?;
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(pins.maps());
+    let mut ebpf = kfunc::load(&mut loader, OBJECT, &features.conntrack)?;
     for name in PROGRAMS {
         let variant = variant(features, name);
         if variant != name {

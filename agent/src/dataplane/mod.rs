@@ -3,8 +3,10 @@
 pub mod bpffs;
 pub mod clsact;
 pub mod device;
+pub mod fast_path;
 pub mod features;
 pub mod guard;
+pub mod kfunc;
 pub mod loader;
 pub mod local_pods;
 pub mod maps;

@@ -9,6 +9,7 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, PerCpuValues, lpm_trie::Key},
     programs::SchedClassifier,
 };
+use edgevx::dataplane::kfunc::Conntrack;
 use edgevx_common::{
     counters::Counter,
     maps::{
@@ -51,7 +52,10 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
     let bpffs = Bpffs::mount(&dir)?;
     let bytes = std::fs::read(object())
         .with_context(|| format!("cannot read {} (cargo xtask build-ebpf)", object().display()))?;
-    let mut ebpf = EbpfLoader::new().default_map_pin_directory(&dir).load(&bytes)?;
+    // as the agent loads it: kfunc calls resolved for this kernel (or poisoned, fast path off)
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(&dir);
+    let mut ebpf = edgevx::dataplane::kfunc::load(&mut loader, &bytes, &Conntrack::probe())?;
     let encap = features::encap();
     for p in [encap, "edgevx_decap", "edgevx_bridge", "edgevx_pod_guard", "edgevx_vtep_guard"] {
         let prog: &mut SchedClassifier = ebpf.program_mut(p).context("program")?.try_into()?;

@@ -13,7 +13,14 @@ use tracing::{info, warn};
 
 use super::Node;
 use crate::{
-    dataplane::{bpffs, device, features::Features, guard, loader, maps::Maps, vtep},
+    dataplane::{
+        bpffs, device,
+        fast_path::{self, CtSysctls, FastPathMap},
+        features::Features,
+        guard, loader,
+        maps::Maps,
+        vtep,
+    },
     metrics::startup::{Milestone, Startup},
     netconf::NetConf,
     netfilter,
@@ -128,6 +135,15 @@ pub(in crate::run) async fn bring_up(
         // all zero: IPv6 off, IPv6 VXLAN is not judged
         public_ip6: plan6.as_ref().map_or([0; 16], |p| p.spec.local.octets()),
     })?;
+    let fast_path = fast_path::state(c.args.fast_path, &features.conntrack);
+    if let Some(mut map) = FastPathMap::open(&pins)? {
+        let sysctls = CtSysctls::read().context("cannot read the conntrack sysctls the fast path follows")?;
+        map.set(&fast_path::config(fast_path.is_ok() && plan4.is_some(), fast_path::first_epoch(), &sysctls))?;
+    }
+    match &fast_path {
+        Ok(()) => info!("fast path on: established plain flows from peers' pods skip the host stack"),
+        Err(why) => info!(state = %why, "fast path off"),
+    }
     // only now that the programs judge IPv6 VXLAN: the device's socket
     let v6 = match plan6 {
         Some(p) => {
@@ -166,6 +182,10 @@ pub(in crate::run) async fn bring_up(
         port: conf.port,
         mtu,
         bypass_netfilter: bypass,
+        fast_path: match &fast_path {
+            Ok(()) => "on".to_string(),
+            Err(why) => why.clone(),
+        },
         ip_masq: c.args.ip_masq,
         attach: match c.args.tc_attach.as_str() {
             "tcx" => loader::AttachMode::Tcx,

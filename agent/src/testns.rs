@@ -42,19 +42,26 @@ impl TestNs {
 
     /// Runs `f` on a new thread that entered this namespace.
     pub fn enter<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        match self.spawn_in(f)?.join() {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+
+    /// Starts `f` on a new thread that entered this namespace.
+    pub fn spawn_in<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<std::thread::JoinHandle<Result<T>>> {
         let path = format!("/run/netns/{}", self.name);
         let ns = File::open(&path).with_context(|| format!("cannot open {path}"))?;
-        let thread = std::thread::spawn(move || {
+        Ok(std::thread::spawn(move || {
             // SAFETY: setns on an fd we hold, for this thread only.
             if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                 return Err(std::io::Error::last_os_error()).context("cannot enter the test namespace");
             }
             Ok(f())
-        });
-        match thread.join() {
-            Ok(r) => r,
-            Err(p) => std::panic::resume_unwind(p),
-        }
+        }))
     }
 }
 

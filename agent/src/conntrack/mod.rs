@@ -1,7 +1,7 @@
 //! Conntrack from the agent's side of the fast path (fast-path.md §B.4):
 //! making a flow's TCP tracking liberal through ctnetlink ([`liberal`]),
-//! and the loop that does it for the flows the fast path asks about
-//! ([`promote`]).
+//! the loop that does it for the flows the fast path asks about
+//! ([`promote`]), and the conntrack sysctls it follows ([`sysctls`]).
 //!
 //! The netlink messages are written by hand ([`netlink`]): the agent needs
 //! one update and one lookup, a few dozen lines. netlink-packet-netfilter
@@ -12,6 +12,7 @@
 pub mod liberal;
 pub mod netlink;
 pub mod promote;
+pub mod sysctls;
 
 pub use liberal::{Outcome, fields, make_liberal, tcp_flags};
 pub use netlink::CtNetlink;

@@ -19,3 +19,5 @@ pub use netlink::CtNetlink;
 
 #[cfg(test)]
 mod kernel_tests;
+#[cfg(test)]
+mod ring_tests;

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cli_flanneld;
 #[cfg(test)]
 mod cli_reference;
+pub mod conntrack;
 pub mod dataplane;
 pub mod events;
 pub mod exempt;
@@ -27,6 +28,8 @@ pub mod source;
 pub mod state;
 pub mod status;
 pub mod subnet_env;
+#[cfg(test)]
+mod testns;
 pub mod vtep_mac;
 
 /// The release (the workspace's version, Cargo.toml: the one place it is written).

@@ -125,6 +125,11 @@ pub struct RunArgs {
     /// (`auto`: where the kernel has the conntrack kfuncs within reach).
     #[arg(long, env = "EDGEVX_FAST_PATH", value_enum, default_value = "off")]
     pub fast_path: crate::dataplane::fast_path::Mode,
+    /// Test only: the fast path skips its liberal-tracking check (and so
+    /// never asks for it): the negative control of the kube-proxy
+    /// INVALID-drop test, which must then see drops.
+    #[arg(long, default_value_t = false, hide = true)]
+    pub fast_path_test_ignore_liberal: bool,
     /// Accepted for older command lines: host routing is now the default.
     #[arg(long, env = "EDGEVX_HOST_ROUTING", default_value_t = false, hide = true)]
     pub host_routing: bool,

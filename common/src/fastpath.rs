@@ -110,15 +110,15 @@ pub const IPS_HW_OFFLOAD: u32 = 1 << 15;
 /// All of these must be set: the entry is in the table and both
 /// directions were seen long enough to be assured.
 pub const IPS_MUST: u32 = IPS_CONFIRMED | IPS_SEEN_REPLY | IPS_ASSURED;
-/// None of these may be set: NAT in any form, sequence adjustment,
-/// expectations and helpers, a dying or template entry, a fixed timeout
-/// (a timeout policy the fast path cannot honour), an offloaded one.
+/// None of these may be set: a translation either way, sequence
+/// adjustment, expectations and helpers, a dying or template entry, a fixed
+/// timeout (a timeout policy the fast path cannot honour), an offloaded one.
+/// Not `IPS_*_NAT_DONE`: those say only that the NAT hook ran, and it sets
+/// them on every entry (a null binding) wherever a nat table exists.
 pub const IPS_NEVER: u32 = IPS_EXPECTED
     | IPS_SRC_NAT
     | IPS_DST_NAT
     | IPS_SEQ_ADJUST
-    | IPS_SRC_NAT_DONE
-    | IPS_DST_NAT_DONE
     | IPS_DYING
     | IPS_FIXED_TIMEOUT
     | IPS_TEMPLATE
@@ -235,7 +235,7 @@ mod tests {
     fn every_nat_helper_and_odd_bit_keeps_the_stack() {
         for bit in 0..16 {
             let b = 1u32 << bit;
-            if IPS_MUST & b != 0 {
+            if (IPS_MUST | IPS_SRC_NAT_DONE | IPS_DST_NAT_DONE) & b != 0 {
                 continue;
             }
             let v = judge(IPPROTO_TCP, &tcp(IPS_MUST | b, [LIBERAL, LIBERAL]), false);
@@ -243,6 +243,13 @@ mod tests {
         }
         let marked = CtFields { mark: 1, ..tcp(IPS_MUST, [LIBERAL, LIBERAL]) };
         assert_eq!(judge(IPPROTO_TCP, &marked, false), Verdict::NotPlain);
+    }
+
+    #[test]
+    fn the_null_binding_every_entry_gets_under_a_nat_table_is_plain() {
+        let status = IPS_MUST | IPS_SRC_NAT_DONE | IPS_DST_NAT_DONE;
+        assert_eq!(judge(IPPROTO_TCP, &tcp(status, [LIBERAL, LIBERAL]), false), Verdict::Fast);
+        assert_eq!(judge(IPPROTO_TCP, &tcp(status | IPS_SRC_NAT, [LIBERAL, LIBERAL]), false), Verdict::NotPlain);
     }
 
     #[test]

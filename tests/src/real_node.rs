@@ -258,6 +258,13 @@ impl RealCluster {
             .sum()
     }
 
+    /// Node `i`'s edgevx counter `name`, from its status (0 on a kernel
+    /// flannel node).
+    pub fn counter(&self, i: u8, name: &str) -> Result<u64> {
+        let Some(agent) = self.agents.get(usize::from(i) - 1).and_then(Option::as_ref) else { return Ok(0) };
+        Ok(agent.status()?["counters"][name].as_u64().unwrap_or(0))
+    }
+
     pub fn node(&self, i: u8) -> &Host {
         self.cluster.host(i)
     }

@@ -122,6 +122,28 @@ impl Peer {
         Ok(got.trim().to_string())
     }
 
+    /// [`Self::tcp_transfer`], given up (an error) when the sender has not
+    /// finished within `secs` (a stalled flow would otherwise retransmit
+    /// for many minutes).
+    pub fn tcp_transfer_within(
+        &self,
+        from: &Netns,
+        to: &Netns,
+        to_ip: impl Into<IpAddr>,
+        bytes: u64,
+        secs: u32,
+    ) -> Result<String> {
+        let to_ip: IpAddr = to_ip.into();
+        let (mut rx, mut out) = self.listen(to, &["tcp-recv", "5201"])?;
+        let (secs, ip, n) = (secs.to_string(), to_ip.to_string(), bytes.to_string());
+        let sent = from.run(&["timeout", &secs, self.bin(), "tcp-send", &ip, "5201", &n])?;
+        let mut got = String::new();
+        out.read_line(&mut got)?;
+        let _ = rx.0.wait();
+        ensure!(sent.trim() == got.trim(), "TCP digest mismatch: sent {} received {}", sent.trim(), got.trim());
+        Ok(got.trim().to_string())
+    }
+
     /// Sends `count` datagrams of `size` bytes; returns how many arrived intact.
     pub fn udp_datagrams(
         &self,

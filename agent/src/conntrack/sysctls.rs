@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 const DIR: &str = "/proc/sys/net/netfilter";
 
 /// The values, timeouts in seconds as the sysctls hold them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtSysctls {
     /// `nf_conntrack_tcp_be_liberal`: every TCP entry is tracked liberally.
     pub tcp_be_liberal: bool,

@@ -3,12 +3,11 @@
 //! node's conntrack sysctls; and the ruleset epoch, which the agent moves
 //! whenever the ruleset or a conntrack sysctl may have changed, so every
 //! flow passes the stack once under the new rules before it skips it again.
-use std::{fs, path::Path};
-
 use anyhow::{Context, Result};
 use aya::maps::{Array, MapData};
 use edgevx_common::fastpath::{FP_CONFIG, FP_LIBERAL_SYSCTL, FP_ON, FP_TEST_IGNORE_LIBERAL, FastPathConfig};
 
+pub use crate::conntrack::sysctls::CtSysctls;
 use crate::dataplane::{bpffs::PinDir, kfunc::Conntrack};
 
 /// `--fast-path`.
@@ -21,10 +20,6 @@ pub enum Mode {
     Off,
 }
 
-/// Test-only: skip the liberal check (the negative control of the
-/// kube-proxy INVALID-drop test, which must then see drops).
-pub const TEST_IGNORE_LIBERAL_ENV: &str = "EDGEVX_TEST_FAST_PATH_IGNORE_LIBERAL";
-
 /// Whether the fast path runs, and if not, why (for the log and status).
 pub fn state(mode: Mode, ct: &Conntrack) -> Result<(), String> {
     match (mode, ct) {
@@ -34,48 +29,17 @@ pub fn state(mode: Mode, ct: &Conntrack) -> Result<(), String> {
     }
 }
 
-const SYSCTLS: &str = "/proc/sys/net/netfilter";
-
-/// The conntrack settings of this network namespace the fast path follows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct CtSysctls {
-    pub tcp_be_liberal: bool,
-    pub tcp_established: u32,
-    pub tcp_unacknowledged: u32,
-    pub udp_stream: u32,
-}
-
-impl CtSysctls {
-    pub fn read() -> Result<Self> {
-        Self::read_from(Path::new(SYSCTLS))
-    }
-
-    fn read_from(dir: &Path) -> Result<Self> {
-        let value = |name: &str| -> Result<u32> {
-            let path = dir.join(name);
-            let text = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-            text.trim().parse().with_context(|| format!("{} is not a number: {text:?}", path.display()))
-        };
-        Ok(CtSysctls {
-            tcp_be_liberal: value("nf_conntrack_tcp_be_liberal")? != 0,
-            tcp_established: value("nf_conntrack_tcp_timeout_established")?,
-            tcp_unacknowledged: value("nf_conntrack_tcp_timeout_unacknowledged")?,
-            udp_stream: value("nf_conntrack_udp_timeout_stream")?,
-        })
-    }
-}
-
 /// What the program is told.
-pub fn config(on: bool, epoch: u32, s: &CtSysctls) -> FastPathConfig {
-    let test_ignore_liberal = std::env::var_os(TEST_IGNORE_LIBERAL_ENV).is_some_and(|v| v == "1");
+/// `test_ignore_liberal`: the hidden `--fast-path-test-ignore-liberal`.
+pub fn config(on: bool, epoch: u32, s: &CtSysctls, test_ignore_liberal: bool) -> FastPathConfig {
     FastPathConfig {
         flags: if on { FP_ON } else { 0 }
             | if s.tcp_be_liberal { FP_LIBERAL_SYSCTL } else { 0 }
             | if test_ignore_liberal { FP_TEST_IGNORE_LIBERAL } else { 0 },
         epoch,
-        tcp_established: s.tcp_established,
-        tcp_unacknowledged: s.tcp_unacknowledged,
-        udp_stream: s.udp_stream,
+        tcp_established: s.tcp_timeout_established,
+        tcp_unacknowledged: s.tcp_timeout_unacknowledged,
+        udp_stream: s.udp_timeout_stream,
         _pad: 0,
     }
 }
@@ -112,44 +76,18 @@ impl FastPathMap {
 mod tests {
     use super::*;
 
-    struct Dir(std::path::PathBuf);
-    impl Dir {
-        fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-    fn scopeguard(p: std::path::PathBuf) -> Dir {
-        Dir(p)
-    }
-
     #[test]
-    fn sysctls_are_read_and_a_bad_one_is_named() {
-        let dir = std::env::temp_dir().join(format!("edgevx-unit-ct-sysctls-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let dir = scopeguard(dir);
-        for (n, v) in [
-            ("nf_conntrack_tcp_be_liberal", "0\n"),
-            ("nf_conntrack_tcp_timeout_established", "86400\n"),
-            ("nf_conntrack_tcp_timeout_unacknowledged", "300\n"),
-            ("nf_conntrack_udp_timeout_stream", "120\n"),
-        ] {
-            fs::write(dir.path().join(n), v).unwrap();
-        }
-        let s = CtSysctls::read_from(dir.path()).unwrap();
-        assert_eq!(
-            s,
-            CtSysctls { tcp_be_liberal: false, tcp_established: 86400, tcp_unacknowledged: 300, udp_stream: 120 }
-        );
-        let c = config(true, 7, &s);
-        assert_eq!((c.flags & FP_ON, c.flags & FP_LIBERAL_SYSCTL, c.epoch), (FP_ON, 0, 7));
-        fs::write(dir.path().join("nf_conntrack_udp_timeout_stream"), "lots").unwrap();
-        let e = format!("{:#}", CtSysctls::read_from(dir.path()).unwrap_err());
-        assert!(e.contains("nf_conntrack_udp_timeout_stream"), "{e}");
+    fn the_config_carries_the_sysctls_and_the_epoch() {
+        let s = CtSysctls {
+            tcp_be_liberal: true,
+            tcp_timeout_established: 86400,
+            tcp_timeout_unacknowledged: 300,
+            udp_timeout_stream: 120,
+        };
+        let c = config(true, 7, &s, false);
+        assert_eq!((c.flags & FP_ON, c.flags & FP_LIBERAL_SYSCTL, c.epoch), (FP_ON, FP_LIBERAL_SYSCTL, 7));
+        assert_eq!((c.tcp_established, c.tcp_unacknowledged, c.udp_stream), (86400, 300, 120));
+        assert_eq!(config(false, 7, &s, false).flags & FP_ON, 0);
     }
 
     #[test]

@@ -29,6 +29,7 @@ use crate::{
 mod agent;
 mod check;
 pub mod config;
+mod fast_path;
 mod iface;
 mod kernel;
 pub mod lock;

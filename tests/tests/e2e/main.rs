@@ -18,6 +18,7 @@ mod etcd;
 mod etcd_annotations;
 mod etcd_tls;
 mod exhaustion;
+mod fast_path;
 mod features;
 mod firewall;
 mod flanneld_cli;

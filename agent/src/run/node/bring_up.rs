@@ -13,14 +13,7 @@ use tracing::{info, warn};
 
 use super::Node;
 use crate::{
-    dataplane::{
-        bpffs, device,
-        fast_path::{self, CtSysctls, FastPathMap},
-        features::Features,
-        guard, loader,
-        maps::Maps,
-        vtep,
-    },
+    dataplane::{bpffs, device, fast_path, features::Features, guard, loader, maps::Maps, vtep},
     metrics::startup::{Milestone, Startup},
     netconf::NetConf,
     netfilter,
@@ -136,10 +129,11 @@ pub(in crate::run) async fn bring_up(
         public_ip6: plan6.as_ref().map_or([0; 16], |p| p.spec.local.octets()),
     })?;
     let fast_path = fast_path::state(c.args.fast_path, &features.conntrack);
-    if let Some(mut map) = FastPathMap::open(&pins)? {
-        let sysctls = CtSysctls::read().context("cannot read the conntrack sysctls the fast path follows")?;
-        map.set(&fast_path::config(fast_path.is_ok() && plan4.is_some(), fast_path::first_epoch(), &sysctls))?;
-    }
+    let fast_path_tasks = crate::run::fast_path::start(
+        &pins,
+        fast_path.is_ok() && plan4.is_some(),
+        c.args.fast_path_test_ignore_liberal,
+    )?;
     match &fast_path {
         Ok(()) => info!("fast path on: established plain flows from peers' pods skip the host stack"),
         Err(why) => info!(state = %why, "fast path off"),
@@ -210,6 +204,7 @@ pub(in crate::run) async fn bring_up(
         own,
         record,
         pending: Some(ebpf),
+        _fast_path: fast_path_tasks,
         loaded: None,
         bridge: None,
         firewall,

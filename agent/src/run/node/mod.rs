@@ -43,6 +43,8 @@ pub(super) struct Node {
     /// The loaded programs once attached: the bridge program is attached
     /// later, whenever the pod bridge (re)appears.
     loaded: Option<aya::Ebpf>,
+    /// The fast path's keeper and promotion loop while it is on.
+    _fast_path: Option<crate::run::fast_path::FastPathTasks>,
     /// The pod bridge's ifindex while our program is attached to it.
     bridge: Option<u32>,
     /// The IPv4 firewall chains (`None` in an IPv6-only network).

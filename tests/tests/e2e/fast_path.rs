@@ -1,0 +1,130 @@
+//! The conntrack-verified fast path (issue 32) against kube-proxy's rules:
+//! it must carry established pod-to-pod TCP without ever making conntrack
+//! call a packet INVALID (kube-proxy drops those), and a fast path that
+//! skips the liberal step must be caught by the same test.
+//!
+//! Runs only where the kernel gives the agent the conntrack kfuncs
+//! (conntrack built in, 6.0+): elsewhere the agent says the fast path is
+//! unavailable and the test checks that it carried nothing.
+use anyhow::{Context, Result, ensure};
+use edgevx_tests::{
+    kube_proxy::Mode,
+    netns::Netns,
+    real_node::{NodeKind, RealCluster},
+};
+
+use crate::{MIB, testpeer};
+
+const FAST: NodeKind = NodeKind::Edgevx(&["--fast-path=auto"]);
+const FAST_WITHOUT_LIBERAL: NodeKind = NodeKind::Edgevx(&["--fast-path=auto", "--fast-path-test-ignore-liberal"]);
+
+/// Packets KUBE-FORWARD's `--ctstate INVALID -j DROP` dropped on `node`.
+fn invalid_drops(node: &Netns) -> Result<u64> {
+    let out = node.run(&["iptables", "-w", "-t", "filter", "-L", "KUBE-FORWARD", "-v", "-x", "-n"])?;
+    let line = out
+        .lines()
+        .find(|l| l.contains("INVALID") && l.contains("DROP"))
+        .with_context(|| format!("no INVALID drop in KUBE-FORWARD:\n{out}"))?;
+    line.split_whitespace().next().and_then(|p| p.parse().ok()).with_context(|| format!("no packet count in {line:?}"))
+}
+
+/// Conntrack's own `invalid` count on `node`, summed over CPUs
+/// (/proc/net/stat/nf_conntrack, hex columns).
+fn ct_invalid(node: &Netns) -> Result<u64> {
+    let out = node.run(&["cat", "/proc/net/stat/nf_conntrack"])?;
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().context("empty nf_conntrack stats")?.split_whitespace().collect();
+    let col = header.iter().position(|h| *h == "invalid").context("no invalid column")?;
+    let mut sum = 0;
+    for l in lines {
+        let v = l.split_whitespace().nth(col).context("short stats line")?;
+        sum += u64::from_str_radix(v, 16).with_context(|| format!("bad stats value {v}"))?;
+    }
+    Ok(sum)
+}
+
+/// Node `i`'s fast-path counters, for a failure's message.
+fn fast_path_counters(rc: &RealCluster, i: u8) -> String {
+    let Some(Ok(status)) = rc.agents[usize::from(i) - 1].as_ref().map(|a| a.status()) else {
+        return String::from("(no status)");
+    };
+    let counters = status["counters"].as_object().cloned().unwrap_or_default();
+    counters.iter().filter(|(k, _)| k.starts_with("fast_path")).map(|(k, v)| format!("{k}={v} ")).collect()
+}
+
+fn fast_path_on(rc: &RealCluster, i: u8) -> Result<bool> {
+    let status = rc.agents[usize::from(i) - 1].as_ref().context("an edgevx node")?.status()?;
+    Ok(status["fast_path"].as_str() == Some("on"))
+}
+
+/// A 64 MiB TCP transfer each way between the nodes' pods, with
+/// `nf_conntrack_tcp_be_liberal=0` (the default) and kube-proxy's INVALID
+/// drop on both nodes; a transfer not done within a minute failed (a
+/// healthy one takes seconds, even under TCG).
+fn transfer_both_ways(rc: &RealCluster) -> Result<()> {
+    let peer = testpeer();
+    for n in [1u8, 2] {
+        let (a, b) = (rc.pod(n, 0), rc.pod(3 - n, 0));
+        peer.tcp_transfer_within(&a.netns, &b.netns, b.ip, 64 * MIB, 60)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn tcp_under_kube_proxys_invalid_drop_takes_the_fast_path_and_nothing_turns_invalid() -> Result<()> {
+    let rc = RealCluster::start(&[FAST, FAST], 1)?;
+    rc.kube_proxy(Mode::Iptables, &[])?;
+    for i in [1, 2] {
+        let liberal = rc.node(i).ns.run(&["cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"])?;
+        ensure!(liberal.trim() == "0", "node{i}: the test needs strict tracking, found be_liberal={liberal}");
+    }
+    let on = fast_path_on(&rc, 1)? && fast_path_on(&rc, 2)?;
+    let before: Vec<(u64, u64)> = [1, 2]
+        .iter()
+        .map(|&i| Ok((invalid_drops(&rc.node(i).ns)?, ct_invalid(&rc.node(i).ns)?)))
+        .collect::<Result<_>>()?;
+    transfer_both_ways(&rc)?;
+    let mut fast = Vec::new();
+    for i in [1u8, 2] {
+        let (drops, invalid) = (invalid_drops(&rc.node(i).ns)?, ct_invalid(&rc.node(i).ns)?);
+        ensure!(drops == before[usize::from(i) - 1].0, "node{i}: kube-proxy's INVALID drop rose to {drops}");
+        ensure!(invalid == before[usize::from(i) - 1].1, "node{i}: conntrack's invalid count rose to {invalid}");
+        fast.push(rc.counter(i, "fast_path_bytes")?);
+    }
+    // each node received 64 MiB of data; its first segments, the ones before
+    // the liberal promotion and the flagged ones take the stack
+    for (i, bytes) in [1u8, 2].into_iter().zip(fast) {
+        if on {
+            ensure!(
+                bytes >= 64 * MIB * 9 / 10,
+                "node{i}: the fast path carried {bytes} bytes of the 64 MiB received: most should be fast\n{}",
+                fast_path_counters(&rc, i)
+            );
+        } else {
+            ensure!(bytes == 0, "node{i}: the fast path is not on here but carried {bytes} bytes");
+        }
+    }
+    Ok(())
+}
+
+/// The negative control: the same test with the liberal step skipped must
+/// see conntrack call fast-pathed flows' stack-side packets INVALID (and
+/// kube-proxy drop them), or the test above proves nothing.
+#[test]
+fn a_fast_path_without_the_liberal_step_is_caught_by_kube_proxys_invalid_drop() -> Result<()> {
+    let rc = RealCluster::start(&[FAST_WITHOUT_LIBERAL, FAST_WITHOUT_LIBERAL], 1)?;
+    if !(fast_path_on(&rc, 1)? && fast_path_on(&rc, 2)?) {
+        eprintln!("the fast path is unavailable on this kernel: nothing to control");
+        return Ok(());
+    }
+    rc.kube_proxy(Mode::Iptables, &[])?;
+    let before = invalid_drops(&rc.node(1).ns)? + invalid_drops(&rc.node(2).ns)?;
+    // the transfer may stall: a failure is as good a sign as the drops
+    let transfer = transfer_both_ways(&rc);
+    let after = invalid_drops(&rc.node(1).ns)? + invalid_drops(&rc.node(2).ns)?;
+    ensure!(
+        after > before || transfer.is_err(),
+        "skipping the liberal step went unnoticed: no INVALID drop ({before} -> {after}) and the transfers finished"
+    );
+    Ok(())
+}

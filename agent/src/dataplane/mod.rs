@@ -15,3 +15,4 @@ pub mod peers6;
 pub mod refused;
 pub mod routes;
 pub mod vtep;
+pub mod xdp;

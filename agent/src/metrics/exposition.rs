@@ -53,6 +53,11 @@ struct MapLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceLabels {
     source: &'static str,
 }
@@ -63,6 +68,7 @@ fn dataplane_families(reg: &mut Registry, snap: &Snapshot) {
     let packets = Family::<PathLabels, Counter>::default();
     let bytes = Family::<PathLabels, Counter>::default();
     let drops = Family::<DropLabels, Counter>::default();
+    let fast_path_stack = Family::<ReasonLabels, Counter>::default();
     let (mut bridge, mut not_ours) = (0, 0);
     for (c, v) in &snap.global {
         match series(*c) {
@@ -77,11 +83,19 @@ fn dataplane_families(reg: &mut Registry, snap: &Snapshot) {
             }
             Series::BridgeRedirects => bridge += v,
             Series::NotOurs => not_ours += v,
+            Series::FastPathStack { reason } => {
+                fast_path_stack.get_or_create(&ReasonLabels { reason }).inc_by(*v);
+            }
         }
     }
     reg.register("packets", "Tunnel packets by direction and path through the dataplane", packets);
     reg.register("bytes", "Tunnel bytes (inner frames) by direction and path through the dataplane", bytes);
     reg.register("drops", "Packets the programs dropped, by reason and direction", drops);
+    reg.register(
+        "fast_path_stack",
+        "Packets the conntrack-verified fast path left to the host stack, by reason",
+        fast_path_stack,
+    );
     reg.register(
         "bridge_redirects",
         "Frames the pod bridge program sent straight to a learned pod's port",

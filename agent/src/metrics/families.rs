@@ -24,6 +24,9 @@ pub enum Series {
     BridgeRedirects,
     /// `edgevx_vxlan_not_ours_total`
     NotOurs,
+    /// `edgevx_fast_path_stack_total{reason}`: packets the fast path left
+    /// to the host stack, by why.
+    FastPathStack { reason: &'static str },
 }
 
 /// Where a global counter goes. Exhaustive on purpose: a new counter does
@@ -65,6 +68,20 @@ pub const fn series(c: Counter) -> Series {
         Counter::DropAdjustRoom => Drops { reason: "adjust_room", direction: BOTH },
         Counter::BridgeToPort => BridgeRedirects,
         Counter::PassNotOurs => NotOurs,
+        // the conntrack-verified fast path on flannel.<VNI>'s ingress
+        Counter::FastPathPackets => Packets { direction: INGRESS, path: "fast_path" },
+        Counter::FastPathBytes => Bytes { direction: INGRESS, path: "fast_path" },
+        Counter::FastPathStackTcpFlags => FastPathStack { reason: "tcp_flags" },
+        Counter::FastPathStackNoEntry => FastPathStack { reason: "no_conntrack_entry" },
+        Counter::FastPathStackNotEstablished => FastPathStack { reason: "not_established" },
+        Counter::FastPathStackNotPlain => FastPathStack { reason: "nat_helper_or_mark" },
+        Counter::FastPathStackNotLiberal => FastPathStack { reason: "not_liberal" },
+        Counter::FastPathStackNewRuleset => FastPathStack { reason: "new_ruleset" },
+        Counter::FastPathStackOther => FastPathStack { reason: "other" },
+        // the XDP judge on the underlay, before any skb
+        Counter::XdpDropUnknownPeer => Drops { reason: "xdp_unknown_peer", direction: INGRESS },
+        Counter::XdpDropBadVxlanFlags => Drops { reason: "xdp_bad_vxlan_flags", direction: INGRESS },
+        Counter::XdpDropShort => Drops { reason: "xdp_short", direction: INGRESS },
     }
 }
 

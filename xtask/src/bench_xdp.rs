@@ -168,7 +168,9 @@ pub fn run(seconds: u32) -> Result<()> {
         drop(agents);
         drop(c);
     }
-    println!("\nDrop capacity: a stranger's IPv4 VXLAN flooded flat out for {seconds} s, generator and drop on CPU 0\n");
+    println!(
+        "\nDrop capacity: a stranger's IPv4 VXLAN flooded flat out for {seconds} s, generator and drop on CPU 0\n"
+    );
     println!("| setup | offered Mpps | dropped Mpps | vs TC |");
     println!("|---|---:|---:|---:|");
     for (judge, (offered, got)) in [Judge::Tc, Judge::Xdp].iter().zip(&capacity) {

@@ -63,10 +63,10 @@ pub struct XdpRecord {
 pub fn wanted(choice: XdpChoice, veth: bool) -> Result<(), &'static str> {
     match (choice, veth) {
         (XdpChoice::Off, _) => Err("--xdp-judge=off"),
-        (XdpChoice::Auto, true) => Err(
-            "the underlay is a veth: native XDP there takes GSO off its peer and slows pod traffic \
-             (--xdp-judge=on attaches it anyway)",
-        ),
+        (XdpChoice::Auto, true) => {
+            Err("the underlay is a veth: native XDP there takes GSO off its peer and slows pod traffic \
+             (--xdp-judge=on attaches it anyway)")
+        }
         _ => Ok(()),
     }
 }

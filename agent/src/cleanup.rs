@@ -53,8 +53,10 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
         }
         (_, false) => None,
     };
-    // the IPv6 VTEP's guard first too, before decap stops marking
-    for name in [loader::VTEP_GUARD6].into_iter().chain(loader::PROGRAMS).chain([crate::dataplane::guard::GUARD]) {
+    // the IPv6 VTEP's guard first too, before decap stops marking; the XDP
+    // judge with the TC programs (it only drops early what decap drops)
+    let xdp = crate::dataplane::xdp::XDP_JUDGE;
+    for name in [loader::VTEP_GUARD6].into_iter().chain(loader::PROGRAMS).chain([crate::dataplane::guard::GUARD, xdp]) {
         if loader::detach_pinned(&pins, name)? {
             info!(program = name, "detached");
         }

@@ -130,6 +130,12 @@ pub struct RunArgs {
     /// INVALID-drop test, which must then see drops.
     #[arg(long, default_value_t = false, hide = true)]
     pub fast_path_test_ignore_liberal: bool,
+    /// The XDP judge on the underlay, in native (driver) mode only: drops a
+    /// stranger's VXLAN, bad VXLAN flags and truncated headers before the
+    /// kernel builds an skb (TC still judges everything). `auto`: on drivers
+    /// with native XDP except veth, where XDP takes GSO off the peer.
+    #[arg(long, env = "EDGEVX_XDP_JUDGE", value_enum, default_value_t = crate::dataplane::xdp::XdpChoice::Auto)]
+    pub xdp_judge: crate::dataplane::xdp::XdpChoice,
     /// Accepted for older command lines: host routing is now the default.
     #[arg(long, env = "EDGEVX_HOST_ROUTING", default_value_t = false, hide = true)]
     pub host_routing: bool,

@@ -203,6 +203,9 @@ pub struct AgentRecord {
     /// The IPv6 VTEP of a dual-stack network.
     #[serde(default)]
     pub v6: Option<Record6>,
+    /// `--xdp-judge` (records older than the XDP judge: auto).
+    #[serde(default)]
+    pub xdp_judge: crate::dataplane::xdp::XdpChoice,
 }
 
 /// What the IPv6 VTEP was set up with (in the agent record, for `edgevx

@@ -162,6 +162,7 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         "peers_not_programmed": fill.map_or(0, |f| f.not_programmed),
         // the agent's first bring-up: ms from process start to each step reached
         "startup": state.load_record::<Value>(STARTUP_FILE).ok().flatten(),
+        "xdp_judge": crate::dataplane::xdp::status_json(&state, &pins, &rec.iface, rec.xdp_judge),
         "counters": counters,
         "peers": peers,
         // flannel-v6.<VNI> (null when IPv6 is off)
@@ -246,6 +247,13 @@ pub fn run(args: StatusArgs) -> Result<()> {
             step("first_peer_ms"),
             step("all_peers_ms")
         );
+    }
+    if let Some(x) = v["xdp_judge"].as_object() {
+        match (x.get("attached"), x.get("reason").and_then(Value::as_str)) {
+            (Some(Value::Bool(true)), _) => println!("xdp judge on {} (native)", s("iface")),
+            (_, Some(why)) => println!("xdp judge not attached: {why}"),
+            _ => println!("xdp judge not attached"),
+        }
     }
     let programmed = v["peers"].as_array().map_or(0, |p| p.len());
     println!("peers {programmed}  capacity {}", s("peer_capacity"));

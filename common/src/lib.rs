@@ -7,6 +7,7 @@
 #![no_std]
 
 pub mod counters;
+pub mod early;
 pub mod fastpath;
 pub mod headers;
 pub mod icmp;

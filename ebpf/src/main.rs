@@ -25,10 +25,11 @@ mod too_big;
 mod tunnel;
 mod vtep_guard;
 mod vxlan_port;
+mod xdp_judge;
 
 use aya_ebpf::{
-    macros::{classifier, sk_lookup},
-    programs::{SkLookupContext, TcContext},
+    macros::{classifier, sk_lookup, xdp},
+    programs::{SkLookupContext, TcContext, XdpContext},
 };
 
 /// Egress of `flannel.<VNI>`: routed pod traffic in, VXLAN out of the underlay.
@@ -82,6 +83,13 @@ pub fn edgevx_guard(ctx: SkLookupContext) -> u32 {
 #[sk_lookup]
 pub fn edgevx_guard_compat(ctx: SkLookupContext) -> u32 {
     guard::run(&ctx, false)
+}
+
+/// The underlay's driver (native XDP only): a stranger's VXLAN, bad flags
+/// and truncated headers dropped before any skb; the rest left to decap.
+#[xdp]
+pub fn edgevx_xdp_judge(ctx: XdpContext) -> u32 {
+    xdp_judge::run(&ctx)
 }
 
 #[cfg(not(test))]

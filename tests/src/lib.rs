@@ -22,6 +22,7 @@ pub mod router;
 pub mod scenario;
 pub mod topo;
 pub mod traffic;
+pub mod xdpgen;
 
 use std::{path::PathBuf, process::Command, time::Duration};
 

@@ -3,6 +3,7 @@ mod apt;
 mod bench;
 mod bench_ipam;
 mod bench_scale;
+mod bench_xdp;
 mod build;
 mod demo;
 mod docs;
@@ -110,6 +111,9 @@ enum Job {
         /// Instead: 1,000 ADD/DEL cycles of edgevx-ipam against the real host-local.
         #[arg(long)]
         ipam: bool,
+        /// Instead: the XDP judge vs TC alone under a spoofed-VXLAN flood (drop rate, pod goodput).
+        #[arg(long, conflicts_with_all = ["ipam", "scale", "kernel"])]
+        xdp: bool,
         /// Run the bench inside a VM booting this Debian kernel (5.10, 6.1, 6.12); only its ratios count.
         /// With --scale: the agent's own figures only (no flanneld reference, no big file).
         #[arg(long, value_name = "NAME", conflicts_with = "ipam")]
@@ -157,6 +161,7 @@ fn main() -> ExitCode {
         Job::Demo => demo::run(),
         Job::Bench { scale: Some(n), dual_stack, kernel, .. } => bench_scale::run(n, dual_stack, kernel.as_deref()),
         Job::Bench { ipam: true, .. } => bench_ipam::run(),
+        Job::Bench { xdp: true, seconds, .. } => bench_xdp::run(seconds),
         Job::Bench { seconds, rounds, kernel, .. } => bench::run(seconds, rounds, kernel.as_deref()),
     };
     match result {

@@ -17,3 +17,4 @@ pub mod peers6;
 pub mod refused;
 pub mod routes;
 pub mod vtep;
+pub mod xdp;

@@ -281,6 +281,8 @@ impl<'a> Agent<'a> {
                 if first_attach {
                     // what the first pass held back until the programs were on
                     asks = asks.and(Job::Pass, std::time::Duration::ZERO);
+                    // after decap, the authority: the XDP judge only drops early what TC drops
+                    n.attach_xdp_judge(&self.state).await;
                 }
                 true
             }

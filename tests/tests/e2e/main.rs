@@ -50,6 +50,7 @@ mod prog_fuzz;
 mod prog_test_run;
 mod prog_test_run_v6;
 mod prog_test_run_vtep_guard;
+mod prog_test_run_xdp;
 mod real_node;
 mod reconcile;
 mod restart;
@@ -61,6 +62,7 @@ mod state_safety;
 mod status_truth;
 pub mod underlay_v6;
 mod upgrade;
+mod xdp_judge;
 
 use edgevx_tests::traffic::Peer;
 

@@ -180,7 +180,7 @@ impl KernelBtf {
                 id = elem;
             }
         }
-        ensure!(bits % 8 == 0, "{root}.{path} is a bitfield");
+        ensure!(bits.is_multiple_of(8), "{root}.{path} is a bitfield");
         Ok((u32::try_from(bits / 8)?, self.size_of(id)?))
     }
 

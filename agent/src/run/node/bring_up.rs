@@ -190,6 +190,7 @@ pub(in crate::run) async fn bring_up(
         subnet_file: c.args.subnet_file.clone(),
         pid: std::process::id(),
         v6: v6.as_ref().map(|s| s.record.clone()),
+        xdp_judge: c.args.xdp_judge,
     };
     // best effort (records.rs): a full or read-only state dir never stops the bring-up
     state.save_agent(&record);

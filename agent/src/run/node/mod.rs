@@ -8,6 +8,7 @@ mod mtu;
 mod off_underlay;
 mod pass;
 mod pods;
+mod xdp;
 
 pub(super) use bring_up::bring_up;
 

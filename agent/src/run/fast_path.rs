@@ -42,9 +42,19 @@ impl Drop for FastPathTasks {
 /// the keeper. `Ok(None)`: off, or the pins are an earlier edgevx's.
 pub fn start(pins: &PinDir, on: bool, test_ignore_liberal: bool) -> Result<Option<FastPathTasks>> {
     let Some(mut map) = FastPathMap::open(pins)? else { return Ok(None) };
-    let sysctls = read_ct_sysctls().context("cannot read the conntrack sysctls the fast path follows")?;
     let mut epoch = fast_path::first_epoch();
-    map.set(&fast_path::config(on, epoch, &sysctls, test_ignore_liberal))?;
+    // never fatal: without conntrack loaded the sysctls do not exist, and
+    // the fast path is then simply off
+    let sysctls = match read_ct_sysctls() {
+        Ok(s) => Some(s),
+        Err(e) if on => {
+            warn!("fast path off: cannot read the conntrack sysctls it follows ({e:#})");
+            None
+        }
+        Err(_) => None,
+    };
+    let on = on && sysctls.is_some();
+    map.set(&fast_path::config(on, epoch, &sysctls.unwrap_or_default(), test_ignore_liberal))?;
     if !on {
         return Ok(None);
     }

@@ -1,4 +1,10 @@
-//! Global dataplane counters: indices into the per-CPU `GLOBAL_STATS` array.
+//! Global dataplane counters: indices into the per-CPU `GLOBAL_STATS` array,
+//! and, from [`FIRST_ARRAY_LEN`] on, into `MORE_STATS`.
+//!
+//! The first array's size is part of pin layout v7: an upgraded agent adopts
+//! the older agent's pinned maps, and a downgraded one ours, so that array
+//! never grows. Counters added since live in the second array, which an older
+//! agent does not know and leaves alone.
 
 /// One slot of the global counter array. The discriminant is the index.
 #[repr(u32)]
@@ -125,6 +131,19 @@ pub enum Counter {
 
 pub const COUNT: u32 = 41;
 
+/// How many counters the first array (`GLOBAL_STATS`) holds, fixed by pin
+/// layout v7; the rest are in `MORE_STATS`.
+pub const FIRST_ARRAY_LEN: u32 = 29;
+/// How many counters the second array (`MORE_STATS`) holds.
+pub const MORE_ARRAY_LEN: u32 = COUNT - FIRST_ARRAY_LEN;
+
+/// Where a counter lives: which array, and its index there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    First(u32),
+    More(u32),
+}
+
 impl Counter {
     pub const ALL: [Counter; COUNT as usize] = [
         Counter::TxPackets,
@@ -169,6 +188,12 @@ impl Counter {
         Counter::XdpDropBadVxlanFlags,
         Counter::XdpDropShort,
     ];
+
+    /// The array and index this counter is kept at.
+    pub const fn slot(self) -> Slot {
+        let i = self as u32;
+        if i < FIRST_ARRAY_LEN { Slot::First(i) } else { Slot::More(i - FIRST_ARRAY_LEN) }
+    }
 
     /// Name used in `edgevx status` and metrics.
     pub const fn name(self) -> &'static str {
@@ -227,5 +252,14 @@ mod tests {
         for (i, c) in Counter::ALL.iter().enumerate() {
             assert_eq!(*c as usize, i);
         }
+    }
+
+    /// Layout v7's first array ends with `DropVxlanTagged`: a counter added
+    /// there would change a pinned map's size under the same schema.
+    #[test]
+    fn the_first_array_keeps_layout_v7() {
+        assert_eq!(Counter::DropVxlanTagged.slot(), Slot::First(FIRST_ARRAY_LEN - 1));
+        assert_eq!(Counter::ALL[FIRST_ARRAY_LEN as usize].slot(), Slot::More(0));
+        assert_eq!(Counter::ALL[COUNT as usize - 1].slot(), Slot::More(MORE_ARRAY_LEN - 1));
     }
 }

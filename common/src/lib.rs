@@ -16,4 +16,4 @@ pub mod vxlan;
 
 /// Bumped whenever a pinned map's layout changes; pins live under
 /// `<bpffs>/v<SCHEMA_VERSION>/` so an upgrade never reuses an incompatible map.
-pub const SCHEMA_VERSION: u32 = 8;
+pub const SCHEMA_VERSION: u32 = 7;

@@ -27,9 +27,13 @@ pub const IP_ID: &str = "EDGEVX_IP_ID";
 pub const IP_IDENTS: &str = "EDGEVX_IP_IDENTS";
 /// `PerCpuArray<u64>` indexed by [`crate::counters::Counter`].
 pub const GLOBAL_STATS: &str = "EDGEVX_GLOBAL_STATS";
+/// `PerCpuArray<u64>`: the counters added after pin layout v7
+/// ([`crate::counters::Slot::More`]).
+pub const MORE_STATS: &str = "EDGEVX_MORE_STATS";
 
-/// All pinned maps, for status and cleanup.
-pub const ALL: [&str; 10] = [
+/// All pinned maps, for status and cleanup (a unit test of the agent checks
+/// the eBPF object declares no other).
+pub const ALL: [&str; 14] = [
     CONFIG,
     PEER_SUBNETS,
     PEER_SUBNETS6,
@@ -40,6 +44,10 @@ pub const ALL: [&str; 10] = [
     IP_ID,
     IP_IDENTS,
     GLOBAL_STATS,
+    MORE_STATS,
+    crate::fastpath::FP_CONFIG,
+    crate::fastpath::FP_SEEN,
+    crate::fastpath::FP_EVENTS,
 ];
 
 /// Outer IP ID counters, one per destination bucket, as many as the

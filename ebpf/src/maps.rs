@@ -44,7 +44,10 @@ pub static EDGEVX_IP_ID: PerCpuArray<u32> = PerCpuArray::pinned(1, 0);
 pub static EDGEVX_IP_IDENTS: Array<u64> = Array::pinned(IP_ID_BUCKETS + 1, 0);
 
 #[map]
-pub static EDGEVX_GLOBAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(counters::COUNT, 0);
+pub static EDGEVX_GLOBAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(counters::FIRST_ARRAY_LEN, 0);
+
+#[map]
+pub static EDGEVX_MORE_STATS: PerCpuArray<u64> = PerCpuArray::pinned(counters::MORE_ARRAY_LEN, 0);
 
 #[map]
 pub static EDGEVX_FP_CONFIG: Array<FastPathConfig> = Array::pinned(1, 0);

@@ -1,12 +1,20 @@
 //! Per-CPU counters: no atomics needed, readers sum across CPUs.
 
-use edgevx_common::{counters::Counter, maps::PeerStats};
+use edgevx_common::{
+    counters::{Counter, Slot},
+    maps::PeerStats,
+};
 
-use crate::maps::{EDGEVX_GLOBAL_STATS, EDGEVX_PEER_STATS};
+use crate::maps::{EDGEVX_GLOBAL_STATS, EDGEVX_MORE_STATS, EDGEVX_PEER_STATS};
 
 #[inline(always)]
 pub fn add(counter: Counter, n: u64) {
-    if let Some(slot) = EDGEVX_GLOBAL_STATS.get_ptr_mut(counter as u32) {
+    // `counter` is a constant at every call site: the match folds away.
+    let slot = match counter.slot() {
+        Slot::First(i) => EDGEVX_GLOBAL_STATS.get_ptr_mut(i),
+        Slot::More(i) => EDGEVX_MORE_STATS.get_ptr_mut(i),
+    };
+    if let Some(slot) = slot {
         // SAFETY: per-CPU slot, only this CPU writes it while we run.
         unsafe { *slot += n };
     }

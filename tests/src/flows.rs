@@ -148,6 +148,11 @@ impl Flows {
         self.ways.iter().map(|w| w.name.clone()).collect()
     }
 
+    /// When each way last read data, in [`Flows::ways`] order.
+    pub fn last_reads(&self) -> Vec<Instant> {
+        self.ways.iter().map(|w| *lock(&w.last_read)).collect()
+    }
+
     /// Every error a reader or writer met so far, named by its way.
     pub fn errors(&self) -> Vec<String> {
         self.ways

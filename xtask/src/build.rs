@@ -5,10 +5,24 @@ use anyhow::{Context, Result};
 
 use crate::{exec, toolchain::Tools};
 
+/// Where [`ebpf`] builds, under the workspace root.
+pub const EBPF_TARGET_DIR: &str = "target/ebpf";
+
+/// The eBPF object [`ebpf`] builds (the prog tests and every guest load it).
+pub fn ebpf_object() -> PathBuf {
+    exec::workspace_root().join(EBPF_TARGET_DIR).join("bpfel-unknown-none/release/edgevx")
+}
+
 /// Builds the eBPF crate on its own, so its errors are shown plainly. The
 /// object is for this machine's kernel (the BPF_PROG_TEST_RUN tests load it),
 /// so `bpf_target_arch` is this machine's architecture; the object embedded
 /// in an agent built for another target gets that target's from aya-build.
+///
+/// It builds in a target directory of its own ([`EBPF_TARGET_DIR`]): its
+/// host-side build dependencies (proc-macro2 and the macros) see
+/// RUSTC_BOOTSTRAP=1, which proc-macro2's build script watches, so sharing
+/// `target/release` with the agent rebuilt those and everything above them
+/// (tokio, kube, ...) at every other build.
 pub fn ebpf(tools: &Tools) -> Result<()> {
     let root = exec::workspace_root();
     let flags = format!("--cfg=bpf_target_arch=\"{}\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf", std::env::consts::ARCH);
@@ -16,6 +30,8 @@ pub fn ebpf(tools: &Tools) -> Result<()> {
         Command::new("rustup")
             .args(["run", &crate::toolchain::ebpf_toolchain()?, "cargo", "build", "--release"])
             .args(["--package", "edgevx-ebpf", "--bins", "--target", "bpfel-unknown-none"])
+            .arg("--target-dir")
+            .arg(root.join(EBPF_TARGET_DIR))
             .args(["-Z", "build-std=core"])
             .current_dir(&root)
             .env("PATH", tools.path_env())

@@ -56,6 +56,8 @@ const RUN: &[(Probe, &str)] = &[
     (Probe::Command("etcdctl"), "etcd-client"),
     (Probe::Command("nft"), "nftables"),
     (Probe::Command("iptables"), "iptables"),
+    // kube-proxy's `conntrack -F`/`-D`, and the fast path's flush test
+    (Probe::Command("conntrack"), "conntrack"),
     // the real CNI plugins that the real-node tests wire pods with
     (Probe::File("/usr/lib/cni/bridge"), "containernetworking-plugins"),
     (Probe::File("/usr/lib/cni/host-local"), "containernetworking-plugins"),

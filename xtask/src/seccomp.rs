@@ -23,7 +23,9 @@ pub const BASE: &str = "/usr/share/containers/seccomp.json";
 /// The `bpf()` commands edgevx issues (numbers from include/uapi/linux/bpf.h).
 /// Measured with `strace -f -e trace=bpf` across runs, restarts after kill -9,
 /// a layout upgrade, the clsact fallback, `status` and `cleanup`; aya's feature
-/// probes at load are among them (BTF_LOAD, PROG_LOAD, LINK_CREATE).
+/// probes at load are among them (BTF_LOAD, PROG_LOAD, LINK_CREATE), and
+/// aya freezes the read-only data map that carries the programs' load-time
+/// constants (MAP_FREEZE).
 pub const BPF_COMMANDS: &[(&str, u32)] = &[
     ("BPF_MAP_CREATE", 0),
     ("BPF_MAP_LOOKUP_ELEM", 1),
@@ -35,6 +37,7 @@ pub const BPF_COMMANDS: &[(&str, u32)] = &[
     ("BPF_OBJ_GET", 7),
     ("BPF_OBJ_GET_INFO_BY_FD", 15),
     ("BPF_BTF_LOAD", 18),
+    ("BPF_MAP_FREEZE", 22),
     ("BPF_LINK_CREATE", 28),
     ("BPF_LINK_UPDATE", 29),
 ];

@@ -63,7 +63,7 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
         .env("PATH", tools.path_env())
         .env("EDGEVX_BIN", root.join("target/release/edgevx"))
         .env("EDGEVX_IPAM_BIN", ipam)
-        .env("EDGEVX_EBPF_OBJECT", root.join("target/bpfel-unknown-none/release/edgevx"))
+        .env("EDGEVX_EBPF_OBJECT", crate::build::ebpf_object())
         // the alert rules' tests (deploy/monitoring)
         .env("EDGEVX_PROMTOOL", unpacked::ensure(&unpacked::PROMTOOL)?)
         // deploy/'s kustomize overlays, rendered as a cluster would
@@ -298,7 +298,7 @@ fn native_run(
     let mut env: Vec<(String, std::path::PathBuf)> = vec![
         ("EDGEVX_BIN".into(), root.join("target/release/edgevx")),
         ("EDGEVX_IPAM_BIN".into(), ipam.to_path_buf()),
-        ("EDGEVX_EBPF_OBJECT".into(), root.join("target/bpfel-unknown-none/release/edgevx")),
+        ("EDGEVX_EBPF_OBJECT".into(), crate::build::ebpf_object()),
     ];
     env.extend(prev.iter().flat_map(|p| p.env()).map(|(k, v)| (k.to_string(), v)));
     vm::Run {

@@ -77,6 +77,8 @@ pub const EDGE_TESTS: &[&str] = &[
     // the programs' bytes, every variant the kernel accepts, and the verifier
     "prog_test_run::",
     "prog_test_run_v6::",
+    "prog_test_run_vtep_guard::",
+    "prog_test_run_xdp::",
     "kernel::",
     // interop with a kernel flannel node both ways, TCP under GSO
     "interop::",
@@ -111,6 +113,10 @@ pub const EDGE_TESTS: &[&str] = &[
     "ahead::",
     // long-lived flows through an upgrade, a downgrade and a switch of attach mode
     "upgrade::",
+    // the conntrack-verified fast path where the kfuncs are in reach, and
+    // the default path where they are not; the XDP judge on the underlay
+    "fast_path::",
+    "xdp_judge::",
 ];
 
 /// What CI runs on each amd64 kernel of the matrix besides every prog test
@@ -141,6 +147,7 @@ pub const CI_TESTS: &[&str] = &[
     "privileges::agent_runs_with_only_cap_bpf_cap_net_admin_and_cap_perfmon",
     "conflicts_judge::an_inner_ipv4_source_belongs_to_the_longest_prefixs_owner",
     "ahead::a_clsact_filter_ahead_of_decap_lets_no_forged_inner_source_in_and_is_reported",
+    "fast_path::tcp_under_kube_proxys_invalid_drop_takes_the_fast_path_and_nothing_turns_invalid",
 ];
 
 /// One command to run in a guest booting a matrix kernel.
@@ -209,15 +216,13 @@ const HOT_TOOLS: &[&str] = &[
 /// start reads.
 pub fn workspace_binaries() -> Vec<PathBuf> {
     let root = exec::workspace_root();
-    [
-        "target/release/edgevx",
-        "target/release/edgevx-ipam",
-        "target/release/edgevx-testpeer",
-        "target/bpfel-unknown-none/release/edgevx",
-    ]
-    .iter()
-    .map(|p| root.join(p))
-    .collect()
+    let mut files: Vec<PathBuf> =
+        ["target/release/edgevx", "target/release/edgevx-ipam", "target/release/edgevx-testpeer"]
+            .iter()
+            .map(|p| root.join(p))
+            .collect();
+    files.push(crate::build::ebpf_object());
+    files
 }
 
 /// Boots the kernel with every CPU of this machine, runs the command in it,

@@ -56,7 +56,7 @@ pub fn prepare(kernel: &str, filters: &[&str]) -> Result<Prepared> {
         Arch::Arm64.musl_env()?.into_iter().map(|(k, v)| (k, v.into())).collect();
     let tests = build::e2e_binary(Some("aarch64-unknown-linux-musl"), &env)?;
     let busybox = sysroot::ensure(Arch::Arm64.oci())?.join("bin/busybox");
-    let object = root.join("target/bpfel-unknown-none/release/edgevx");
+    let object = build::ebpf_object();
     let initrd = initramfs(&out, &busybox, &tests, &object, filters)?;
     let description = format!("{} ({})", fetched.release, fetched.package);
     Ok(Prepared { name: spec.name, vmlinuz: fetched.vmlinuz, description, initrd, out })

@@ -355,3 +355,22 @@ pub fn detach_pinned(pins: &PinDir, name: &str) -> Result<bool> {
         Err(e) => Err(e).with_context(|| format!("cannot open pinned link {}", path.display())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use object::{Object, ObjectSection, ObjectSymbol};
+
+    /// Cleanup and status know the pinned maps by [`edgevx_common::maps::ALL`]:
+    /// a map the programs declare and the list lacks is a pin left behind.
+    #[test]
+    fn every_map_the_programs_declare_is_one_cleanup_removes() {
+        let file = object::File::parse(super::object()).expect("the embedded object parses");
+        let maps = file.section_by_name("maps").expect("a maps section").index();
+        let mut declared: Vec<&str> =
+            file.symbols().filter(|s| s.section_index() == Some(maps)).filter_map(|s| s.name().ok()).collect();
+        declared.sort_unstable();
+        let mut listed = edgevx_common::maps::ALL.to_vec();
+        listed.sort_unstable();
+        assert_eq!(declared, listed);
+    }
+}

@@ -11,7 +11,7 @@ use aya::maps::{
     lpm_trie::Key,
 };
 use edgevx_common::{
-    counters::{self, Counter},
+    counters::{self, Counter, Slot},
     maps::{
         self as names, ACCEPT_ANY_INNER_SOURCE, DataplaneConfig, LocalPod, Peer as PeerEntry, PeerAccept, PeerAccept6,
         PeerStats,
@@ -37,6 +37,9 @@ pub struct Maps {
     subnets6: Option<LpmTrie<MapData, [u8; 16], [u8; 16]>>,
     local_pods: HashMap<MapData, [u8; 4], LocalPod>,
     global: PerCpuArray<MapData, u64>,
+    /// The counters added after layout v7 (see [`counters`]); `None` when the
+    /// programs pinned here are an earlier edgevx's, which had no such map.
+    more: Option<PerCpuArray<MapData, u64>>,
     /// How many peers the maps hold (see [`Maps::peer_capacity`]).
     peer_capacity: u32,
 }
@@ -136,6 +139,7 @@ impl Maps {
             subnets6,
             local_pods: typed(pins, names::LOCAL_PODS)?,
             global: typed(pins, names::GLOBAL_STATS)?,
+            more: if pins.map(names::MORE_STATS).exists() { Some(typed(pins, names::MORE_STATS)?) } else { None },
             peer_capacity,
         })
     }
@@ -196,18 +200,29 @@ impl Maps {
         self.stats.get(&ip.octets(), 0).ok().map(|v| sum(&v))
     }
 
-    /// One global counter, summed over the CPUs.
-    pub fn counter(&self, c: Counter) -> Result<u64> {
-        let v = self.global.get(&(c as u32), 0).with_context(|| format!("cannot read counter {}", c.name()))?;
-        Ok(v.iter().sum())
+    /// One global counter, summed over the CPUs; `None` when the programs
+    /// pinned here are an earlier edgevx's, which did not keep it.
+    pub fn counter(&self, c: Counter) -> Result<Option<u64>> {
+        let (array, i) = match c.slot() {
+            Slot::First(i) => (&self.global, i),
+            Slot::More(i) => match &self.more {
+                Some(more) => (more, i),
+                None => return Ok(None),
+            },
+        };
+        let v = array.get(&i, 0).with_context(|| format!("cannot read counter {}", c.name()))?;
+        Ok(Some(v.iter().sum()))
     }
 
+    /// Every counter the pinned programs keep, by name.
     pub fn global_stats(&self) -> Result<BTreeMap<&'static str, u64>> {
         let mut out = BTreeMap::new();
         for c in Counter::ALL {
-            out.insert(c.name(), self.counter(c)?);
+            if let Some(v) = self.counter(c)? {
+                out.insert(c.name(), v);
+            }
         }
-        debug_assert_eq!(out.len(), counters::COUNT as usize);
+        debug_assert!(out.len() == counters::COUNT as usize || self.more.is_none());
         Ok(out)
     }
 

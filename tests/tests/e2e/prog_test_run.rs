@@ -11,7 +11,7 @@ use aya::{
 };
 use edgevx::dataplane::kfunc::Conntrack;
 use edgevx_common::{
-    counters::Counter,
+    counters::{Counter, Slot},
     maps::{
         self as names, ACCEPT_ANY_INNER_SOURCE, DataplaneConfig, FLAG_BYPASS_NETFILTER, FLAG_ENCAP_NO_L2_ETH, LocalPod,
         Peer, PeerAccept, PeerStats,
@@ -43,7 +43,7 @@ pub(crate) struct Loaded {
 
 fn object() -> PathBuf {
     std::env::var_os("EDGEVX_EBPF_OBJECT").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bpfel-unknown-none/release/edgevx")
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/ebpf/bpfel-unknown-none/release/edgevx")
     })
 }
 
@@ -114,8 +114,12 @@ impl Loaded {
     }
 
     pub(crate) fn counter(&self, c: Counter) -> Result<u64> {
-        let a: PerCpuArray<_, u64> = PerCpuArray::try_from(self.ebpf.map(names::GLOBAL_STATS).context("global")?)?;
-        Ok(a.get(&(c as u32), 0)?.iter().sum())
+        let (name, i) = match c.slot() {
+            Slot::First(i) => (names::GLOBAL_STATS, i),
+            Slot::More(i) => (names::MORE_STATS, i),
+        };
+        let a: PerCpuArray<_, u64> = PerCpuArray::try_from(self.ebpf.map(name).context(name)?)?;
+        Ok(a.get(&i, 0)?.iter().sum())
     }
 
     fn peer(&self) -> Result<PeerStats> {

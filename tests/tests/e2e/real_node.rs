@@ -3,10 +3,12 @@
 //! modes, flannel's masquerade and forward rules, a FORWARD policy of DROP,
 //! and an outside world reached through the nodes' default routes.
 //!
-//! Every case runs on four setups (see [`on_every_setup`]): two kernel
+//! Every case runs on five setups (see [`on_every_setup`]): two kernel
 //! flannel nodes, which proves the harness itself against the kernel's
-//! VXLAN; two edgevx nodes in the default mode; two with `--ip-masq`; and
-//! an `--ip-masq` edgevx node next to a kernel flannel node.
+//! VXLAN; two edgevx nodes in the default mode; two with `--ip-masq`; an
+//! `--ip-masq` edgevx node next to a kernel flannel node; and two edgevx
+//! nodes with the conntrack-verified fast path (`--fast-path=auto`: on where
+//! the kernel gives the conntrack kfuncs, else the default path).
 use std::net::Ipv4Addr;
 
 use anyhow::{Result, ensure};
@@ -25,9 +27,11 @@ enum Setup {
     EdgevxDefault,
     EdgevxIpMasq,
     EdgevxIpMasqWithKernelFlannel,
+    EdgevxFastPath,
 }
 
 const IP_MASQ: NodeKind = NodeKind::Edgevx(&["--ip-masq"]);
+const FAST_PATH: NodeKind = NodeKind::Edgevx(&["--fast-path=auto"]);
 
 impl Setup {
     fn kinds(self) -> [NodeKind; 2] {
@@ -36,6 +40,7 @@ impl Setup {
             Setup::EdgevxDefault => [NodeKind::Edgevx(&[]); 2],
             Setup::EdgevxIpMasq => [IP_MASQ; 2],
             Setup::EdgevxIpMasqWithKernelFlannel => [IP_MASQ, NodeKind::KernelFlannel],
+            Setup::EdgevxFastPath => [FAST_PATH; 2],
         }
     }
 
@@ -78,6 +83,10 @@ macro_rules! on_every_setup {
             #[test]
             fn edgevx_ip_masq_with_kernel_flannel() -> anyhow::Result<()> {
                 case(Setup::EdgevxIpMasqWithKernelFlannel)
+            }
+            #[test]
+            fn edgevx_fast_path() -> anyhow::Result<()> {
+                case(Setup::EdgevxFastPath)
             }
         }
     )*};

@@ -111,10 +111,13 @@ fn a_full_state_filesystem_never_stops_forwarding() -> Result<()> {
     third_node_joins(&c, &a, &nodes, &mac)?;
     let log = a.log_text();
     ensure!(log.contains("keeping it under /run"), "{log}");
-    ensure!(
-        log.matches("cannot write a record for edgevx status").count() <= 4,
-        "said more than once a record:\n{log}"
-    );
+    // one warning per record (agent, peers, capacity, startup, ...), not one per write
+    let mut warned = std::collections::BTreeMap::<&str, usize>::new();
+    for line in log.lines().filter(|l| l.contains("cannot write a record for edgevx status")) {
+        let file = line.split(" file=").nth(1).and_then(|f| f.split(' ').next()).unwrap_or(line);
+        *warned.entry(file).or_default() += 1;
+    }
+    ensure!(!warned.is_empty() && warned.values().all(|n| *n == 1), "said more than once a record {warned:?}:\n{log}");
     a.stop()?;
 
     // a new node whose disk is full: no MAC saved; it comes up and says so

@@ -214,7 +214,7 @@ pub(in crate::run) async fn bring_up(
         accepted: Vec::new(),
         peers_saved: false,
         known: Default::default(),
-        off_underlay_seen: maps.counter(edgevx_common::counters::Counter::DropVxlanOffUnderlay).ok(),
+        off_underlay_seen: maps.counter(edgevx_common::counters::Counter::DropVxlanOffUnderlay).ok().flatten(),
         maps,
         v6,
         fill: None,

@@ -10,7 +10,7 @@ impl Node {
     /// Warns when the count moved since the last look (bring-up takes the
     /// first: an earlier run warned about what it saw).
     pub(in crate::run) fn warn_off_underlay(&mut self) {
-        let Ok(now) = self.maps.counter(Counter::DropVxlanOffUnderlay) else { return };
+        let Ok(Some(now)) = self.maps.counter(Counter::DropVxlanOffUnderlay) else { return };
         let Some(seen) = self.off_underlay_seen.replace(now) else { return };
         if now > seen {
             warn!(

@@ -111,15 +111,7 @@ impl Peer {
     /// Sends `bytes` over TCP from `from` to `to_ip` (in `to`); both ends'
     /// SHA-256 must match.
     pub fn tcp_transfer(&self, from: &Netns, to: &Netns, to_ip: impl Into<IpAddr>, bytes: u64) -> Result<String> {
-        let to_ip: IpAddr = to_ip.into();
-        let (mut rx, mut out) = self.listen(to, &["tcp-recv", "5201"])?;
-        let sent = from.run(&[self.bin(), "tcp-send", &to_ip.to_string(), "5201", &bytes.to_string()])?;
-        let mut got = String::new();
-        out.read_line(&mut got)?;
-        let _ = rx.0.wait();
-        ensure!(sent.trim() == got.trim(), "TCP digest mismatch: sent {} received {}", sent.trim(), got.trim());
-        ensure!(got.starts_with(&format!("{bytes} ")), "received {got:?}, want {bytes} bytes");
-        Ok(got.trim().to_string())
+        self.transfer(from, to, to_ip.into(), bytes, None)
     }
 
     /// [`Self::tcp_transfer`], given up (an error) when the sender has not
@@ -133,14 +125,22 @@ impl Peer {
         bytes: u64,
         secs: u32,
     ) -> Result<String> {
-        let to_ip: IpAddr = to_ip.into();
+        self.transfer(from, to, to_ip.into(), bytes, Some(secs))
+    }
+
+    fn transfer(&self, from: &Netns, to: &Netns, to_ip: IpAddr, bytes: u64, within: Option<u32>) -> Result<String> {
         let (mut rx, mut out) = self.listen(to, &["tcp-recv", "5201"])?;
-        let (secs, ip, n) = (secs.to_string(), to_ip.to_string(), bytes.to_string());
-        let sent = from.run(&["timeout", &secs, self.bin(), "tcp-send", &ip, "5201", &n])?;
+        let (ip, n) = (to_ip.to_string(), bytes.to_string());
+        let send = [self.bin(), "tcp-send", &ip, "5201", &n];
+        let sent = match within {
+            Some(secs) => from.run(&[&["timeout", &secs.to_string()][..], &send].concat())?,
+            None => from.run(&send)?,
+        };
         let mut got = String::new();
         out.read_line(&mut got)?;
         let _ = rx.0.wait();
         ensure!(sent.trim() == got.trim(), "TCP digest mismatch: sent {} received {}", sent.trim(), got.trim());
+        ensure!(got.starts_with(&format!("{bytes} ")), "received {got:?}, want {bytes} bytes");
         Ok(got.trim().to_string())
     }
 

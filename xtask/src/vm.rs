@@ -581,7 +581,10 @@ mod tests {
         for name in CI_TESTS {
             let mut parts = name.split("::");
             let module = parts.next().unwrap_or_default();
-            let source = fs::read_to_string(e2e.join(format!("{module}.rs"))).unwrap_or_default();
+            // a module is a file, or a directory with its mod.rs
+            let source = fs::read_to_string(e2e.join(format!("{module}.rs")))
+                .or_else(|_| fs::read_to_string(e2e.join(module).join("mod.rs")))
+                .unwrap_or_default();
             for part in parts {
                 assert!(source.contains(part), "{name}: no {part} in tests/tests/e2e/{module}.rs");
             }

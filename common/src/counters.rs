@@ -127,9 +127,12 @@ pub enum Counter {
     /// Dropped by the XDP judge: UDP to the VXLAN port too short for the
     /// VXLAN and inner Ethernet headers (not a fragment).
     XdpDropShort = 40,
+    /// Left to the host stack: the agent's keeper has not renewed the fast
+    /// path's lease (the agent is stopped, or its ruleset watch ended).
+    FastPathStackNoKeeper = 41,
 }
 
-pub const COUNT: u32 = 41;
+pub const COUNT: u32 = 42;
 
 /// How many counters the first array (`GLOBAL_STATS`) holds, fixed by pin
 /// layout v7; the rest are in `MORE_STATS`.
@@ -187,6 +190,7 @@ impl Counter {
         Counter::XdpDropUnknownPeer,
         Counter::XdpDropBadVxlanFlags,
         Counter::XdpDropShort,
+        Counter::FastPathStackNoKeeper,
     ];
 
     /// The array and index this counter is kept at.
@@ -239,6 +243,7 @@ impl Counter {
             Counter::XdpDropUnknownPeer => "xdp_drop_unknown_peer",
             Counter::XdpDropBadVxlanFlags => "xdp_drop_bad_vxlan_flags",
             Counter::XdpDropShort => "xdp_drop_short",
+            Counter::FastPathStackNoKeeper => "fast_path_stack_no_keeper",
         }
     }
 }

@@ -48,7 +48,18 @@ pub struct FastPathConfig {
     pub tcp_unacknowledged: u32,
     pub udp_stream: u32,
     pub _pad: u32,
+    /// Until when the agent's keeper vouches for `epoch`, in
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) nanoseconds. The keeper renews
+    /// it every [`LEASE_RENEW_MS`]; once it has passed (the agent stopped,
+    /// or its ruleset watch ended) every packet takes the stack, so a
+    /// ruleset change nobody watches cannot be skipped for long.
+    pub lease_until_ns: u64,
 }
+
+/// How long a lease runs, from when the keeper writes it.
+pub const LEASE_MS: u64 = 3000;
+/// How often the keeper renews the lease.
+pub const LEASE_RENEW_MS: u64 = 1000;
 
 /// One direction of a flow, as in the packet: addresses and ports in
 /// network byte order.
@@ -69,8 +80,10 @@ pub struct FlowKey {
 pub struct Seen {
     /// The epoch the stack last delivered a packet of the flow in.
     pub epoch: u32,
-    /// The epoch a liberal request went out for this flow in (0: none), so
-    /// a flow asks once per epoch, not once per packet.
+    /// When a liberal request last went out for this flow, in the unit of
+    /// [`Seen::refreshed`] (0: never): a flow asks at most once a unit, and
+    /// asks again while it is still not liberal (a request lost on a full
+    /// ring, or an entry made anew after `conntrack -F`).
     pub asked: u32,
     /// When the fast path last refreshed the entry's timeout, in units of
     /// 2^30 ns (about a second) of `bpf_ktime_get_ns`: at most once per

@@ -84,6 +84,12 @@ pub fn run(ctx: &TcContext) -> Option<i32> {
     if cfg.flags & FP_ON == 0 {
         return None;
     }
+    // SAFETY: a monotonic clock read.
+    let now_ns = unsafe { bpf_ktime_get_ns() };
+    if now_ns > cfg.lease_until_ns {
+        stats::add(Counter::FastPathStackNoKeeper, 1);
+        return None;
+    }
     let Some((key, pod, tcp_flags)) = parse(ctx) else {
         stats::add(Counter::FastPathStackOther, 1);
         return None;
@@ -130,17 +136,14 @@ pub fn run(ctx: &TcContext) -> Option<i32> {
             [0; 2]
         },
     };
+    let now = (now_ns >> REFRESH_SHIFT) as u32;
     let liberal = cfg.flags & (FP_LIBERAL_SYSCTL | FP_TEST_IGNORE_LIBERAL) != 0;
     let verdict = judge(key.proto, &fields, liberal);
-    if verdict == Verdict::Fast {
-        // SAFETY: monotonic clock read.
-        let now = (unsafe { bpf_ktime_get_ns() } >> REFRESH_SHIFT) as u32;
-        if seen.refreshed != now {
-            seen.refreshed = now;
-            let secs = stack_timeout(key.proto, &fields, cfg);
-            // SAFETY: the referenced entry; the kernel refuses fixed timeouts (excluded above).
-            unsafe { kfunc::bpf_ct_change_timeout(ct, secs.saturating_mul(1000)) };
-        }
+    if verdict == Verdict::Fast && seen.refreshed != now {
+        seen.refreshed = now;
+        let secs = stack_timeout(key.proto, &fields, cfg);
+        // SAFETY: the referenced entry; the kernel refuses fixed timeouts (excluded above).
+        unsafe { kfunc::bpf_ct_change_timeout(ct, secs.saturating_mul(1000)) };
     }
     // SAFETY: releases the reference the lookup took, exactly once.
     unsafe { kfunc::bpf_ct_release(ct) };
@@ -160,9 +163,9 @@ pub fn run(ctx: &TcContext) -> Option<i32> {
         }
         Verdict::NotLiberal => {
             stats::add(Counter::FastPathStackNotLiberal, 1);
-            if seen.asked != cfg.epoch {
-                seen.asked = cfg.epoch;
-                let _ = EDGEVX_FP_EVENTS.output(&FlowEvent { key }, 0);
+            // at most once a unit; a request the full ring refused is asked again
+            if seen.asked != now && EDGEVX_FP_EVENTS.output(&FlowEvent { key }, 0).is_ok() {
+                seen.asked = now;
             }
             None
         }

@@ -8,11 +8,8 @@
 //! threads (setns(2) moves only the calling thread); a socket stays in the
 //! namespace it was made in, so the readers and writers run anywhere.
 use std::{
-    fs::File,
     io::{self, ErrorKind, Read, Write},
     net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream},
-    os::fd::AsRawFd,
-    path::Path,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -23,7 +20,7 @@ use std::{
 
 use anyhow::{Context, Result, anyhow, bail};
 
-use crate::netns::Netns;
+use crate::netns::{Netns, in_netns};
 
 /// One record: its sequence number (8 bytes, big endian), then bytes
 /// derived from it, so a reader knows a lost, repeated or garbled record.
@@ -275,21 +272,6 @@ fn unspecified(ip: IpAddr) -> IpAddr {
         IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
         IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
     }
-}
-
-/// Runs `f` on a thread that entered `ns` and returns its result.
-fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    let path = Path::new("/run/netns").join(&ns.name);
-    thread::spawn(move || {
-        let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
-        // SAFETY: plain setns(2) on a namespace fd that stays open for the call.
-        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            bail!("setns into {}: {}", path.display(), io::Error::last_os_error());
-        }
-        f()
-    })
-    .join()
-    .map_err(|_| anyhow!("the thread in {} panicked", ns.name))?
 }
 
 /// Record `seq`: its number, then bytes derived from it (xorshift64).

@@ -1,10 +1,14 @@
 //! A network namespace that is deleted when dropped.
 use std::{
-    io::Write,
+    fs::File,
+    io::{self, Write},
+    os::fd::AsRawFd,
+    path::Path,
     process::{Command, Output, Stdio},
+    thread,
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 
 use crate::sh;
 
@@ -97,4 +101,20 @@ impl Drop for Netns {
         });
         let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
+}
+
+/// Runs `f` on a thread that entered `ns` and returns its result (a socket
+/// made there stays in `ns`, whichever thread uses it).
+pub fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    let path = Path::new("/run/netns").join(&ns.name);
+    thread::spawn(move || {
+        let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        // SAFETY: plain setns(2) on a namespace fd that stays open for the call.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            bail!("setns into {}: {}", path.display(), io::Error::last_os_error());
+        }
+        f()
+    })
+    .join()
+    .map_err(|_| anyhow!("the thread in {} panicked", ns.name))?
 }

@@ -5,7 +5,7 @@
 //! flow passes the stack once under the new rules before it skips it again.
 use anyhow::{Context, Result};
 use aya::maps::{Array, MapData};
-use edgevx_common::fastpath::{FP_CONFIG, FP_LIBERAL_SYSCTL, FP_ON, FP_TEST_IGNORE_LIBERAL, FastPathConfig};
+use edgevx_common::fastpath::{FP_CONFIG, FP_LIBERAL_SYSCTL, FP_ON, FP_TEST_IGNORE_LIBERAL, FastPathConfig, LEASE_MS};
 
 pub use crate::conntrack::sysctls::CtSysctls;
 use crate::dataplane::{bpffs::PinDir, kfunc::Conntrack};
@@ -29,9 +29,10 @@ pub fn state(mode: Mode, ct: &Conntrack) -> Result<(), String> {
     }
 }
 
-/// What the program is told.
-/// `test_ignore_liberal`: the hidden `--fast-path-test-ignore-liberal`.
-pub fn config(on: bool, epoch: u32, s: &CtSysctls, test_ignore_liberal: bool) -> FastPathConfig {
+/// What the program is told, vouched for until `lease_until_ns`
+/// ([`lease_until`]). `test_ignore_liberal`: the hidden
+/// `--fast-path-test-ignore-liberal`.
+pub fn config(on: bool, epoch: u32, s: &CtSysctls, test_ignore_liberal: bool, lease_until_ns: u64) -> FastPathConfig {
     FastPathConfig {
         flags: if on { FP_ON } else { 0 }
             | if s.tcp_be_liberal { FP_LIBERAL_SYSCTL } else { 0 }
@@ -41,14 +42,38 @@ pub fn config(on: bool, epoch: u32, s: &CtSysctls, test_ignore_liberal: bool) ->
         tcp_unacknowledged: s.tcp_timeout_unacknowledged,
         udp_stream: s.udp_timeout_stream,
         _pad: 0,
+        lease_until_ns,
     }
 }
 
-/// The first epoch of a run: one no earlier run used recently (the seen
-/// map is pinned and outlives the agent), never 0.
-pub fn first_epoch() -> u32 {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs());
-    (secs as u32).wrapping_mul(2) | 1
+/// The fast path off, at `epoch`.
+pub fn off(epoch: u32) -> FastPathConfig {
+    config(false, epoch, &CtSysctls::default(), false, 0)
+}
+
+/// A lease from now: CLOCK_MONOTONIC, which `bpf_ktime_get_ns` reads.
+pub fn lease_until() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+        .saturating_add(LEASE_MS * 1_000_000)
+}
+
+/// The first epoch of a run: after the one the pinned map holds (the seen
+/// map is pinned too, and outlives the agent: an epoch an earlier run used
+/// must not come back), else one from the clock; odd, so never 0 (what a
+/// fresh seen entry holds).
+pub fn next_epoch(pinned: Option<u32>) -> u32 {
+    match pinned {
+        Some(e) if e != 0 => e.wrapping_add(2) | 1,
+        _ => {
+            let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs());
+            (secs as u32).wrapping_mul(2) | 1
+        }
+    }
 }
 
 /// The pinned config map.
@@ -65,6 +90,11 @@ impl FastPathMap {
         let map = Array::try_from(aya::maps::Map::Array(data))
             .with_context(|| format!("pinned map {FP_CONFIG} does not have the layout this edgevx expects"))?;
         Ok(Some(FastPathMap(map)))
+    }
+
+    /// What the map holds now.
+    pub fn get(&self) -> Result<FastPathConfig> {
+        self.0.get(&0, 0).context("cannot read the fast path's config map")
     }
 
     pub fn set(&mut self, cfg: &FastPathConfig) -> Result<()> {
@@ -84,10 +114,11 @@ mod tests {
             tcp_timeout_unacknowledged: 300,
             udp_timeout_stream: 120,
         };
-        let c = config(true, 7, &s, false);
+        let c = config(true, 7, &s, false, 42);
         assert_eq!((c.flags & FP_ON, c.flags & FP_LIBERAL_SYSCTL, c.epoch), (FP_ON, FP_LIBERAL_SYSCTL, 7));
-        assert_eq!((c.tcp_established, c.tcp_unacknowledged, c.udp_stream), (86400, 300, 120));
-        assert_eq!(config(false, 7, &s, false).flags & FP_ON, 0);
+        assert_eq!((c.tcp_established, c.tcp_unacknowledged, c.udp_stream, c.lease_until_ns), (86400, 300, 120, 42));
+        assert_eq!(config(false, 7, &s, false, 42).flags & FP_ON, 0);
+        assert_eq!((off(9).flags, off(9).epoch, off(9).lease_until_ns), (0, 9, 0));
     }
 
     #[test]
@@ -97,6 +128,21 @@ mod tests {
         assert!(state(Mode::Off, &reachable).unwrap_err().contains("--fast-path=off"));
         let e = state(Mode::Auto, &Conntrack::Unreachable("conntrack is a module".into())).unwrap_err();
         assert!(e.contains("conntrack is a module"), "{e}");
-        assert_ne!(first_epoch(), 0);
+    }
+
+    /// An epoch an earlier run used never comes back: the next run goes on
+    /// from the pinned one.
+    #[test]
+    fn a_run_goes_on_from_the_pinned_epoch() {
+        assert_eq!(next_epoch(Some(7)), 9);
+        assert_eq!(next_epoch(Some(u32::MAX)), 1);
+        assert_eq!(next_epoch(None) % 2, 1);
+        assert_eq!(next_epoch(Some(0)) % 2, 1);
+    }
+
+    #[test]
+    fn a_lease_runs_from_now() {
+        let (a, b) = (lease_until(), lease_until());
+        assert!(b >= a && a > LEASE_MS * 1_000_000);
     }
 }

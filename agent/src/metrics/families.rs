@@ -78,6 +78,7 @@ pub const fn series(c: Counter) -> Series {
         Counter::FastPathStackNotLiberal => FastPathStack { reason: "not_liberal" },
         Counter::FastPathStackNewRuleset => FastPathStack { reason: "new_ruleset" },
         Counter::FastPathStackOther => FastPathStack { reason: "other" },
+        Counter::FastPathStackNoKeeper => FastPathStack { reason: "no_keeper" },
         // the XDP judge on the underlay, before any skb
         Counter::XdpDropUnknownPeer => Drops { reason: "xdp_unknown_peer", direction: INGRESS },
         Counter::XdpDropBadVxlanFlags => Drops { reason: "xdp_bad_vxlan_flags", direction: INGRESS },

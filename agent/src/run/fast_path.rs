@@ -3,12 +3,22 @@
 //! with the conntrack sysctls read again, and runs the loop that makes the
 //! flows the program reports liberal (conntrack/promote.rs). Source →
 //! keeper → the one config map; nothing else writes it.
-use std::sync::Arc;
+//!
+//! It fails closed. The keeper renews a lease in the config every second;
+//! the program takes nothing past it once it has run out (3 s), so an agent
+//! that stopped or crashed, or whose ruleset watch ended, cannot leave
+//! flows skipping rules nobody watches. The fast path is optional: nothing
+//! that fails here stops the node's bring-up; it stays off and says why.
+use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use aya::maps::{Map, MapData, RingBuf};
-use edgevx_common::fastpath::FP_EVENTS;
-use tokio::{sync::mpsc, task::JoinHandle};
+use edgevx_common::fastpath::{FP_EVENTS, LEASE_RENEW_MS};
+use tokio::{
+    sync::mpsc,
+    task::JoinHandle,
+    time::{MissedTickBehavior, interval},
+};
 use tracing::{debug, warn};
 
 use crate::{
@@ -21,10 +31,10 @@ use crate::{
         bpffs::PinDir,
         fast_path::{self, FastPathMap},
     },
-    events::ruleset,
+    events::ruleset::{self, RulesetChanged},
 };
 
-/// The keeper's tasks; dropping it stops them.
+/// The keeper's tasks; dropping it stops them (and the lease runs out).
 pub struct FastPathTasks {
     tasks: Vec<JoinHandle<()>>,
     _promoted: Arc<PromoteCounters>,
@@ -38,52 +48,99 @@ impl Drop for FastPathTasks {
     }
 }
 
-/// Writes the fast path's config (on only when `on`) and, when on, starts
-/// the keeper. `Ok(None)`: off, or the pins are an earlier edgevx's.
-pub fn start(pins: &PinDir, on: bool, test_ignore_liberal: bool) -> Result<Option<FastPathTasks>> {
-    let Some(mut map) = FastPathMap::open(pins)? else { return Ok(None) };
-    let mut epoch = fast_path::first_epoch();
-    // never fatal: without conntrack loaded the sysctls do not exist, and
-    // the fast path is then simply off
-    let sysctls = match read_ct_sysctls() {
-        Ok(s) => Some(s),
-        Err(e) if on => {
-            warn!("fast path off: cannot read the conntrack sysctls it follows ({e:#})");
-            None
-        }
-        Err(_) => None,
+/// Starts the fast path where `state` lets it run, else writes it off.
+/// Returns the state the node is in (on, or off and why) and, when on, the
+/// keeper's tasks. Never an error: the fast path is optional.
+pub fn start(
+    pins: &PinDir,
+    state: Result<(), String>,
+    test_ignore_liberal: bool,
+) -> (Result<(), String>, Option<FastPathTasks>) {
+    let mut map = match FastPathMap::open(pins) {
+        Ok(Some(map)) => map,
+        Ok(None) => return (state.and(Err("off: the pinned programs are an earlier edgevx's".into())), None),
+        Err(e) => return (state.and(Err(format!("off: {e:#}"))), None),
     };
-    let on = on && sysctls.is_some();
-    map.set(&fast_path::config(on, epoch, &sysctls.unwrap_or_default(), test_ignore_liberal))?;
-    if !on {
-        return Ok(None);
+    let epoch = fast_path::next_epoch(map.get().ok().map(|c| c.epoch));
+    // off until every part runs
+    if let Err(e) = map.set(&fast_path::off(epoch)) {
+        warn!("fast path: {e:#}; its lease runs out and every packet takes the stack");
+        return (state.and(Err(format!("off: {e:#}"))), None);
     }
-    let (tx, mut rx) = mpsc::channel(8);
-    let watcher = ruleset::spawn(tx).context("cannot watch the ruleset for the fast path")?;
-    let keeper = tokio::spawn(async move {
-        while let Some(change) = rx.recv().await {
-            // odd, so never 0 (what a fresh seen entry holds)
-            epoch = epoch.wrapping_add(2);
-            let sysctls = match read_ct_sysctls() {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!("fast path: cannot read the conntrack sysctls ({e:#}); stopping it");
-                    let off = fast_path::config(false, epoch, &Default::default(), false);
-                    let _ = map.set(&off);
-                    continue;
-                }
-            };
-            match map.set(&fast_path::config(true, epoch, &sysctls, test_ignore_liberal)) {
-                Ok(()) => debug!(?change, epoch, "fast path: the ruleset changed, every flow passes the stack once"),
-                Err(e) => warn!("fast path: {e:#}"),
-            }
+    if let Err(why) = state {
+        return (Err(why), None);
+    }
+    match run(pins, map, epoch, test_ignore_liberal) {
+        Ok(tasks) => (Ok(()), Some(tasks)),
+        Err(e) => {
+            warn!("fast path off: {e:#}");
+            (Err(format!("off: {e:#}")), None)
         }
-    });
+    }
+}
+
+/// The watcher first (a change from then on moves the epoch), the
+/// promotion loop, then the fast path on and its keeper. An error drops
+/// the tasks started so far, which stops them.
+fn run(pins: &PinDir, mut map: FastPathMap, epoch: u32, test_ignore_liberal: bool) -> Result<FastPathTasks> {
+    // without conntrack loaded the sysctls do not exist
+    let sysctls = read_ct_sysctls().context("cannot read the conntrack sysctls it follows")?;
+    let promoted = Arc::new(PromoteCounters::default());
+    let mut tasks = FastPathTasks { tasks: Vec::new(), _promoted: promoted.clone() };
+    let (tx, rx) = mpsc::channel(8);
+    tasks.tasks.push(ruleset::spawn(tx).context("cannot watch the ruleset")?);
     let path = pins.map(FP_EVENTS);
     let data = MapData::from_pin(&path).with_context(|| format!("cannot open {}", path.display()))?;
     let ring = RingBuf::try_from(Map::RingBuf(data)).context("the fast path's event map is not a ring buffer")?;
-    let sock = CtNetlink::open().context("cannot open ctnetlink for the fast path")?;
-    let promoted = Arc::new(PromoteCounters::default());
-    let promote = promote::spawn(ring, sock, promoted.clone())?;
-    Ok(Some(FastPathTasks { tasks: vec![watcher, keeper, promote], _promoted: promoted }))
+    let sock = CtNetlink::open().context("cannot open ctnetlink")?;
+    tasks.tasks.push(promote::spawn(ring, sock, promoted)?);
+    map.set(&fast_path::config(true, epoch, &sysctls, test_ignore_liberal, fast_path::lease_until()))?;
+    tasks.tasks.push(tokio::spawn(keep(map, rx, epoch, test_ignore_liberal)));
+    Ok(tasks)
+}
+
+/// Moves the epoch on every change the watcher reports and renews the
+/// lease every second, the conntrack sysctls read again each time; writes
+/// the fast path off when the watch ends.
+async fn keep(
+    mut map: FastPathMap,
+    mut changes: mpsc::Receiver<RulesetChanged>,
+    mut epoch: u32,
+    test_ignore_liberal: bool,
+) {
+    let mut renew = interval(Duration::from_millis(LEASE_RENEW_MS));
+    renew.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut unreadable = false;
+    loop {
+        tokio::select! {
+            change = changes.recv() => match change {
+                Some(change) => {
+                    // odd, so never 0 (what a fresh seen entry holds)
+                    epoch = epoch.wrapping_add(2);
+                    debug!(?change, epoch, "fast path: the ruleset changed, every flow passes the stack once");
+                }
+                None => {
+                    warn!("fast path off: the ruleset watch ended; every packet takes the stack");
+                    let _ = map.set(&fast_path::off(epoch));
+                    return;
+                }
+            },
+            _ = renew.tick() => {}
+        }
+        let cfg = match read_ct_sysctls() {
+            Ok(s) => {
+                unreadable = false;
+                fast_path::config(true, epoch, &s, test_ignore_liberal, fast_path::lease_until())
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut unreadable, true) {
+                    warn!("fast path off until they can be read: cannot read the conntrack sysctls ({e:#})");
+                }
+                fast_path::off(epoch)
+            }
+        };
+        if let Err(e) = map.set(&cfg) {
+            warn!("fast path: {e:#}; its lease runs out and every packet takes the stack");
+        }
+    }
 }

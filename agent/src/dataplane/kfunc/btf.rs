@@ -129,6 +129,13 @@ impl KernelBtf {
     }
 
     fn size_of(&self, id: u32) -> anyhow::Result<u64> {
+        self.size_at_depth(id, 0)
+    }
+
+    /// [`Self::size_of`], refusing arrays nested deeper than any C type
+    /// (a BTF whose array holds itself would recurse forever).
+    fn size_at_depth(&self, id: u32, depth: u32) -> anyhow::Result<u64> {
+        ensure!(depth < 16, "BTF arrays nested too deep at {id}");
         let id = self.strip(id)?;
         let t = self.ty(id)?;
         Ok(match t.kind {
@@ -136,7 +143,7 @@ impl KernelBtf {
             KIND_PTR => 8,
             KIND_ARRAY => {
                 let (elem, n) = t.array.context("array without data")?;
-                self.size_of(elem)? * u64::from(n)
+                self.size_at_depth(elem, depth + 1)?.checked_mul(u64::from(n)).context("BTF array size overflows")?
             }
             k => bail!("no size for BTF kind {k}"),
         })
@@ -176,7 +183,8 @@ impl KernelBtf {
                 let arr = self.ty(self.strip(id)?)?;
                 let (elem, n) = arr.array.with_context(|| format!("{name} is not an array"))?;
                 ensure!(i < u64::from(n), "{name}[{i}] out of bounds ({n})");
-                bits += 8 * i * self.size_of(elem)?;
+                let skip = self.size_of(elem)?.checked_mul(8 * i).context("BTF offset overflows")?;
+                bits = bits.checked_add(skip).context("BTF offset overflows")?;
                 id = elem;
             }
         }

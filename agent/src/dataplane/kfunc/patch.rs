@@ -17,7 +17,7 @@
 //! * the symbol's type NOTYPE -> OBJECT, so aya no longer classifies it as an
 //!   extern and leaves the relocation alone.
 use anyhow::{Context as _, bail, ensure};
-use object::{Object as _, ObjectSection as _, ObjectSymbol as _, RelocationTarget, SymbolKind};
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _, RelocationTarget, SectionKind, SymbolKind};
 
 const BPF_JMP_CALL: u8 = 0x85;
 const BPF_PSEUDO_CALL: u8 = 1;
@@ -42,7 +42,9 @@ pub fn patch(elf: &mut [u8], resolve: impl Fn(&str) -> Option<(u32, i16)>) -> an
         let file = object::File::parse(&*elf).context("parsing eBPF ELF")?;
         let symtab = file.section_by_name(".symtab").context("no .symtab")?;
         let (symtab_off, _) = symtab.file_range().context(".symtab has no file range")?;
-        for section in file.sections() {
+        ensure!(file.is_64() && file.is_little_endian(), "not a 64-bit little-endian eBPF object");
+        // calls are in code; a debug section's relocations name symbols too
+        for section in file.sections().filter(|s| s.kind() == SectionKind::Text) {
             let Some((sec_off, sec_len)) = section.file_range() else { continue };
             for (rel_off, rel) in section.relocations() {
                 let RelocationTarget::Symbol(sym_idx) = rel.target() else { continue };
@@ -53,7 +55,8 @@ pub fn patch(elf: &mut [u8], resolve: impl Fn(&str) -> Option<(u32, i16)>) -> an
                 }
                 ensure!(rel_off % 8 == 0 && rel_off + 8 <= sec_len, "{name}: misaligned relocation at {rel_off}");
                 let at = usize::try_from(sec_off + rel_off)?;
-                let (code, regs) = (elf[at], elf[at + 1]);
+                let insn = elf.get(at..at + 8).with_context(|| format!("{name}: relocation past the object's end"))?;
+                let (code, regs) = (insn[0], insn[1]);
                 if code != BPF_JMP_CALL || regs >> 4 != BPF_PSEUDO_CALL {
                     bail!(
                         "{name}: relocation at {} is not a call insn (code {code:#x} regs {regs:#x}); taking a kfunc's address is not supported",
@@ -68,6 +71,7 @@ pub fn patch(elf: &mut [u8], resolve: impl Fn(&str) -> Option<(u32, i16)>) -> an
                 };
                 insn_edits.push((at, regs, off, imm));
                 let st_info = usize::try_from(symtab_off + sym_idx.0 as u64 * ELF64_SYM_SIZE + 4)?;
+                ensure!(st_info < elf.len(), "{name}: symbol past the object's end");
                 sym_edits.push(st_info);
                 sites.push(Site {
                     name: name.to_owned(),

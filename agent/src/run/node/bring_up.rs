@@ -60,7 +60,12 @@ pub(in crate::run) async fn bring_up(
     startup.reached(Milestone::SubnetEnv, Instant::now());
     bpffs::ensure_dir_on_bpffs(&c.args.paths.bpffs)?;
     let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
-    let features = Features::probe();
+    let mut features = Features::probe();
+    // with the fast path off its kfunc calls stay poisoned and dead: the
+    // default path's programs never depend on the verifier taking them
+    if c.args.fast_path == fast_path::Mode::Off {
+        features.conntrack = crate::dataplane::kfunc::Conntrack::Unreachable("off (--fast-path=off)".into());
+    }
     info!(
         check_mtu = features.check_mtu,
         atomic_fetch = features.atomic_fetch,
@@ -128,12 +133,11 @@ pub(in crate::run) async fn bring_up(
         // all zero: IPv6 off, IPv6 VXLAN is not judged
         public_ip6: plan6.as_ref().map_or([0; 16], |p| p.spec.local.octets()),
     })?;
-    let fast_path = fast_path::state(c.args.fast_path, &features.conntrack);
-    let fast_path_tasks = crate::run::fast_path::start(
-        &pins,
-        fast_path.is_ok() && plan4.is_some(),
-        c.args.fast_path_test_ignore_liberal,
-    )?;
+    // the fast path is optional: whatever fails there leaves it off and says why
+    let (fast_path, fast_path_tasks) = match fast_path::state(c.args.fast_path, &features.conntrack) {
+        Ok(()) if plan4.is_none() => (Err("off: no IPv4 overlay".to_string()), None),
+        state => crate::run::fast_path::start(&pins, state, c.args.fast_path_test_ignore_liberal),
+    };
     match &fast_path {
         Ok(()) => info!("fast path on: established plain flows from peers' pods skip the host stack"),
         Err(why) => info!(state = %why, "fast path off"),

@@ -7,10 +7,13 @@
 //! (conntrack built in, 6.0+): elsewhere the agent says the fast path is
 //! unavailable and the test checks that it carried nothing.
 //!
-//! NAT flows ([`nat`]) and policy changes on established flows ([`policy`])
-//! have their own files.
+//! NAT flows ([`nat`]), policy changes on established flows ([`policy`]),
+//! entries' lifetimes ([`lifetime`]) and window tracking under loss
+//! ([`window`]) have their own files.
+mod lifetime;
 mod nat;
 mod policy;
+mod window;
 
 use anyhow::{Context, Result, ensure};
 use edgevx_tests::{
@@ -22,10 +25,15 @@ use edgevx_tests::{
 use crate::{MIB, testpeer};
 
 pub(crate) const FAST: NodeKind = NodeKind::Edgevx(&["--fast-path=auto"]);
+/// With `--ip-masq`, as kube-flannel.yml runs flanneld: without it
+/// (FLANNEL_IPMASQ=false) the CNI bridge plugin masquerades pod-to-pod
+/// traffic on the client's node, and that node's half of every flow it
+/// starts is NAT, which the fast path never takes.
+pub(crate) const FAST_IP_MASQ: NodeKind = NodeKind::Edgevx(&["--fast-path=auto", "--ip-masq"]);
 const FAST_WITHOUT_LIBERAL: NodeKind = NodeKind::Edgevx(&["--fast-path=auto", "--fast-path-test-ignore-liberal"]);
 
 /// Packets KUBE-FORWARD's `--ctstate INVALID -j DROP` dropped on `node`.
-fn invalid_drops(node: &Netns) -> Result<u64> {
+pub(crate) fn invalid_drops(node: &Netns) -> Result<u64> {
     let out = node.run(&["iptables", "-w", "-t", "filter", "-L", "KUBE-FORWARD", "-v", "-x", "-n"])?;
     let line = out
         .lines()
@@ -36,7 +44,7 @@ fn invalid_drops(node: &Netns) -> Result<u64> {
 
 /// Conntrack's own `invalid` count on `node`, summed over CPUs
 /// (/proc/net/stat/nf_conntrack, hex columns).
-fn ct_invalid(node: &Netns) -> Result<u64> {
+pub(crate) fn ct_invalid(node: &Netns) -> Result<u64> {
     let out = node.run(&["cat", "/proc/net/stat/nf_conntrack"])?;
     let mut lines = out.lines();
     let header: Vec<&str> = lines.next().context("empty nf_conntrack stats")?.split_whitespace().collect();

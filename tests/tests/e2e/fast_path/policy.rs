@@ -2,11 +2,7 @@
 //! established flows as it would without edgevx, within a second, and a
 //! conntrack flush mid-flow stops nothing. Long-lived flows from node1's
 //! pod to node2's stream both ways while the rules change.
-//!
-//! The nodes run with `--ip-masq`, as kube-flannel.yml runs flanneld: without
-//! it (FLANNEL_IPMASQ=false) the CNI bridge plugin masquerades pod-to-pod
-//! traffic on the client's node, and that node's half of every flow it
-//! starts is NAT, which the fast path never takes.
+//! The nodes run with `--ip-masq` (see [`FAST_IP_MASQ`]).
 use std::{
     thread,
     time::{Duration, Instant},
@@ -19,10 +15,7 @@ use edgevx_tests::{
     real_node::RealCluster,
 };
 
-use super::{fast_path_counters, fast_path_on};
-
-const FAST: edgevx_tests::real_node::NodeKind =
-    edgevx_tests::real_node::NodeKind::Edgevx(&["--fast-path=auto", "--ip-masq"]);
+use super::{FAST_IP_MASQ as FAST, fast_path_counters, fast_path_on};
 
 /// How soon a new rule must apply to an established flow.
 const BOUND: Duration = Duration::from_secs(1);
@@ -122,5 +115,36 @@ fn a_conntrack_flush_mid_flow_stops_no_fast_pathed_flow() -> Result<()> {
         wait_fast_since(&rc, rc.counter(1, "fast_path_packets")?).context("after conntrack -F")?;
     }
     flows.stop()?;
+    Ok(())
+}
+
+/// Fails closed: with node1's agent killed, its lease runs out within
+/// [`edgevx_common::fastpath::LEASE_MS`], and a DROP rule inserted while
+/// nobody watches the ruleset still stops the flows.
+#[test]
+fn a_drop_rule_inserted_while_the_agent_is_down_still_stops_the_flows() -> Result<()> {
+    let mut rc = RealCluster::start(&[FAST, FAST], 1)?;
+    rc.kube_proxy(Mode::Iptables, &[])?;
+    let on = fast_path_on(&rc, 1)?;
+    let flows = flows_on_the_fast_path(&rc, on)?;
+    rc.agents[0].as_mut().context("node1 is an edgevx node")?.kill9();
+    // past the lease: every packet takes the stack (the pinned programs stay)
+    thread::sleep(Duration::from_millis(edgevx_common::fastpath::LEASE_MS) + BOUND);
+    let since = flows.bytes();
+    flows.wait_all_moved(&since, MOVES).context("with node1's agent down")?;
+    let (a, b) = (rc.pod(1, 0).ip.to_string(), rc.pod(2, 0).ip.to_string());
+    let node1 = &rc.node(1).ns;
+    node1.run(&["iptables", "-w", "-I", "FORWARD", "1", "-s", &b, "-d", &a, "-j", "DROP"])?;
+    thread::sleep(edgevx_tests::patience(BOUND));
+    let ways = flows.ways();
+    let at_bound = flows.bytes();
+    thread::sleep(WATCH);
+    let later = flows.bytes();
+    let moved: Vec<&String> = (0..ways.len())
+        .filter(|&i| ways[i].ends_with("(server to client)") && later[i] > at_bound[i])
+        .map(|i| &ways[i])
+        .collect();
+    ensure!(moved.is_empty(), "with node1's agent down, a DROP rule did not stop {moved:?}");
+    ensure!(first_forward_rule_packets(&rc)? > 0, "the DROP rule counted no packet");
     Ok(())
 }

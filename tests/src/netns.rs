@@ -5,7 +5,7 @@ use std::{
     os::fd::AsRawFd,
     path::Path,
     process::{Command, Output, Stdio},
-    thread,
+    thread::{self, JoinHandle},
 };
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -103,18 +103,32 @@ impl Drop for Netns {
     }
 }
 
+/// Moves the calling thread into the named network namespace (`ip netns`):
+/// setns(2) with CLONE_NEWNET moves only the calling thread.
+pub fn enter(name: &str) -> Result<()> {
+    let path = Path::new("/run/netns").join(name);
+    let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: plain setns(2) on a namespace fd that stays open for the call.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        bail!("setns into {}: {}", path.display(), io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Runs `f` on a new thread that has entered `ns`; the caller stays put.
+pub fn spawn_in<T: Send + 'static>(
+    ns: &Netns,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> JoinHandle<Result<T>> {
+    let name = ns.name.clone();
+    thread::spawn(move || {
+        enter(&name)?;
+        f()
+    })
+}
+
 /// Runs `f` on a thread that entered `ns` and returns its result (a socket
 /// made there stays in `ns`, whichever thread uses it).
 pub fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    let path = Path::new("/run/netns").join(&ns.name);
-    thread::spawn(move || {
-        let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
-        // SAFETY: plain setns(2) on a namespace fd that stays open for the call.
-        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            bail!("setns into {}: {}", path.display(), io::Error::last_os_error());
-        }
-        f()
-    })
-    .join()
-    .map_err(|_| anyhow!("the thread in {} panicked", ns.name))?
+    spawn_in(ns, f).join().map_err(|_| anyhow!("the thread in {} panicked", ns.name))?
 }

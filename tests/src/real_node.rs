@@ -17,10 +17,9 @@
 //! report the source address the server saw.
 use std::{
     fmt::Write as _,
-    fs::{self, File},
+    fs,
     io::{self, BufRead, BufReader, ErrorKind, Read, Write},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
-    os::fd::AsRawFd,
     path::{Path, PathBuf},
     sync::{
         Arc,
@@ -38,7 +37,7 @@ use crate::{
     agent::{Agent, wait_status},
     cni::{Cidr, CniPod, SubnetEnv},
     kube_proxy::{self, KubeProxy, MASQ_MARK, Mode, Service},
-    netns::Netns,
+    netns::{Netns, spawn_in},
     nodes::{flannel_node, node_list, write},
     topo::{Cluster, Host, POD_MTU, subnet},
     traffic::wait_reachable,
@@ -390,20 +389,6 @@ pub fn at(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
 /// These bound a hung test; no assertion depends on them.
 const PATIENCE: Duration = Duration::from_secs(20);
 
-/// Runs `f` on a new thread that has entered `ns`. setns(2) with
-/// CLONE_NEWNET moves only the calling thread, so the test stays put.
-fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> Result<T> + Send + 'static) -> JoinHandle<Result<T>> {
-    let path = Path::new("/run/netns").join(&ns.name);
-    thread::spawn(move || {
-        let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
-        // SAFETY: plain setns(2) on a namespace fd that stays open for the call.
-        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            bail!("setns into {}: {}", path.display(), io::Error::last_os_error());
-        }
-        f()
-    })
-}
-
 fn join<T>(h: JoinHandle<Result<T>>) -> Result<T> {
     h.join().map_err(|_| anyhow!("probe thread panicked"))?
 }
@@ -430,7 +415,7 @@ impl<T: Send + 'static> Server<T> {
     ) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let (flag, (tx, rx)) = (stop.clone(), mpsc::channel());
-        let handle = in_netns(ns, move || {
+        let handle = spawn_in(ns, move || {
             let socket = bind().context("bind")?;
             let _ = tx.send(());
             serve(socket, &flag)
@@ -522,7 +507,7 @@ pub enum Dialed {
 
 /// One connect from inside `ns` to `to`; the connection is closed at once.
 pub fn tcp_dial(ns: &Netns, to: SocketAddrV4) -> Result<Dialed> {
-    join(in_netns(ns, move || {
+    join(spawn_in(ns, move || {
         Ok(match TcpStream::connect_timeout(&to.into(), Duration::from_secs(5)) {
             Ok(_) => Dialed::Connected,
             Err(e) if e.kind() == ErrorKind::ConnectionRefused => Dialed::Refused,
@@ -534,7 +519,7 @@ pub fn tcp_dial(ns: &Netns, to: SocketAddrV4) -> Result<Dialed> {
 /// Sends `bytes` from inside `ns` to `to` and checks the server's digest of
 /// them against our own.
 pub fn tcp_send(ns: &Netns, to: SocketAddrV4, bytes: u64) -> Result<()> {
-    join(in_netns(ns, move || {
+    join(spawn_in(ns, move || {
         let mut s = TcpStream::connect_timeout(&to.into(), Duration::from_secs(5))
             .with_context(|| format!("connect to {to}"))?;
         s.set_read_timeout(Some(crate::patience(PATIENCE)))?;
@@ -606,7 +591,7 @@ pub fn udp_exchange(client: &Netns, dial: SocketAddrV4, server: &Netns, port: u1
         }
         Ok(seen)
     })?;
-    let answered = join(in_netns(client, move || {
+    let answered = join(spawn_in(client, move || {
         let s = UdpSocket::bind("0.0.0.0:0")?;
         s.connect(dial)?;
         s.set_read_timeout(Some(Duration::from_secs(2)))?;

@@ -10,7 +10,6 @@
 //! Raw bpf(2): aya loads programs from ELF objects only, and this one is
 //! two instructions.
 use std::{
-    fs::File,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     time::{Duration, Instant},
 };
@@ -103,16 +102,6 @@ impl Flood {
         }
         Ok(sent)
     }
-}
-
-/// Moves the calling thread into the named network namespace (`ip netns`).
-pub fn enter_netns(name: &str) -> Result<()> {
-    let f = File::open(format!("/run/netns/{name}")).with_context(|| format!("no netns {name}"))?;
-    // SAFETY: setns on a descriptor we own; CLONE_NEWNET moves only this thread.
-    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        bail!("setns {name}: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// The ifindex of `name` in the calling thread's netns.

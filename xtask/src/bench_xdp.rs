@@ -89,7 +89,7 @@ fn dropped(a: &Agent) -> Result<u64> {
 fn flood(switch: &str, run: Duration, pps: u64) -> std::thread::JoinHandle<Result<u64>> {
     let switch = switch.to_string();
     std::thread::spawn(move || {
-        xdpgen::enter_netns(&switch)?;
+        edgevx_tests::netns::enter(&switch)?;
         xdpgen::pin_to(0)?;
         let ifindex = xdpgen::ifindex("sw1")?;
         let frame = xdpgen::vxlan4([0x02, 0, 0xc6, 0x12, 0, 0x01], [198, 18, 0, 66], [198, 18, 0, 1]);

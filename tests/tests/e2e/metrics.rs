@@ -5,19 +5,17 @@
 //! yet as something that never stops the dataplane.
 use std::{
     collections::BTreeMap,
-    fs::File,
     io::{Read, Write},
     net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
-    os::fd::AsRawFd,
     path::Path,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use edgevx_tests::{
     agent::Agent,
     edgevx_bin,
-    netns::Netns,
+    netns::{Netns, in_netns},
     nodes::{flannel_node, node_list, write},
     scenario::edgevx_and_flannel,
     topo::{Cluster, pod_ip, underlay_ip},
@@ -25,22 +23,6 @@ use edgevx_tests::{
 };
 
 const METRICS: &str = "127.0.0.1:9117";
-
-/// Runs `f` on a new thread that has joined `ns`'s network namespace
-/// (setns affects only the calling thread, which ends with `f`).
-fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    let path = format!("/run/netns/{}", ns.name);
-    std::thread::spawn(move || {
-        let file = File::open(&path).with_context(|| format!("cannot open {path}"))?;
-        // SAFETY: setns on a valid namespace fd, for this thread only.
-        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            bail!("cannot enter {path}: {}", std::io::Error::last_os_error());
-        }
-        f()
-    })
-    .join()
-    .map_err(|_| anyhow!("the thread in {} panicked", ns.name))?
-}
 
 pub(crate) struct Reply {
     pub(crate) status: u16,

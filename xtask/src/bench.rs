@@ -1,6 +1,8 @@
 //! `cargo xtask bench`: the same two-node topology, measured in one run as
-//! edgevx (default), edgevx --bypass-netfilter, flannel-style kernel
-//! VXLAN, and plain routing with no overlay. Prints ratios; asserts nothing.
+//! edgevx (default), edgevx with the conntrack-verified fast path
+//! (`--fast-path=auto`), edgevx --bypass-netfilter, flannel-style kernel
+//! VXLAN, and plain routing with no overlay. Prints ratios, and how much of
+//! the receiving node's traffic the fast path carried; asserts nothing.
 //!
 //! Every setup carries what a kube-flannel node carries: kube-proxy's rules
 //! (iptables mode: Service DNAT, the masquerade mark, KUBE-FORWARD's
@@ -29,6 +31,7 @@ use crate::{build, exec, packages, toolchain};
 #[derive(Clone, Copy)]
 enum Setup {
     EdgevxDefault,
+    EdgevxFastPath,
     EdgevxBypass,
     KernelVxlan,
     PlainRouting,
@@ -38,6 +41,7 @@ impl Setup {
     fn name(self) -> &'static str {
         match self {
             Setup::EdgevxDefault => "edgevx (default: host stack)",
+            Setup::EdgevxFastPath => "edgevx --fast-path=auto",
             Setup::EdgevxBypass => "edgevx --bypass-netfilter (no kube-proxy rules)",
             Setup::KernelVxlan => "kernel VXLAN (flannel)",
             Setup::PlainRouting => "plain routing, no overlay",
@@ -52,12 +56,22 @@ struct Result3 {
     rtt_us: f64,
 }
 
+/// How many of the bytes node2 decapsulated for its pod (every measurement
+/// sends to node2's pod) the fast path then carried past the stack, from
+/// its agent's counters; `None` where no agent runs there.
+fn fast_share(agents: &[Agent]) -> Result<Option<f64>> {
+    let Some(node2) = agents.get(1) else { return Ok(None) };
+    let c = &node2.status()?["counters"];
+    let (fast, decapped) = (c["fast_path_bytes"].as_f64().unwrap_or(0.0), c["rx_stack_bytes"].as_f64().unwrap_or(0.0));
+    Ok((decapped > 0.0).then(|| (fast / decapped).min(1.0)))
+}
+
 /// Brings up `setup` on a fresh cluster; returns it and the agents keeping it alive.
 fn bring_up(setup: Setup) -> Result<(Cluster, Vec<Agent>)> {
     let mut c = Cluster::new(2)?;
     let mut agents = Vec::new();
     match setup {
-        Setup::EdgevxDefault | Setup::EdgevxBypass => {
+        Setup::EdgevxDefault | Setup::EdgevxFastPath | Setup::EdgevxBypass => {
             let nodes = c.dir.join("nodes.json");
             write(
                 &nodes,
@@ -66,10 +80,10 @@ fn bring_up(setup: Setup) -> Result<(Cluster, Vec<Agent>)> {
                     flannel_node(2, Some("02:22:00:00:00:02")),
                 ]),
             )?;
-            let extra: &[&str] = if matches!(setup, Setup::EdgevxBypass) {
-                &["--ip-masq", "--bypass-netfilter"]
-            } else {
-                &["--ip-masq"]
+            let extra: &[&str] = match setup {
+                Setup::EdgevxBypass => &["--ip-masq", "--bypass-netfilter"],
+                Setup::EdgevxFastPath => &["--ip-masq", "--fast-path=auto"],
+                _ => &["--ip-masq"],
             };
             for i in [1, 2] {
                 c.host_mut(i).mount_bpffs()?;
@@ -213,14 +227,17 @@ pub fn run(seconds: u32, rounds: u32, kernel: Option<&str>) -> Result<()> {
     let root = exec::workspace_root();
     // SAFETY: single-threaded here; the harness reads it.
     unsafe { std::env::set_var("EDGEVX_BIN", root.join("target/release/edgevx")) };
-    let setups = [Setup::EdgevxDefault, Setup::EdgevxBypass, Setup::KernelVxlan, Setup::PlainRouting];
+    let setups =
+        [Setup::EdgevxDefault, Setup::EdgevxFastPath, Setup::EdgevxBypass, Setup::KernelVxlan, Setup::PlainRouting];
     // rounds interleave the setups, so drift on the machine hits all of them alike
     let mut samples: Vec<Vec<Result3>> = setups.iter().map(|_| Vec::new()).collect();
+    let mut shares: Vec<Vec<f64>> = setups.iter().map(|_| Vec::new()).collect();
     for round in 1..=rounds.max(1) {
         for (i, s) in setups.iter().enumerate() {
             eprintln!("bench: round {round}: {} ...", s.name());
             let (c, agents) = bring_up(*s)?;
             samples[i].push(measure(&c, seconds)?);
+            shares[i].extend(fast_share(&agents)?);
             drop(agents);
             drop(c);
         }
@@ -234,8 +251,8 @@ pub fn run(seconds: u32, rounds: u32, kernel: Option<&str>) -> Result<()> {
             rtt_us: median(v.iter().map(|r| r.rtt_us).collect()),
         })
         .collect();
-    let kernel = &results[2];
-    let plain = &results[3];
+    let kernel = &results[setups.len() - 2];
+    let plain = &results[setups.len() - 1];
     if kernel.tcp_gbps <= 0.0 || plain.tcp_gbps <= 0.0 {
         bail!("a baseline measured zero");
     }
@@ -266,5 +283,16 @@ pub fn run(seconds: u32, rounds: u32, kernel: Option<&str>) -> Result<()> {
         );
     }
     println!("\n(RTT ratios below 1.00x are better; throughput ratios above 1.00x are better)");
+    for (s, share) in setups.iter().zip(&shares) {
+        if matches!(s, Setup::EdgevxFastPath) && !share.is_empty() {
+            let mean = share.iter().sum::<f64>() / share.len() as f64;
+            println!(
+                "{}: the fast path carried {:.0}% of the receiving node's bytes (mean of {} rounds; 0% where the kernel keeps it off)",
+                s.name(),
+                mean * 100.0,
+                share.len()
+            );
+        }
+    }
     Ok(())
 }

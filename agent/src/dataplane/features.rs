@@ -12,7 +12,7 @@
 //! | conntrack kfuncs in vmlinux BTF | 6.0, conntrack built in | no fast path (`kfunc/mod.rs`) |
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::kfunc::Conntrack;
+use super::{fast_path::Mode, kfunc::Conntrack};
 use aya::{
     programs::ProgramType,
     sys::{BpfHelper, is_helper_supported},
@@ -33,14 +33,20 @@ pub struct Features {
 
 impl Features {
     /// Probes this kernel. A probe that fails (not a "no": an error) is
-    /// taken as a "no", whose fallback works everywhere.
-    pub fn probe() -> Self {
+    /// taken as a "no", whose fallback works everywhere. The conntrack
+    /// kfuncs are looked for only when the fast path is asked for: with it
+    /// off their calls are loaded poisoned and dead, so the default path's
+    /// programs never depend on the verifier taking them.
+    pub fn probe(fast_path: Mode) -> Self {
         Features {
             check_mtu: is_helper_supported(ProgramType::SchedClassifier, BpfHelper::BPF_FUNC_check_mtu)
                 .unwrap_or(false),
             atomic_fetch: atomic_fetch_supported(),
             tcx: tcx_supported(),
-            conntrack: Conntrack::probe(),
+            conntrack: match fast_path {
+                Mode::Auto => Conntrack::probe(),
+                Mode::Off => Conntrack::Unreachable("off (--fast-path=off)".into()),
+            },
         }
     }
 }

@@ -29,7 +29,7 @@ use crate::{
     },
     dataplane::{
         bpffs::PinDir,
-        fast_path::{self, FastPathMap},
+        fast_path::{self, CtSysctls, FastPathMap},
     },
     events::ruleset::{self, RulesetChanged},
 };
@@ -95,22 +95,24 @@ fn run(pins: &PinDir, mut map: FastPathMap, epoch: u32, test_ignore_liberal: boo
     let sock = CtNetlink::open().context("cannot open ctnetlink")?;
     tasks.tasks.push(promote::spawn(ring, sock, promoted)?);
     map.set(&fast_path::config(true, epoch, &sysctls, test_ignore_liberal, fast_path::lease_until()))?;
-    tasks.tasks.push(tokio::spawn(keep(map, rx, epoch, test_ignore_liberal)));
+    tasks.tasks.push(tokio::spawn(keep(map, rx, epoch, sysctls, test_ignore_liberal)));
     Ok(tasks)
 }
 
-/// Moves the epoch on every change the watcher reports and renews the
-/// lease every second, the conntrack sysctls read again each time; writes
-/// the fast path off when the watch ends.
+/// Moves the epoch on every change the watcher reports (the conntrack
+/// sysctls read again then: a change of one is reported too) and renews the
+/// lease every second; writes the fast path off when the watch ends, or
+/// while the sysctls cannot be read.
 async fn keep(
     mut map: FastPathMap,
     mut changes: mpsc::Receiver<RulesetChanged>,
     mut epoch: u32,
+    sysctls: CtSysctls,
     test_ignore_liberal: bool,
 ) {
     let mut renew = interval(Duration::from_millis(LEASE_RENEW_MS));
     renew.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut unreadable = false;
+    let mut sysctls = Some(sysctls);
     loop {
         tokio::select! {
             change = changes.recv() => match change {
@@ -118,6 +120,16 @@ async fn keep(
                     // odd, so never 0 (what a fresh seen entry holds)
                     epoch = epoch.wrapping_add(2);
                     debug!(?change, epoch, "fast path: the ruleset changed, every flow passes the stack once");
+                    let was_read = sysctls.is_some();
+                    sysctls = match read_ct_sysctls() {
+                        Ok(s) => Some(s),
+                        Err(e) => {
+                            if was_read {
+                                warn!("fast path off until they can be read: cannot read the conntrack sysctls ({e:#})");
+                            }
+                            None
+                        }
+                    };
                 }
                 None => {
                     warn!("fast path off: the ruleset watch ended; every packet takes the stack");
@@ -127,17 +139,9 @@ async fn keep(
             },
             _ = renew.tick() => {}
         }
-        let cfg = match read_ct_sysctls() {
-            Ok(s) => {
-                unreadable = false;
-                fast_path::config(true, epoch, &s, test_ignore_liberal, fast_path::lease_until())
-            }
-            Err(e) => {
-                if !std::mem::replace(&mut unreadable, true) {
-                    warn!("fast path off until they can be read: cannot read the conntrack sysctls ({e:#})");
-                }
-                fast_path::off(epoch)
-            }
+        let cfg = match &sysctls {
+            Some(s) => fast_path::config(true, epoch, s, test_ignore_liberal, fast_path::lease_until()),
+            None => fast_path::off(epoch),
         };
         if let Err(e) = map.set(&cfg) {
             warn!("fast path: {e:#}; its lease runs out and every packet takes the stack");

@@ -60,12 +60,7 @@ pub(in crate::run) async fn bring_up(
     startup.reached(Milestone::SubnetEnv, Instant::now());
     bpffs::ensure_dir_on_bpffs(&c.args.paths.bpffs)?;
     let pins = bpffs::PinDir::new(&c.args.paths.bpffs);
-    let mut features = Features::probe();
-    // with the fast path off its kfunc calls stay poisoned and dead: the
-    // default path's programs never depend on the verifier taking them
-    if c.args.fast_path == fast_path::Mode::Off {
-        features.conntrack = crate::dataplane::kfunc::Conntrack::Unreachable("off (--fast-path=off)".into());
-    }
+    let features = Features::probe(c.args.fast_path);
     info!(
         check_mtu = features.check_mtu,
         atomic_fetch = features.atomic_fetch,

@@ -58,20 +58,27 @@ fn first_forward_rule_packets(rc: &RealCluster) -> Result<u64> {
     out.split_whitespace().next().and_then(|p| p.parse().ok()).with_context(|| format!("no count in {out:?}"))
 }
 
-#[test]
-fn a_drop_rule_stops_a_fast_pathed_flow_within_a_second() -> Result<()> {
-    let rc = RealCluster::start(&[FAST, FAST], 1)?;
-    rc.kube_proxy(Mode::Iptables, &[])?;
-    let on = fast_path_on(&rc, 1)?;
-    let flows = flows_on_the_fast_path(&rc, on)?;
+/// Inserts (`-I`, first in line) or deletes (`-D`) node1's FORWARD rule
+/// that drops what node2's pod sends node1's.
+fn drop_rule(rc: &RealCluster, op: &str) -> Result<()> {
     let (a, b) = (rc.pod(1, 0).ip.to_string(), rc.pod(2, 0).ip.to_string());
-    let rule = ["FORWARD", "-s", &b, "-d", &a, "-j", "DROP"];
-    let node1 = &rc.node(1).ns;
+    let first: &[&str] = if op == "-I" { &["1"] } else { &[] };
+    rc.node(1)
+        .ns
+        .run(&[&["iptables", "-w", op, "FORWARD"][..], first, &["-s", &b, "-d", &a, "-j", "DROP"]].concat())?;
+    Ok(())
+}
+
+/// Inserts the [`drop_rule`] and checks that within
+/// [`BOUND`] no byte reaches node1's pod any more (watched for [`WATCH`]),
+/// and that the rule itself dropped packets. Returns every way's bytes at
+/// the end, and how long after the insertion the last byte arrived.
+fn a_drop_rule_stops_the_flows_into_node1(rc: &RealCluster, flows: &Flows) -> Result<(Vec<u64>, Duration)> {
+    let (a, b) = (rc.pod(1, 0).ip, rc.pod(2, 0).ip);
     // what node2's pod sends node1's: the ways into node1's pod
     let ways = flows.ways();
     let into_a: Vec<usize> = (0..ways.len()).filter(|&i| ways[i].ends_with("(server to client)")).collect();
-
-    node1.run(&[&["iptables", "-w", "-I"], &rule[..1], &["1"], &rule[1..]].concat())?;
+    drop_rule(rc, "-I")?;
     let inserted = Instant::now();
     thread::sleep(edgevx_tests::patience(BOUND));
     let at_bound = flows.bytes();
@@ -85,15 +92,25 @@ fn a_drop_rule_stops_a_fast_pathed_flow_within_a_second() -> Result<()> {
     ensure!(
         moved.is_empty(),
         "{BOUND:?} after a DROP rule for {b} -> {a} was inserted, data still reached {a}: {moved:?}\n{}",
-        fast_path_counters(&rc, 1)
+        fast_path_counters(rc, 1)
     );
-    let stopped = into_a.iter().map(|&i| last[i].saturating_duration_since(inserted)).max().unwrap_or_default();
-    eprintln!("the flows into {a} stopped {} ms after the rule was inserted", stopped.as_millis());
-    let dropped = first_forward_rule_packets(&rc)?;
+    let dropped = first_forward_rule_packets(rc)?;
     ensure!(dropped > 0, "the DROP rule counted no packet: the flows stopped some other way");
+    let stopped = into_a.iter().map(|&i| last[i].saturating_duration_since(inserted)).max().unwrap_or_default();
+    Ok((later, stopped))
+}
+
+#[test]
+fn a_drop_rule_stops_a_fast_pathed_flow_within_a_second() -> Result<()> {
+    let rc = RealCluster::start(&[FAST, FAST], 1)?;
+    rc.kube_proxy(Mode::Iptables, &[])?;
+    let on = fast_path_on(&rc, 1)?;
+    let flows = flows_on_the_fast_path(&rc, on)?;
+    let (later, stopped) = a_drop_rule_stops_the_flows_into_node1(&rc, &flows)?;
+    eprintln!("the flows into node1's pod stopped {} ms after the rule was inserted", stopped.as_millis());
 
     // the rule goes: every way moves again, nothing was reset or lost
-    node1.run(&[&["iptables", "-w", "-D"][..], &rule].concat())?;
+    drop_rule(&rc, "-D")?;
     flows.wait_all_moved(&later, MOVES).context("after the DROP rule went")?;
     flows.stop()?;
     Ok(())
@@ -132,19 +149,6 @@ fn a_drop_rule_inserted_while_the_agent_is_down_still_stops_the_flows() -> Resul
     thread::sleep(Duration::from_millis(edgevx_common::fastpath::LEASE_MS) + BOUND);
     let since = flows.bytes();
     flows.wait_all_moved(&since, MOVES).context("with node1's agent down")?;
-    let (a, b) = (rc.pod(1, 0).ip.to_string(), rc.pod(2, 0).ip.to_string());
-    let node1 = &rc.node(1).ns;
-    node1.run(&["iptables", "-w", "-I", "FORWARD", "1", "-s", &b, "-d", &a, "-j", "DROP"])?;
-    thread::sleep(edgevx_tests::patience(BOUND));
-    let ways = flows.ways();
-    let at_bound = flows.bytes();
-    thread::sleep(WATCH);
-    let later = flows.bytes();
-    let moved: Vec<&String> = (0..ways.len())
-        .filter(|&i| ways[i].ends_with("(server to client)") && later[i] > at_bound[i])
-        .map(|i| &ways[i])
-        .collect();
-    ensure!(moved.is_empty(), "with node1's agent down, a DROP rule did not stop {moved:?}");
-    ensure!(first_forward_rule_packets(&rc)? > 0, "the DROP rule counted no packet");
+    a_drop_rule_stops_the_flows_into_node1(&rc, &flows).context("with node1's agent down")?;
     Ok(())
 }

@@ -37,6 +37,8 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
     let state = StateDir(args.paths.state_dir.clone());
     let rec = state.load_agent().unwrap_or(None);
     let pins = PinDir::new(&args.paths.bpffs);
+    // a newer release's dataplane is that release's to remove (exit 2, naming it)
+    bpffs::no_newer_version(&args.paths.bpffs).map_err(|e| UsageError(e.to_string()))?;
     let (conn, handle, _) = rtnetlink::new_connection().context("cannot open a netlink socket")?;
     tokio::spawn(conn);
     // before anything is detached: from here on the kernel could forward alone
@@ -107,6 +109,10 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
     for dir in [pins.root.join("links"), pins.root.join("progs"), pins.maps(), pins.root.clone()] {
         let _ = fs::remove_dir(&dir);
     }
+    // an older release's pins, left by an upgrade that did not get to retire them
+    for old in pins.other_versions() {
+        loader::retire(&old)?;
+    }
     match (&rec, kept_vtep) {
         (Some(rec), Some(_)) => {
             let devices =
@@ -175,6 +181,17 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
     if !args.purge_mac && state.path(MAC_FILE).exists() {
         info!(path = %state.path(MAC_FILE).display(), "kept the VTEP MAC so the next start reuses it (--purge-mac removes it)");
     }
+    // the proof, read back from the bpffs: a pin left keeps its program in the kernel
+    let left = crate::status::pinned(&pins);
+    if !left.is_empty() {
+        anyhow::bail!(
+            "cleanup is done but {} still holds {}: each keeps a program or link in the kernel (`bpftool link \
+             show` and `bpftool prog show` name them); remove them by hand with rm",
+            args.paths.bpffs.display(),
+            left.join(", ")
+        );
+    }
+    info!(bpffs = %args.paths.bpffs.display(), "nothing of edgevx is pinned any more");
     Ok(())
 }
 

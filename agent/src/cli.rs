@@ -13,6 +13,17 @@ use crate::annotations::DEFAULT_PREFIX;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How log lines are written: text for people, or json (one object per line:
+    /// timestamp, level, fields, target) for a log shipper.
+    #[arg(long, global = true, env = "EDGEVX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -203,6 +214,10 @@ pub struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long, env = "EDGEVX_JSON")]
     pub json: bool,
+    /// Print the node's state as Prometheus metrics, for a node exporter's
+    /// textfile collector.
+    #[arg(long, conflicts_with = "json")]
+    pub prometheus: bool,
 }
 
 #[derive(Args, Clone, Debug)]

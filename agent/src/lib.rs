@@ -43,3 +43,9 @@ pub const VERSION_LINE: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", e
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct UsageError(pub String);
+
+/// An exit code whose reason was already printed (`edgevx status`'s
+/// verdict): `main` exits with it and prints nothing more.
+#[derive(Debug, thiserror::Error)]
+#[error("exit {0}")]
+pub struct SilentExit(pub u8);

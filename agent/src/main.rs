@@ -50,14 +50,17 @@ fn main() -> ExitCode {
         cli::Command::Run(a) => a.log_filter(),
         _ => None,
     };
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("EDGEVX_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(verbosity.unwrap_or("info"))),
         )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        cli::LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        // one JSON object per line, the event's fields flattened beside `message`
+        cli::LogFormat::Json => logs.json().flatten_event(true).with_ansi(false).init(),
+    }
     raise_memlock();
     raise_nofile();
     // one TLS provider for kube (rustls) and etcd (tonic): ring
@@ -86,6 +89,9 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<edgevx::SilentExit>().is_some() => {
+            ExitCode::from(e.downcast_ref::<edgevx::SilentExit>().map_or(1, |s| s.0))
+        }
         Err(e) if e.downcast_ref::<UsageError>().is_some() => {
             eprintln!("edgevx: {e}");
             ExitCode::from(2)

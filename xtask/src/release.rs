@@ -30,8 +30,16 @@ use crate::{
     unpacked,
 };
 
-/// The overlays rendered into `manifests/`, as `kubectl apply -k` takes them.
-pub const OVERLAYS: [&str; 3] = ["kube", "etcd-tls", "openyurt"];
+/// What is rendered into `manifests/<name>.yaml`, as `kubectl apply -k`
+/// takes it: (directory under deploy/, name). The uninstall is released
+/// with the overlays, pinned to the same image: it must run the release
+/// that made the pins it removes.
+pub const MANIFESTS: [(&str, &str); 4] = [
+    ("overlays/kube", "kube"),
+    ("overlays/etcd-tls", "etcd-tls"),
+    ("overlays/openyurt", "openyurt"),
+    ("uninstall", "uninstall"),
+];
 
 /// What a tarball holds beside the two binaries: (path in the repository, name in the tarball).
 const FILES: [(&str, &str); 5] = [
@@ -116,17 +124,17 @@ pub fn index_digest(archive: &Path) -> Result<String> {
     Ok(digest.to_string())
 }
 
-/// Renders `overlay` with the image pinned by `digest`: a kustomization of
-/// its own beside the output, with the overlay as its base and kustomize's
+/// Renders deploy/`from` with the image pinned by `digest`: a kustomization
+/// of its own beside the output, with `from` as its base and kustomize's
 /// `images:` (what an operator writes to point the manifests at their own
 /// registry, docs/src/installing/daemonset.md).
-fn render(kubectl: &Path, overlay: &str, digest: &str, work: &Path) -> Result<String> {
-    let dir = work.join(overlay);
+fn render(kubectl: &Path, (from, name): (&str, &str), digest: &str, work: &Path) -> Result<String> {
+    let dir = work.join(name);
     fs::create_dir_all(&dir)?;
     // kubectl's kustomize v2.0.3 takes a base only as a relative path
     let root = exec::workspace_root();
     let depth = dir.strip_prefix(&root).context("the work directory is outside the workspace")?.components().count();
-    let base = format!("{}deploy/overlays/{overlay}", "../".repeat(depth));
+    let base = format!("{}deploy/{from}", "../".repeat(depth));
     fs::write(
         dir.join("kustomization.yaml"),
         format!(
@@ -134,7 +142,7 @@ fn render(kubectl: &Path, overlay: &str, digest: &str, work: &Path) -> Result<St
         ),
     )?;
     exec::output(Command::new(kubectl).arg("kustomize").arg(&dir))
-        .with_context(|| format!("cannot render deploy/overlays/{overlay}"))
+        .with_context(|| format!("cannot render deploy/{from}"))
 }
 
 /// `cargo xtask release`: builds and writes [`release_dir`], then verifies it.
@@ -153,9 +161,9 @@ pub fn build() -> Result<PathBuf> {
     let digest = index_digest(&archive)?;
     let kubectl = unpacked::ensure(&unpacked::KUBECTL)?;
     let work = dist().join(format!("render-{}", std::process::id()));
-    let rendered = OVERLAYS.iter().try_for_each(|o| {
-        let text = render(&kubectl, o, &digest, &work)?;
-        fs::write(out.join("manifests").join(format!("{o}.yaml")), text).map_err(anyhow::Error::from)
+    let rendered = MANIFESTS.iter().try_for_each(|&m| {
+        let text = render(&kubectl, m, &digest, &work)?;
+        fs::write(out.join("manifests").join(format!("{}.yaml", m.1)), text).map_err(anyhow::Error::from)
     });
     let _ = fs::remove_dir_all(&work);
     rendered?;
@@ -216,7 +224,7 @@ pub fn verify(dir: &Path) -> Result<()> {
     let archive = dir.join(format!("edgevx-{VERSION}.oci.tar"));
     let digest = index_digest(&archive)?;
     let pinned = format!("image: {REPOSITORY}@{digest}");
-    for o in OVERLAYS {
+    for (_, o) in MANIFESTS {
         let text = fs::read_to_string(dir.join("manifests").join(format!("{o}.yaml")))?;
         let images: Vec<&str> = text.lines().map(str::trim).filter(|l| l.starts_with("image: ")).collect();
         let ours: Vec<&&str> = images.iter().filter(|l| l.contains(REPOSITORY)).collect();

@@ -236,6 +236,11 @@ impl LoopReport {
         self.connected.load(Ordering::Relaxed)
     }
 
+    /// When the view in use arrived (a cached view: when it was cached).
+    pub fn view_at(&self) -> Option<SystemTime> {
+        *lock(&self.view_at)
+    }
+
     /// Age of the view in use, if there is one.
     pub fn view_age(&self) -> Option<Duration> {
         lock(&self.view_at).map(|at| SystemTime::now().duration_since(at).unwrap_or_default())

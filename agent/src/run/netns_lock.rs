@@ -71,6 +71,28 @@ pub struct Record {
     /// What it is doing: starting, waiting for the host, bringing up,
     /// forwarding, stopping.
     pub phase: String,
+    /// The holder's release (`CARGO_PKG_VERSION`); empty in the records
+    /// of agents older than this field.
+    #[serde(default)]
+    pub version: String,
+    /// Where its view comes from and how fresh it is; `None` before the
+    /// loop runs, and in the records of older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceState>,
+}
+
+/// The control plane as the agent last saw it, for `edgevx status`.
+/// Times are Unix seconds, so a reader in another process can age them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceState {
+    /// As the logs name it: `kube`, `etcd`, `nodes file`.
+    pub name: String,
+    /// Whether the view in use came from the source (not the cache).
+    pub connected: bool,
+    /// When `connected` last took its present value.
+    pub since: u64,
+    /// When the view in use arrived (a cached view: when it was cached).
+    pub view_at: Option<u64>,
 }
 
 /// The abstract unix socket 0.1 agents take as their lock (without its
@@ -143,6 +165,19 @@ impl NetnsLock {
         record.phase = phase.to_string();
         if let Err(e) = write_record(&self.file, &record) {
             debug!("cannot record the phase in {}: {e}", self.path.display());
+        }
+    }
+
+    /// Says how the source stands, for `edgevx status`; written only when
+    /// it changed, best effort like the phase.
+    pub fn source(&self, source: SourceState) {
+        let mut record = self.record.lock().unwrap_or_else(|p| p.into_inner());
+        if record.source.as_ref() == Some(&source) {
+            return;
+        }
+        record.source = Some(source);
+        if let Err(e) = write_record(&self.file, &record) {
+            debug!("cannot record the source's state in {}: {e}", self.path.display());
         }
     }
 }
@@ -279,8 +314,14 @@ fn lock_in(dir: &Path, key: u64, who: &str, role: Role, state_dir: &Path) -> Res
         if !still {
             continue;
         }
-        let record =
-            Record { pid: std::process::id(), role, state_dir: state_dir.to_path_buf(), phase: "starting".into() };
+        let record = Record {
+            pid: std::process::id(),
+            role,
+            state_dir: state_dir.to_path_buf(),
+            phase: "starting".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            source: None,
+        };
         if let Err(e) = write_record(&file, &record) {
             debug!("cannot record the holder in {}: {e}", path.display());
         }

@@ -5,17 +5,26 @@
 //! systemd (`NOTIFY_SOCKET` unset) the systemd half does nothing. The
 //! sd-notify crate speaks the protocol; systemd ignores a message it cannot
 //! take, and so does the agent.
-use std::sync::Arc;
+use std::{
+    sync::Arc,
+    time::{SystemTime, UNIX_EPOCH},
+};
 
 use sd_notify::NotifyState;
 
-use super::netns_lock::NetnsLock;
+use super::netns_lock::{NetnsLock, SourceState};
 use crate::metrics::{LoopReport, Readiness};
 
 /// Whether `READY=1` was sent: systemd takes it once.
 pub(super) struct Notifier {
     ready: bool,
     lock: Arc<NetnsLock>,
+    /// Whether the view came from the source at the last turn, and since when.
+    connected: Option<(bool, u64)>,
+}
+
+fn unix_seconds(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 fn send(states: &[NotifyState]) {
@@ -26,7 +35,7 @@ fn send(states: &[NotifyState]) {
 
 impl Notifier {
     pub(super) fn new(lock: Arc<NetnsLock>) -> Self {
-        Self { ready: false, lock }
+        Self { ready: false, lock, connected: None }
     }
 
     /// What the agent waits for before it can forward.
@@ -42,9 +51,21 @@ impl Notifier {
     }
 
     /// `READY=1` the first time the report says the node forwards; the
-    /// phase follows the report at every turn of the loop (unchanged, it
-    /// costs a comparison).
+    /// phase and the source's state follow the report at every turn of the
+    /// loop (unchanged, they cost a comparison).
     pub(super) fn ready_if(&mut self, report: &LoopReport) {
+        let connected = report.connected();
+        let since = match self.connected {
+            Some((was, since)) if was == connected => since,
+            _ => unix_seconds(SystemTime::now()),
+        };
+        self.connected = Some((connected, since));
+        self.lock.source(SourceState {
+            name: report.source.to_string(),
+            connected,
+            since,
+            view_at: report.view_at().map(unix_seconds),
+        });
         let readiness = report.readiness();
         self.lock.phase(if readiness == Readiness::Ready { "forwarding" } else { readiness.reason() });
         if !self.ready && readiness == Readiness::Ready {

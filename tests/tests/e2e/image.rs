@@ -48,7 +48,7 @@ fn deploy_docs(name: &str) -> Result<Vec<Value>> {
 }
 
 /// The image archive under test.
-fn archive() -> Result<PathBuf> {
+pub(crate) fn archive() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("EDGEVX_IMAGE_ARCHIVE") {
         return Ok(PathBuf::from(path));
     }
@@ -64,7 +64,7 @@ fn archive() -> Result<PathBuf> {
 
 /// Which seccomp profile a run uses.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Seccomp {
+pub(crate) enum Seccomp {
     /// What the DaemonSet states.
     AsStated,
     /// The runtime's own default, as if the DaemonSet stated nothing.
@@ -72,8 +72,8 @@ enum Seccomp {
 }
 
 /// The DaemonSet's agent container, as podman arguments for one test node.
-struct AgentPod {
-    image: String,
+pub(crate) struct AgentPod {
+    pub(crate) image: String,
     /// `podman run` options: security, environment, mounts, entrypoint.
     options: Vec<String>,
     /// The arguments after the image (the container's `args`).
@@ -83,30 +83,37 @@ struct AgentPod {
 impl AgentPod {
     /// Maps the DaemonSet onto `host`. `nodes_dir` holds the nodes file the
     /// test gives the agent in place of the Kubernetes API.
-    fn for_node(host: &Host, nodes_dir: &Path, seccomp: Seccomp) -> Result<Self> {
-        let ds = deploy_docs("base/daemonset.yaml")?
-            .into_iter()
-            .find(|d| d["kind"] == "DaemonSet")
-            .context("deploy/base/daemonset.yaml has no DaemonSet")?;
-        let pod = &ds["spec"]["template"];
-        let spec = &pod["spec"];
-        ensure!(spec["hostNetwork"] == true, "the DaemonSet is not hostNetwork: the test's --network would lie");
-        let c = spec["containers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["name"] == "edgevx")
-            .context("deploy/base/daemonset.yaml has no container named edgevx")?;
-        let image = c["image"].as_str().context("the edgevx container names no image")?.to_string();
-        let mut options = security_options(pod, c, seccomp)?;
-        options.extend(env_options(c, host)?);
-        options.extend(mount_options(spec, c, host)?);
+    pub(crate) fn for_node(host: &Host, nodes_dir: &Path, seccomp: Seccomp) -> Result<Self> {
+        let mut pod = Self::from_manifest("base/daemonset.yaml", "containers", "edgevx", host, seccomp)?;
         // Test-only: the nodes file stands in for the API server the kubelet
         // points the agent at (KUBERNETES_SERVICE_HOST), and the test node has
         // no default route for the agent to find its interface by.
-        options.push(format!("--volume={}:/etc/edgevx-test:ro", nodes_dir.display()));
-        options.push("--env=EDGEVX_NODES_FILE=/etc/edgevx-test/nodes.json".into());
-        options.push("--env=EDGEVX_IFACE=eth0".into());
+        pod.options.push(format!("--volume={}:/etc/edgevx-test:ro", nodes_dir.display()));
+        pod.options.push("--env=EDGEVX_NODES_FILE=/etc/edgevx-test/nodes.json".into());
+        pod.options.push("--env=EDGEVX_IFACE=eth0".into());
+        Ok(pod)
+    }
+
+    /// The container `name` of the DaemonSet in deploy/`file`, from its
+    /// pod's `list` (`containers` or `initContainers`), mapped onto `host`.
+    pub(crate) fn from_manifest(file: &str, list: &str, name: &str, host: &Host, seccomp: Seccomp) -> Result<Self> {
+        let ds = deploy_docs(file)?
+            .into_iter()
+            .find(|d| d["kind"] == "DaemonSet")
+            .with_context(|| format!("deploy/{file} has no DaemonSet"))?;
+        let pod = &ds["spec"]["template"];
+        let spec = &pod["spec"];
+        ensure!(spec["hostNetwork"] == true, "deploy/{file} is not hostNetwork: the test's --network would lie");
+        let c = spec[list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == name)
+            .with_context(|| format!("deploy/{file} has no {list} entry named {name}"))?;
+        let image = c["image"].as_str().with_context(|| format!("{name} names no image"))?.to_string();
+        let mut options = security_options(pod, c, seccomp)?;
+        options.extend(env_options(c, host)?);
+        options.extend(mount_options(spec, c, host)?);
         // Kubernetes' command replaces the image's entrypoint, its args the image's cmd
         if let Some(command) = c["command"].as_array() {
             options.push(format!("--entrypoint={}", serde_json::to_string(command)?));
@@ -277,12 +284,12 @@ fn config_map_dir(name: &str, host: &Host) -> Result<PathBuf> {
 
 /// podman with the options that work on this machine
 /// (measured: crun fails on this kind of machine), its storage in a directory of its own.
-struct Podman {
+pub(crate) struct Podman {
     dir: PathBuf,
 }
 
 impl Podman {
-    fn new() -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         let dir = std::env::temp_dir().join(unique("podman"));
         fs::create_dir_all(&dir)?;
         Ok(Podman { dir })
@@ -301,18 +308,18 @@ impl Podman {
         c
     }
 
-    fn output(&self, args: &[&str]) -> Result<Output> {
+    pub(crate) fn output(&self, args: &[&str]) -> Result<Output> {
         self.cmd().args(args).output().with_context(|| format!("cannot run podman {args:?}"))
     }
 
-    fn run(&self, args: &[&str]) -> Result<String> {
+    pub(crate) fn run(&self, args: &[&str]) -> Result<String> {
         let out = self.output(args)?;
         ensure!(out.status.success(), "podman {args:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Loads the archive; its image must be the one the DaemonSet names.
-    fn load(&self, archive: &Path, want: &str) -> Result<()> {
+    pub(crate) fn load(&self, archive: &Path, want: &str) -> Result<()> {
         self.run(&["load", "--quiet", "--input", &archive.to_string_lossy()])?;
         ensure!(
             self.output(&["image", "exists", want])?.status.success(),
@@ -325,7 +332,7 @@ impl Podman {
 
     /// `podman run` of the agent pod in `node`'s network namespace, with
     /// `args` in place of the container's args if given.
-    fn command(&self, pod: &AgentPod, node: &Netns, args: Option<&[&str]>) -> Vec<String> {
+    pub(crate) fn command(&self, pod: &AgentPod, node: &Netns, args: Option<&[&str]>) -> Vec<String> {
         let mut all: Vec<String> = vec![format!("--network=ns:/run/netns/{}", node.name)];
         // not the DaemonSet's: podman cannot raise these limits here (platform.md)
         all.extend(["--ulimit=nofile=1024:1024".into(), "--ulimit=nproc=1024:1024".into()]);
@@ -339,7 +346,7 @@ impl Podman {
     }
 
     /// Starts the agent pod detached.
-    fn start(&self, pod: &AgentPod, node: &Netns) -> Result<Container<'_>> {
+    pub(crate) fn start(&self, pod: &AgentPod, node: &Netns) -> Result<Container<'_>> {
         let name = unique("agent");
         let mut args = vec!["run".to_string(), "--detach".into(), format!("--name={name}")];
         args.extend(self.command(pod, node, None));
@@ -365,7 +372,7 @@ impl Drop for Podman {
 }
 
 /// A container of the agent pod, removed on drop.
-struct Container<'a> {
+pub(crate) struct Container<'a> {
     podman: &'a Podman,
     name: String,
 }
@@ -385,7 +392,7 @@ impl Container<'_> {
     }
 
     /// Waits until the log holds `needle`; fails at once if the container exits.
-    fn wait_log(&self, needle: &str) -> Result<()> {
+    pub(crate) fn wait_log(&self, needle: &str) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if self.logs().contains(needle) {
@@ -432,7 +439,7 @@ impl Container<'_> {
     }
 
     /// SIGTERM, as the kubelet stops a pod, then removal.
-    fn stop(self) -> Result<()> {
+    pub(crate) fn stop(self) -> Result<()> {
         self.podman.run(&["stop", "--time", "10", &self.name])?;
         Ok(())
     }
@@ -452,7 +459,7 @@ fn field<'s>(status: &'s str, key: &str) -> &'s str {
 /// Two nodes: node 1 for the containerised agent (its bpffs mounted, a nodes
 /// file naming both), node 2 a kernel flannel node, configured once the
 /// agent's MAC is known.
-fn cluster() -> Result<(Cluster, PathBuf)> {
+pub(crate) fn cluster() -> Result<(Cluster, PathBuf)> {
     let mut c = Cluster::new(2)?;
     c.host_mut(1).mount_bpffs()?;
     let nodes_dir = c.dir.join("nodes");

@@ -61,6 +61,7 @@ mod state_identity;
 mod state_safety;
 mod status_truth;
 pub mod underlay_v6;
+mod uninstall;
 mod upgrade;
 mod xdp_judge;
 

@@ -1,0 +1,76 @@
+//! One peer in `edgevx status`: each half it has, and whether the kernel
+//! holds it (read from the maps and the main table, never from the agent's
+//! records alone).
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, Ipv6Addr},
+};
+
+use edgevx_common::maps::Peer as PeerEntry;
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde_json::{Value, json};
+
+use crate::{dataplane::maps::Maps, peer::Peer, reconcile::Accept};
+
+/// What the kernel holds, read once for every peer.
+pub(super) struct Seen<'a> {
+    /// The IPv4 LPM map: pod subnet -> VTEP.
+    pub programmed: &'a [(Ipv4Net, PeerEntry)],
+    /// The IPv4 accept map: public IP -> what it may send.
+    pub accepted: &'a BTreeMap<Ipv4Addr, Accept<Ipv4Net>>,
+    /// The IPv6 accept map (the IPv6 entries themselves are the kernel's
+    /// routes and neighbours on flannel-v6.<VNI>).
+    pub accepted6: &'a BTreeMap<Ipv6Addr, Accept<Ipv6Net>>,
+    /// DirectRouting: the plain routes through the underlay.
+    pub direct: &'a BTreeMap<Ipv4Net, Ipv4Addr>,
+}
+
+/// The IPv6 half of `p`, or `None`.
+fn v6(p: &Peer, seen: &Seen) -> Option<Value> {
+    let h = p.v6.as_ref()?;
+    Some(json!({
+        "subnet": h.subnet.to_string(),
+        "public_ip": h.public_ip.to_string(),
+        "vtep_mac": h.vtep_mac.to_string(),
+        "in_dataplane": seen.accepted6.contains_key(&h.public_ip),
+    }))
+}
+
+/// `p` as `status` prints it: the IPv4 half at the top level (the layout
+/// of every earlier version), the IPv6 half under `v6` (null when it has
+/// none). In an IPv6-only network the top level is the IPv6 half.
+pub(super) fn json(p: &Peer, seen: &Seen, maps: Option<&Maps>) -> Value {
+    let Some(p4) = p.v4 else {
+        let v6 = p.v6.as_ref();
+        return json!({
+            "node": p.node,
+            "subnet": v6.map(|h| h.subnet.to_string()),
+            "public_ip": v6.map(|h| h.public_ip.to_string()),
+            "vtep_mac": v6.map(|h| h.vtep_mac.to_string()),
+            "in_dataplane": v6.is_some_and(|h| seen.accepted6.contains_key(&h.public_ip)),
+            "route": "ipv6",
+            "v6": null,
+        });
+    };
+    let s = maps.and_then(|m| m.peer_stats(p4.public_ip)).unwrap_or_default();
+    json!({
+        "node": p.node,
+        "subnet": p4.subnet.to_string(),
+        "public_ip": p4.public_ip.to_string(),
+        "vtep_mac": p4.vtep_mac.to_string(),
+        // read from the kernel: the LPM entry and the accepted address
+        "in_dataplane": seen.programmed.iter().any(|(net, e)| *net == p4.subnet
+            && e.vtep_mac == p4.vtep_mac.0
+            && e.public_ip == p4.public_ip.octets())
+            && seen.accepted.contains_key(&p4.public_ip),
+        // DirectRouting: a plain route through the underlay, read from the kernel
+        "route": if seen.direct.get(&p4.subnet) == Some(&p4.public_ip) { "direct" } else { "vxlan" },
+        "tx_packets": s.tx_packets,
+        "tx_bytes": s.tx_bytes,
+        "rx_packets": s.rx_packets,
+        "rx_bytes": s.rx_bytes,
+        "tx_errors": s.tx_errors,
+        // a dual-stack peer's other half
+        "v6": v6(p, seen),
+    })
+}

@@ -314,3 +314,42 @@ fn every_net_conf_migration_md_says_is_refused_is_refused_naming_its_field() -> 
     }
     Ok(())
 }
+
+/// `--log-format json` (or `EDGEVX_LOG_FORMAT`): every log line is one JSON
+/// object a log shipper can take, with the level, the message and the
+/// event's fields; a format edgevx does not have is a usage error.
+#[test]
+fn json_logs_are_one_object_per_line_with_the_events_fields() -> Result<()> {
+    let mut c = Cluster::new(1)?;
+    c.host_mut(1).mount_bpffs()?;
+    let h = c.host(1);
+    let bin = edgevx_bin();
+    let bin = bin.to_str().context("bin path")?;
+    let (state, bpffs) = (h.state_dir(), h.bpffs_dir());
+    let out =
+        h.ns.cmd(bin)
+            .args(["cleanup", "--log-format", "json", "--state-dir"])
+            .arg(&state)
+            .arg("--bpffs")
+            .arg(&bpffs)
+            .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(out.status.success(), "cleanup of an empty node failed:\n{stderr}");
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).with_context(|| format!("not a JSON log line: {l:?}")))
+        .collect::<Result<_>>()?;
+    let done = lines
+        .iter()
+        .find(|l| l["message"] == "nothing of edgevx is pinned any more")
+        .with_context(|| format!("no line for the end of cleanup in:\n{stderr}"))?;
+    assert_eq!(done["level"], "INFO", "{done}");
+    assert!(done["bpffs"].as_str().is_some_and(|b| b.ends_with("bpffs")), "the event's field is flattened: {done}");
+    assert!(done["timestamp"].is_string(), "{done}");
+    // the environment variable a DaemonSet sets, and a format that does not exist
+    let out = h.ns.cmd(bin).env("EDGEVX_LOG_FORMAT", "xml").args(["status"]).output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("xml") && stderr.contains("--log-format"), "{stderr}");
+    Ok(())
+}

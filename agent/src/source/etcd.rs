@@ -421,11 +421,15 @@ impl Session {
 /// backoff. Nothing is sent while etcd cannot be read, so peers stay.
 pub fn run(settings: EtcdSettings, me: LocalNode, tx: mpsc::Sender<Desired>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(500);
+        let (min, max) = (Duration::from_millis(500), Duration::from_secs(10));
+        let mut delays = super::retry::delays(min, max);
         loop {
+            let mut backoff = delays.next().unwrap_or(max);
             match Session::open(&settings, &me).await {
                 Ok(mut s) => {
-                    backoff = Duration::from_millis(500);
+                    // a session that opened starts the back-off over
+                    delays = super::retry::delays(min, max);
+                    backoff = delays.next().unwrap_or(max);
                     if tx.send(s.desired()).await.is_err() {
                         return;
                     }
@@ -453,7 +457,6 @@ pub fn run(settings: EtcdSettings, me: LocalNode, tx: mpsc::Sender<Desired>) -> 
                 }
             }
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(10));
         }
     })
 }

@@ -214,17 +214,17 @@ pub fn publish(
                 }
                 continue;
             };
-            let mut backoff = Duration::from_secs(1);
+            let mut delays = super::retry::delays(Duration::from_secs(1), Duration::from_secs(30));
             loop {
                 match publish_once(&api, &node, &names, &vtep, condition).await {
                     Ok(()) => break,
                     Err(e) => {
+                        let backoff = delays.next().unwrap_or(Duration::from_secs(30));
                         warn!("publishing node annotations failed, retrying in {backoff:?}: {e:#}");
                         tokio::select! {
                             _ = tokio::time::sleep(backoff) => {}
                             r = local.changed() => { if r.is_err() { return; } break; }
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(30));
                     }
                 }
             }

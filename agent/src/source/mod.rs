@@ -15,6 +15,7 @@ pub mod node_error;
 pub mod nodes_file;
 mod own_lease;
 pub mod peer_record;
+mod retry;
 pub mod subnet_range;
 
 use ipnet::{Ipv4Net, Ipv6Net};

@@ -29,7 +29,7 @@ use std::{
     fs::{self, File, OpenOptions},
     io::{self, Write},
     net::IpAddr,
-    os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
+    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
     sync::atomic::{AtomicU32, Ordering},
 };
@@ -103,9 +103,10 @@ impl Store {
             .custom_flags(libc::O_CLOEXEC)
             .open(&lock_path)
             .map_err(io_at(&lock_path))?;
-        // SAFETY: flock(2) on a descriptor we own for the call.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(StoreError::Io { path: lock_path, source: io::Error::last_os_error() });
+        // std's file lock is flock(2) on Linux (LOCK_EX, waiting): the lock
+        // earlier releases took with libc, so old and new plugins exclude each other
+        if let Err(source) = lock.lock() {
+            return Err(StoreError::Io { path: lock_path, source });
         }
         let store = Store { dir: dir.to_path_buf(), _lock: Some(lock), pending: RefCell::new(Vec::new()) };
         for sub in [OWN_DIR, TMP_DIR, PODS_DIR] {

@@ -12,10 +12,7 @@
 use std::{
     fs::{File, OpenOptions},
     io::{Read, Seek, Write},
-    os::{
-        fd::AsRawFd,
-        unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt},
-    },
+    os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
 };
 
@@ -101,10 +98,10 @@ fn open(path: &Path, create: bool) -> std::io::Result<(File, bool)> {
 fn lock(state_dir: &Path, path: &Path, create: bool) -> Result<AgentLock> {
     let (mut file, writable) =
         open(path, create).with_context(|| format!("cannot open the agent lock {}", path.display()))?;
-    // SAFETY: flock on a file descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+    // std's file lock is flock(2) on Linux (LOCK_EX | LOCK_NB here): the
+    // same lock as every earlier agent took with libc, without the unsafe
+    if let Err(e) = file.try_lock() {
+        if let std::fs::TryLockError::Error(err) = e {
             return Err(err).with_context(|| format!("cannot lock {}", path.display()));
         }
         let who = match holder(&mut file) {

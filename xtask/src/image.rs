@@ -197,6 +197,16 @@ fn contents(arch: Arch) -> Vec<Item> {
             why: "the name the agent runs for the IPv6 rules of a dual-stack network (EnableIPv6)",
         },
         Item {
+            from: Source::Link("xtables-nft-multi"),
+            to: "/usr/sbin/iptables-restore".into(),
+            why: "the agent writes its chains as one atomic `iptables-restore --noflush` batch per table",
+        },
+        Item {
+            from: Source::Link("xtables-nft-multi"),
+            to: "/usr/sbin/ip6tables-restore".into(),
+            why: "the same for the IPv6 chains of a dual-stack network",
+        },
+        Item {
             from: Source::Plugins(xtables.clone()),
             to: xtables,
             why: "iptables' matches and targets (-m mark, -m comment, MASQUERADE), and every one that other \
@@ -368,7 +378,7 @@ fn check_foreign(origin: &Origin, rootfs: &Path) -> Result<()> {
             exec::output(&mut run).with_context(|| format!("{program} does not run under {}", origin.arch.qemu()))?;
         eprintln!("xtask: in the image, under {}: {program}: {}", origin.arch.qemu(), out.trim());
     }
-    for program in ["/usr/sbin/iptables", "/usr/sbin/ip6tables", "/usr/sbin/nft"] {
+    for program in ["/usr/sbin/iptables", "/usr/sbin/ip6tables", "/usr/sbin/iptables-restore", "/usr/sbin/nft"] {
         let libs = origin.libraries(rootfs, program)?;
         eprintln!("xtask: in the image: {program} finds its {} libraries", libs.len());
     }
@@ -533,7 +543,13 @@ fn commit(origin: &Origin, rootfs: &Path, store: &Path, archive: &Path) -> Resul
         if origin.native {
             let check = format!("{working}-check");
             exec::output(b.cmd().args(["from", "--name", &check, &image]))?;
-            for program in ["/usr/local/bin/edgevx", "/usr/sbin/iptables", "/usr/sbin/ip6tables", "/usr/sbin/nft"] {
+            for program in [
+                "/usr/local/bin/edgevx",
+                "/usr/sbin/iptables",
+                "/usr/sbin/ip6tables",
+                "/usr/sbin/iptables-restore",
+                "/usr/sbin/nft",
+            ] {
                 let out =
                     exec::output(b.cmd().args(["run", "--isolation", "chroot", &check, "--", program, "--version"]))
                         .with_context(|| format!("{program} does not run in the image"))?;

@@ -1,17 +1,33 @@
 //! Applying a [`RuleSet`] through the host's `iptables`, idempotently: a
 //! chain whose rules already read as planned is left alone, so a restart
-//! changes nothing and drops nothing. What is there is read once per table.
-use std::{collections::BTreeMap, process::Command};
+//! changes nothing and drops nothing. Each table is read once per pass
+//! (`iptables -S`) and what differs is written in one atomic batch
+//! (`iptables-restore --noflush`, [`super::restore`]).
+use std::{
+    collections::BTreeMap,
+    io::Write as _,
+    process::{Command, Stdio},
+    sync::Mutex,
+};
 
 use anyhow::{Context, Result, anyhow};
 use tracing::{info, warn};
 
-use super::plan::{ALL, Chain, RuleSet, jump_rule};
+use super::{
+    plan::{ALL, RuleSet},
+    restore::{Listing, Printed, batch},
+};
 use crate::family::Family;
 
-/// The host's iptables, through the `iptables` crate.
+/// The host's iptables of one family.
 pub struct Firewall {
     ipt: iptables::IPTables,
+    /// `iptables-restore` or `ip6tables-restore`: the same alternative
+    /// (nft or legacy) as the `iptables` beside it.
+    restore: String,
+    /// How each chain read right after this process last wrote it, by
+    /// (table, chain): this iptables' own print of the plan.
+    printed: Mutex<BTreeMap<(String, String), Printed>>,
 }
 
 fn err(what: String) -> impl FnOnce(Box<dyn std::error::Error>) -> anyhow::Error {
@@ -27,25 +43,48 @@ impl Firewall {
         // never reverse-resolve addresses: without DNS (an edge node cut off
         // from the cloud) a plain `iptables -L` blocks for seconds or forever
         ipt.set_numeric(true);
-        Ok(Firewall { ipt })
+        Ok(Firewall { ipt, restore: format!("{binary}-restore"), printed: Mutex::new(BTreeMap::new()) })
     }
 
     /// Makes the host's chains what `set` says; removes chains of ours it
-    /// does not name. Returns whether anything changed. Each table is read
-    /// once (`iptables -t TABLE -S`) and only what differs is written, so a
-    /// pass that finds everything in place runs one `iptables` per table.
+    /// does not name. Returns whether anything changed. A pass that finds
+    /// everything in place runs one `iptables -S` per table; one that does
+    /// not, one `iptables-restore` per table that differs, and one more
+    /// `-S` to learn how this iptables prints what was written.
     pub fn apply(&self, set: &RuleSet) -> Result<bool> {
         let mut changed = false;
         for table in tables() {
             let now = self.snapshot(table)?;
-            for chain in set.chains.iter().filter(|c| c.table == table) {
-                changed |= self.ensure(chain, &now)?;
+            let learned = |chain: &str| {
+                let printed = self.printed.lock().unwrap_or_else(|p| p.into_inner());
+                printed.get(&(table.to_string(), chain.to_string())).cloned()
+            };
+            let Some(b) = batch(table, &now, set.chains.iter(), learned) else { continue };
+            self.run_restore(&b.text).with_context(|| format!("cannot write the {table} table's edgevx chains"))?;
+            let after = self.snapshot(table)?;
+            let mut printed = self.printed.lock().unwrap_or_else(|p| p.into_inner());
+            for c in set.chains.iter().filter(|c| c.table == table) {
+                let listed = after.rules(c.name).unwrap_or_default().to_vec();
+                printed.insert(
+                    (table.to_string(), c.name.to_string()),
+                    Printed { planned: c.rules.clone(), printed: listed },
+                );
             }
-            for (_, parent, name) in ALL.iter().filter(|(t, _, _)| *t == table) {
-                if !set.chains.iter().any(|c| c.name == *name) {
-                    changed |= self.remove(table, parent, name, &now)?;
-                }
+            for name in &b.written {
+                let rules = set.chains.iter().find(|c| c.name == *name).map_or(0, |c| c.rules.len());
+                info!(chain = name, table, rules, "firewall chain written");
             }
+            for name in &b.moved {
+                // an operator's `iptables -I INPUT 1 … -j ACCEPT` went ahead of
+                // us: what it accepts would never reach our drops. The order
+                // is state like the rules: the jump is back in front.
+                warn!(chain = name, table, "a rule had been put ahead of our jump; moved the jump back to the front");
+            }
+            for name in &b.removed {
+                printed.remove(&(table.to_string(), name.to_string()));
+                info!(chain = name, table, "firewall chain removed");
+            }
+            changed = true;
         }
         Ok(changed)
     }
@@ -67,64 +106,29 @@ impl Firewall {
         Ok(Listing::parse(&String::from_utf8_lossy(&out.stdout)))
     }
 
-    fn ensure(&self, c: &Chain, now: &Listing) -> Result<bool> {
-        let mut changed = false;
-        let what = || format!("{}/{}", c.table, c.name);
-        if now.rules(c.name).is_none() {
-            self.ipt.new_chain(c.table, c.name).map_err(err(format!("cannot create {}", what())))?;
-            changed = true;
+    /// `iptables-restore --noflush --wait` with `text` on its standard input:
+    /// it takes the host's xtables lock as kube-proxy does, and commits the
+    /// table's batch whole or not at all.
+    fn run_restore(&self, text: &str) -> Result<()> {
+        let mut child = Command::new(&self.restore)
+            .args(["--noflush", "--wait"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot run {} (is it installed beside iptables?)", self.restore))?;
+        let mut stdin = child.stdin.take().context("no stdin for iptables-restore")?;
+        stdin.write_all(text.as_bytes()).with_context(|| format!("cannot write to {}", self.restore))?;
+        drop(stdin);
+        let out = child.wait_with_output().with_context(|| format!("cannot wait for {}", self.restore))?;
+        if !out.status.success() {
+            return Err(anyhow!(
+                "{} refused the batch (nothing of it was applied): {}\n{text}",
+                self.restore,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
         }
-        if now.rules(c.name).unwrap_or_default() != c.rules {
-            // a brief flush, only when the plan changed (or on first start)
-            self.ipt.flush_chain(c.table, c.name).map_err(err(format!("cannot flush {}", what())))?;
-            for r in &c.rules {
-                self.ipt.append(c.table, c.name, r).map_err(err(format!("cannot add `{r}` to {}", what())))?;
-            }
-            info!(chain = c.name, table = c.table, rules = c.rules.len(), "firewall chain written");
-            changed = true;
-        }
-        let jump = c.jump();
-        let parent = now.rules(c.parent).unwrap_or_default();
-        if !parent.contains(&jump) {
-            let added = if c.jump_first {
-                self.ipt.insert(c.table, c.parent, &jump, 1)
-            } else {
-                self.ipt.append(c.table, c.parent, &jump)
-            };
-            added.map_err(err(format!("cannot hook {} into {}/{}", c.name, c.table, c.parent)))?;
-            changed = true;
-        } else if c.jump_first && parent.first() != Some(&jump) {
-            // an operator's `iptables -I INPUT 1 … -j ACCEPT` went ahead of
-            // us: what it accepts would never reach our drops. The order is
-            // state like the rules: put the jump back in front.
-            self.ipt.delete_all(c.table, c.parent, &jump).map_err(err(format!("cannot unhook {}", c.name)))?;
-            self.ipt
-                .insert(c.table, c.parent, &jump, 1)
-                .map_err(err(format!("cannot hook {} into {}/{}", c.name, c.table, c.parent)))?;
-            warn!(
-                chain = c.name,
-                table = c.table,
-                parent = c.parent,
-                "a rule had been put ahead of our jump; moved the jump back to the front"
-            );
-            changed = true;
-        }
-        Ok(changed)
-    }
-
-    fn remove(&self, table: &str, parent: &str, name: &str, now: &Listing) -> Result<bool> {
-        if now.rules(name).is_none() {
-            return Ok(false);
-        }
-        let jump = jump_rule(name);
-        let hooks = now.rules(parent).unwrap_or_default().iter().filter(|r| **r == jump).count();
-        for _ in 0..hooks {
-            self.ipt.delete(table, parent, &jump).map_err(err(format!("cannot unhook {name} from {parent}")))?;
-        }
-        self.ipt.flush_chain(table, name).map_err(err(format!("cannot flush {table}/{name}")))?;
-        self.ipt.delete_chain(table, name).map_err(err(format!("cannot delete {table}/{name}")))?;
-        info!(chain = name, table, "firewall chain removed");
-        Ok(true)
+        Ok(())
     }
 }
 
@@ -134,34 +138,6 @@ fn tables() -> Vec<&'static str> {
     t.sort_unstable();
     t.dedup();
     t
-}
-
-/// One table as `iptables -S` prints it: each chain's rules, in order.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Listing(BTreeMap<String, Vec<String>>);
-
-impl Listing {
-    fn parse(text: &str) -> Self {
-        let mut t = Listing::default();
-        for line in text.lines() {
-            let mut words = line.splitn(3, ' ');
-            match (words.next(), words.next(), words.next()) {
-                (Some("-P" | "-N"), Some(chain), _) => {
-                    t.0.entry(chain.to_string()).or_default();
-                }
-                (Some("-A"), Some(chain), Some(rule)) => {
-                    t.0.entry(chain.to_string()).or_default().push(rule.to_string())
-                }
-                _ => {}
-            }
-        }
-        t
-    }
-
-    /// The rules of `chain`, or `None` when the table has no such chain.
-    fn rules(&self, chain: &str) -> Option<&[String]> {
-        self.0.get(chain).map(Vec::as_slice)
-    }
 }
 
 /// Where kube-proxy's packet-level rules are on this host, if anywhere:
@@ -221,24 +197,7 @@ fn writes_nftables(version: &str) -> bool {
 
 #[cfg(test)]
 mod backend_tests {
-    use super::{Listing, writes_nftables};
-
-    #[test]
-    fn a_table_reads_its_chains_and_their_rules_in_order() {
-        let t = Listing::parse(
-            "-P INPUT ACCEPT\n-P FORWARD DROP\n-N EDGEVX-INPUT\n-N EMPTY\n\
-             -A INPUT -m comment --comment \"edgevx edgevx-input\" -j EDGEVX-INPUT\n\
-             -A INPUT -j ACCEPT\n-A EDGEVX-INPUT -p udp -m udp --dport 8472 -m addrtype --dst-type BROADCAST -j DROP\n",
-        );
-        assert_eq!(
-            t.rules("INPUT").unwrap(),
-            ["-m comment --comment \"edgevx edgevx-input\" -j EDGEVX-INPUT", "-j ACCEPT"]
-        );
-        assert_eq!(t.rules("EDGEVX-INPUT").unwrap().len(), 1);
-        assert_eq!(t.rules("EMPTY"), Some(&[][..]), "a chain with no rules exists");
-        assert_eq!(t.rules("FORWARD"), Some(&[][..]));
-        assert_eq!(t.rules("EDGEVX-FWD"), None, "no such chain");
-    }
+    use super::writes_nftables;
 
     #[test]
     fn the_version_line_names_the_backend() {

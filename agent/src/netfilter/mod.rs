@@ -12,14 +12,19 @@
 //!   kube-proxy's KUBE-FORWARD (prepended, with its `ctstate INVALID` drop)
 //!   still comes first.
 //!
-//! The rules are written through the `iptables` crate, which drives the
-//! host's `iptables` binary as flannel's go-iptables does. That binary picks
+//! The rules are read with the host's `iptables -S` (through the `iptables`
+//! crate, as flannel's go-iptables drives the binary) and written with the
+//! host's `iptables-restore --noflush`, one atomic batch per table
+//! ([`restore`]). That binary picks
 //! the backend (nft or legacy) that kube-proxy uses on the node, so the rules
 //! live in the same tables as kube-proxy's and a DROP policy in FORWARD is met
 //! in its own chain (an accept in a separate nftables table would not
 //! override it).
 mod iptables;
+#[cfg(test)]
+mod kernel_tests;
 mod plan;
+mod restore;
 
 pub use iptables::{Firewall, check_backend, check_binary, kube_proxy_present};
 pub use plan::{Settings, plan};

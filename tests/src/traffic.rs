@@ -133,7 +133,11 @@ impl Peer {
         let (ip, n) = (to_ip.to_string(), bytes.to_string());
         let send = [self.bin(), "tcp-send", &ip, "5201", &n];
         let sent = match within {
-            Some(secs) => from.run(&[&["timeout", &secs.to_string()][..], &send].concat())?,
+            // the bound grows with the run's patience: a matrix guest under TCG is slower
+            Some(secs) => {
+                let secs = crate::patience(std::time::Duration::from_secs(secs.into())).as_secs().to_string();
+                from.run(&[&["timeout", &secs][..], &send].concat())?
+            }
             None => from.run(&send)?,
         };
         let mut got = String::new();

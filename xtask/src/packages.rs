@@ -50,6 +50,8 @@ const RUN: &[(Probe, &str)] = &[
     (Probe::Command("bridge"), "iproute2"),
     (Probe::Command("ping"), "iputils-ping"),
     (Probe::Command("iperf3"), "iperf3"),
+    // bench: TCP request/response latency (ping-pong)
+    (Probe::Command("sockperf"), "sockperf"),
     // bench --xdp: GRO on the underlay veth, for NAPI
     (Probe::Command("ethtool"), "ethtool"),
     (Probe::Command("etcd"), "etcd-server"),

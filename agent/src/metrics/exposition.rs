@@ -164,6 +164,14 @@ fn run_loop(reg: &mut Registry, report: &LoopReport) {
         "1 once the source delivered a view since start; 0 while running from the cached view",
         connected,
     );
+    let watching = Family::<SourceLabels, Gauge>::default();
+    watching.get_or_create(&source).set(report.watching.get().into());
+    reg.register(
+        "source_watching",
+        "1 while the source has read the control plane in full and its watch is open; 0 while it connects, \
+         lists again or retries (a quiet watch is 1: the view's age alone cannot tell)",
+        watching,
+    );
     if let Some(age) = report.view_age() {
         let g = Family::<SourceLabels, FloatGauge>::default();
         g.get_or_create(&source).set(age.as_secs_f64());
@@ -286,6 +294,7 @@ mod tests {
         let report = LoopReport::new("nodes file");
         report.pass_done(Instant::now(), true, true);
         report.view_from_source();
+        report.watching.on();
         let text = render(&report, Some(&snapshot(1))).unwrap();
         let l = lines(&text);
         let build_info = format!(r#"edgevx_build_info{{version="{}",commit="{}"}} 1"#, crate::VERSION, crate::COMMIT);
@@ -306,6 +315,7 @@ mod tests {
             r#"edgevx_reconcile_errors_total{stage="attach"} 0"#,
             "edgevx_reconcile_duration_seconds_count 1",
             r#"edgevx_source_connected{source="nodes file"} 1"#,
+            r#"edgevx_source_watching{source="nodes file"} 1"#,
             "edgevx_ready 1",
             "edgevx_dataplane_maps_readable 1",
             &build_info,
@@ -325,6 +335,7 @@ mod tests {
         assert!(l.contains(&"edgevx_dataplane_maps_readable 0"), "{text}");
         assert!(l.contains(&"edgevx_ready 0"), "{text}");
         assert!(l.contains(&r#"edgevx_source_connected{source="etcd"} 0"#), "{text}");
+        assert!(l.contains(&r#"edgevx_source_watching{source="etcd"} 0"#), "{text}");
         assert!(!text.contains("edgevx_drops_total"), "{text}");
         assert!(!text.contains("source_last_view_age"), "no view, no age: {text}");
     }

@@ -17,5 +17,5 @@ mod server;
 mod snapshot;
 pub mod startup;
 
-pub use report::{LoopReport, Readiness, Stage};
+pub use report::{LoopReport, Readiness, Stage, Watching};
 pub use server::serve;

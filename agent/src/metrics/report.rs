@@ -5,7 +5,7 @@
 use std::{
     net::Ipv4Addr,
     sync::{
-        Mutex, PoisonError,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant, SystemTime},
@@ -99,6 +99,30 @@ pub struct PassMetrics {
     pub rebuilds: Counter,
 }
 
+/// Whether the source is in touch with the control plane now
+/// (`edgevx_source_watching`): it has read it in full and its watch is
+/// open. A quiet watch sends nothing (etcd leases change once a day), so
+/// the view's age alone cannot tell a quiet source from a lost one; this
+/// can. The source sets it, a scrape reads it.
+#[derive(Clone, Debug, Default)]
+pub struct Watching(Arc<AtomicBool>);
+
+impl Watching {
+    /// The source read the control plane in full and watches it.
+    pub fn on(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// The watch failed or ended: the source reconnects or lists again.
+    pub fn off(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 #[derive(Debug)]
 pub struct LoopReport {
     /// The source's name, as the logs say it (`nodes file`, `etcd`, ...).
@@ -111,6 +135,8 @@ pub struct LoopReport {
     /// that fixes itself: no default route yet, no bpffs yet), if anything.
     waiting: Mutex<Option<String>>,
     connected: AtomicBool,
+    /// Set by the source (see [`Watching`]).
+    pub watching: Watching,
     /// When the view in use arrived from the source (a cached view: when it was cached).
     view_at: Mutex<Option<SystemTime>>,
     peers: Mutex<Vec<PeerKey>>,
@@ -143,6 +169,7 @@ impl LoopReport {
             readiness: Mutex::new(Readiness::Starting),
             waiting: Mutex::new(None),
             connected: AtomicBool::new(false),
+            watching: Watching::default(),
             view_at: Mutex::new(None),
             peers: Mutex::new(Vec::new()),
             ahead_of_decap: Mutex::new(Vec::new()),
@@ -338,6 +365,19 @@ mod tests {
         assert!(r.connected());
         assert!(r.view_age().unwrap() < Duration::from_secs(60));
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn watching_is_what_the_source_last_said_through_any_handle() {
+        let r = LoopReport::new("etcd");
+        assert!(!r.watching.get(), "not watching before the source has read anything");
+        let source = r.watching.clone();
+        source.on();
+        assert!(r.watching.get());
+        source.off();
+        assert!(!r.watching.get(), "a lost watch shows, whatever the view's age");
+        r.view_from_source();
+        assert!(!r.watching.get(), "a view does not say the watch is open");
     }
 
     #[test]

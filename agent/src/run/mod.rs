@@ -20,7 +20,7 @@ use tracing::{info, warn};
 use crate::{
     cli::RunArgs,
     dataplane::bpffs::PinDir,
-    metrics::{self, LoopReport},
+    metrics::{self, LoopReport, Watching},
     peer::Desired,
     source::{LocalVtep, etcd, flannel_rules::NodeReader, kube, nodes_file},
     state::StateDir,
@@ -63,12 +63,13 @@ fn start_source(
     state: &StateDir,
     tx: mpsc::Sender<Desired>,
     local: watch::Receiver<Option<LocalVtep>>,
+    watching: Watching,
 ) -> Vec<JoinHandle<()>> {
     let reader = NodeReader { names: c.names.clone(), own_name: c.node.clone(), conf: c.conf.clone() };
     match &c.source {
-        Source::File(path) => vec![nodes_file::watch(path.clone(), reader, tx)],
+        Source::File(path) => vec![nodes_file::watch(path.clone(), reader, tx, watching)],
         Source::Kube(client) => vec![
-            kube::watch_nodes(client.clone(), reader, tx),
+            kube::watch_nodes(client.clone(), reader, tx, watching),
             kube::publish(
                 client.clone(),
                 c.node.clone(),
@@ -87,7 +88,7 @@ fn start_source(
                 state: state.clone(),
                 subnet_file: c.args.subnet_file.clone(),
             };
-            let mut tasks = vec![etcd::run(settings.clone(), me, tx)];
+            let mut tasks = vec![etcd::run(settings.clone(), me, tx, watching)];
             if let Some(client) = &c.etcd_annotations {
                 let (node, names) = (c.node.clone(), c.names.clone());
                 tasks.push(kube::publish(client.clone(), node, names, local, kube::NetworkCondition::Leave));
@@ -169,7 +170,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     loop {
         if let Some((tx, local_rx)) = waiting.take_if(|_| agent.restore_tried) {
-            tasks = start_source(&c, &state, tx, local_rx);
+            tasks = start_source(&c, &state, tx, local_rx, report.watching.clone());
         }
         report.tick();
         let next = due.next();

@@ -27,6 +27,7 @@ use super::{
 };
 use crate::{
     mac::VtepMac,
+    metrics::Watching,
     netconf::NetConf,
     peer::{ClusterView, Desired, OwnNode},
     state::StateDir,
@@ -50,9 +51,20 @@ pub struct LocalNode {
     pub subnet_file: PathBuf,
 }
 
+/// HTTP/2 pings on the connection while the lease watch is open: a link
+/// that dies without a reset (an edge uplink dropping everything) fails the
+/// watch within `KEEPALIVE_EVERY + KEEPALIVE_TIMEOUT` and the source says it
+/// is no longer watching (`edgevx_source_watching`), instead of waiting for
+/// TCP to give up hours later. etcd refuses pings more often than its
+/// `--grpc-keepalive-min-time` (5 s by default).
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 async fn connect(s: &EtcdSettings) -> Result<Client> {
-    let mut opts =
-        ConnectOptions::new().with_connect_timeout(Duration::from_secs(2)).with_timeout(Duration::from_secs(5));
+    let mut opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5))
+        .with_keep_alive(KEEPALIVE_EVERY, KEEPALIVE_TIMEOUT);
     if let Some(tls) = etcd_tls::options(s)? {
         opts = opts.with_tls(tls);
     }
@@ -359,7 +371,8 @@ impl Session {
     }
 
     /// Watches leases until an error; sends a view after every change.
-    async fn follow(&mut self, tx: &mpsc::Sender<Desired>) -> Result<()> {
+    /// `watching` is on while a watch is open.
+    async fn follow(&mut self, tx: &mpsc::Sender<Desired>, watching: &Watching) -> Result<()> {
         let prefix = self.subnets_prefix();
         let renew_every =
             self.settings.lease_ttl.saturating_sub(self.settings.renew_margin).max(Duration::from_secs(1));
@@ -367,6 +380,7 @@ impl Session {
         loop {
             let opts = WatchOptions::new().with_prefix().with_start_revision(self.revision + 1);
             let mut stream = self.client.watch(prefix.as_str(), Some(opts)).await.context("cannot watch leases")?;
+            watching.on();
             loop {
                 tokio::select! {
                     _ = renew.tick() => self.renew().await?,
@@ -418,8 +432,14 @@ impl Session {
 }
 
 /// Runs the etcd source until the receiver is gone, reconnecting with
-/// backoff. Nothing is sent while etcd cannot be read, so peers stay.
-pub fn run(settings: EtcdSettings, me: LocalNode, tx: mpsc::Sender<Desired>) -> tokio::task::JoinHandle<()> {
+/// backoff. Nothing is sent while etcd cannot be read, so peers stay;
+/// `watching` says whether the lease watch is open.
+pub fn run(
+    settings: EtcdSettings,
+    me: LocalNode,
+    tx: mpsc::Sender<Desired>,
+    watching: Watching,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let (min, max) = (Duration::from_millis(500), Duration::from_secs(10));
         let mut delays = super::retry::delays(min, max);
@@ -433,7 +453,9 @@ pub fn run(settings: EtcdSettings, me: LocalNode, tx: mpsc::Sender<Desired>) -> 
                     if tx.send(s.desired()).await.is_err() {
                         return;
                     }
-                    if let Err(e) = s.follow(&tx).await {
+                    let ended = s.follow(&tx, &watching).await;
+                    watching.off();
+                    if let Err(e) = ended {
                         match etcd_tls::explain(&e, &settings) {
                             Some(tls) => warn!("etcd session ended, reconnecting: {tls} ({e:#})"),
                             None => warn!("etcd session ended, reconnecting: {e:#}"),

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use super::{LocalVtep, flannel_rules::NodeReader};
-use crate::{annotations::AnnotationNames, peer::Desired};
+use crate::{annotations::AnnotationNames, metrics::Watching, peer::Desired};
 
 /// A client from `kubeconfig`, else the in-cluster service account.
 /// `user_agent` matters behind OpenYurt's YurtHub, which caches responses
@@ -47,8 +47,14 @@ fn node_json(node: &Node) -> Option<(String, Value)> {
 
 /// Lists and watches Nodes; sends a complete view after the initial list
 /// and after every change. Errors are retried by the watcher with backoff;
-/// nothing is sent while the API is unreachable.
-pub fn watch_nodes(client: Client, reader: NodeReader, tx: mpsc::Sender<Desired>) -> tokio::task::JoinHandle<()> {
+/// nothing is sent while the API is unreachable. `watching` is on from the
+/// first full list, off after an error until the watch delivers again.
+pub fn watch_nodes(
+    client: Client,
+    reader: NodeReader,
+    tx: mpsc::Sender<Desired>,
+    watching: Watching,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let api: Api<Node> = Api::all(client);
         let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
@@ -71,20 +77,28 @@ pub fn watch_nodes(client: Client, reader: NodeReader, tx: mpsc::Sender<Desired>
                         info!(nodes = nodes.len(), "Kubernetes node list synced");
                     }
                     synced = true;
+                    watching.on();
                     true
                 }
                 Ok(watcher::Event::Apply(n)) => {
                     nodes.extend(node_json(&n));
+                    if synced {
+                        watching.on();
+                    }
                     synced
                 }
                 Ok(watcher::Event::Delete(n)) => {
                     if let Some(name) = &n.metadata.name {
                         nodes.remove(name);
                     }
+                    if synced {
+                        watching.on();
+                    }
                     synced
                 }
                 Err(e) => {
                     warn!("Kubernetes node watch failed, retrying: {e}");
+                    watching.off();
                     false
                 }
             };

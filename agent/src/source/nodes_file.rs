@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use super::flannel_rules::NodeReader;
-use crate::{events::file::DirWatch, peer::Desired};
+use crate::{events::file::DirWatch, metrics::Watching, peer::Desired};
 
 /// The safety net behind inotify (e.g. a file on a filesystem without it).
 const STAT_EVERY: Duration = Duration::from_secs(10);
@@ -238,7 +238,12 @@ fn stamp(path: &Path) -> Option<Stamp> {
 }
 
 /// Sends the desired view now and after every change that parses.
-pub fn watch(path: PathBuf, reader: NodeReader, tx: mpsc::Sender<Desired>) -> tokio::task::JoinHandle<()> {
+pub fn watch(
+    path: PathBuf,
+    reader: NodeReader,
+    tx: mpsc::Sender<Desired>,
+    watching: Watching,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut dir = match DirWatch::new(&path) {
             Ok(w) => Some(w),
@@ -256,6 +261,7 @@ pub fn watch(path: PathBuf, reader: NodeReader, tx: mpsc::Sender<Desired>) -> to
                 last = now;
                 match read(&path) {
                     Ok(nodes) => {
+                        watching.on();
                         info!(path = %path.display(), nodes = nodes.len(), "nodes file loaded");
                         let t = std::time::Instant::now();
                         let desired = reader.desired(&nodes);
@@ -268,6 +274,7 @@ pub fn watch(path: PathBuf, reader: NodeReader, tx: mpsc::Sender<Desired>) -> to
                     // a file that could not be read (EMFILE, EIO) is read again at the next
                     // check, even unchanged; one that says something wrong waits for a change
                     Err(e @ NodesFileError::Read { .. }) => {
+                        watching.off();
                         error!("{e}; keeping the last good node list, reading it again in {}s", STAT_EVERY.as_secs());
                         last = None;
                     }

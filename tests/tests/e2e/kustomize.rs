@@ -61,7 +61,7 @@ fn render_with(kubectl: &Path, dir: &str) -> Result<Vec<Value>> {
 }
 
 /// The objects `kubectl kustomize deploy/<dir>` renders, in its order.
-fn render(dir: &str) -> Result<Vec<Value>> {
+pub(crate) fn render(dir: &str) -> Result<Vec<Value>> {
     let objects = render_with(&kubectl()?, dir)?;
     if let Some(new) = std::env::var_os("EDGEVX_KUBECTL_NEW").filter(|p| !p.is_empty()) {
         let again = render_with(Path::new(&new), dir)?;
@@ -367,5 +367,74 @@ fn every_flag_and_variable_the_overlays_give_the_agent_is_one_edgevx_run_has() -
             }
         }
     }
+    Ok(())
+}
+
+/// Whether every `matchLabels`-style pair in `selector` is among `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector.as_object().is_some_and(|s| !s.is_empty() && s.iter().all(|(k, v)| labels[k] == *v))
+}
+
+#[test]
+fn the_monitoring_directory_scrapes_the_base_daemonsets_pods_in_their_namespace() -> Result<()> {
+    let base = render("base")?;
+    let ds = daemonset(&base)?;
+    let pod_labels = &ds["spec"]["template"]["metadata"]["labels"];
+    let ports: Vec<&str> = list(&agent(ds)?["ports"]).into_iter().filter_map(|p| p["name"].as_str()).collect();
+    let objects = render("monitoring")?;
+    let kinds: BTreeSet<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+    ensure!(
+        kinds == BTreeSet::from(["PodMonitor", "PrometheusRule", "Service"]),
+        "deploy/monitoring renders {kinds:?}"
+    );
+    for o in &objects {
+        // not kube-flannel: migration step 4 deletes it, and what is in it
+        ensure!(
+            o["metadata"]["namespace"] == NAMESPACE,
+            "deploy/monitoring: {} {} is not in {NAMESPACE}",
+            o["kind"],
+            o["metadata"]["name"]
+        );
+    }
+
+    let svc = find(&objects, "Service", "edgevx-metrics")?;
+    ensure!(svc["spec"]["clusterIP"] == "None", "the metrics Service is not headless");
+    ensure!(selects(&svc["spec"]["selector"], pod_labels), "the metrics Service does not select the agent's pods");
+    for p in list(&svc["spec"]["ports"]) {
+        let target = p["targetPort"].as_str().context("the metrics Service's targetPort is not a port name")?;
+        ensure!(ports.contains(&target), "the metrics Service targets {target}, not a port of the agent's: {ports:?}");
+    }
+
+    let pm = find(&objects, "PodMonitor", "edgevx")?;
+    ensure!(
+        selects(&pm["spec"]["selector"]["matchLabels"], pod_labels),
+        "the PodMonitor does not select the agent's pods"
+    );
+    let endpoints = list(&pm["spec"]["podMetricsEndpoints"]);
+    ensure!(!endpoints.is_empty(), "the PodMonitor scrapes nothing");
+    for e in endpoints {
+        let port = e["port"].as_str().unwrap_or_default();
+        ensure!(ports.contains(&port), "the PodMonitor scrapes port {port:?}, not one of the agent's: {ports:?}");
+        ensure!(e["path"] == "/metrics", "the PodMonitor scrapes {}", e["path"]);
+    }
+    // the job the rules match (up{job="edgevx"}): the pods' label named by jobLabel
+    let job_label = pm["spec"]["jobLabel"].as_str().context("the PodMonitor has no jobLabel")?;
+    ensure!(pod_labels[job_label] == "edgevx", "the pods' {job_label} label is not \"edgevx\", the rules' job");
+
+    let rule = find(&objects, "PrometheusRule", "edgevx")?;
+    let text = serde_json::to_string(&rule["spec"])?;
+    ensure!(!text.contains("$("), "an unsubstituted $(...) in the rendered rules");
+    ensure!(text.contains(r#"up{job=\"edgevx\"}"#), "the rules do not read the PodMonitor's job");
+    // kube-state-metrics' DaemonSet series for this DaemonSet, wherever the rules read them
+    let ksm = format!(
+        r#"{{namespace=\"{}\", daemonset=\"{}\"}}"#,
+        ds["metadata"]["namespace"].as_str().unwrap_or_default(),
+        ds["metadata"]["name"].as_str().unwrap_or_default()
+    );
+    ensure!(
+        text.matches("kube_daemonset_").count() == text.matches(&ksm).count(),
+        "a kube_daemonset_ series not {ksm}"
+    );
+    ensure!(text.contains("kube_daemonset_"), "the rules read no kube-state-metrics DaemonSet status");
     Ok(())
 }

@@ -89,7 +89,11 @@ pub struct SourceState {
     pub name: String,
     /// Whether the view in use came from the source (not the cache).
     pub connected: bool,
-    /// When `connected` last took its present value.
+    /// Whether the source is in touch with its control plane now (read in
+    /// full, its watch open: `edgevx_source_watching`).
+    #[serde(default)]
+    pub watching: bool,
+    /// When `watching` last took its present value.
     pub since: u64,
     /// When the view in use arrived (a cached view: when it was cached).
     pub view_at: Option<u64>,

@@ -19,8 +19,8 @@ use crate::metrics::{LoopReport, Readiness};
 pub(super) struct Notifier {
     ready: bool,
     lock: Arc<NetnsLock>,
-    /// Whether the view came from the source at the last turn, and since when.
-    connected: Option<(bool, u64)>,
+    /// Whether the source was in touch at the last turn, and since when.
+    watching: Option<(bool, u64)>,
 }
 
 fn unix_seconds(t: SystemTime) -> u64 {
@@ -35,7 +35,7 @@ fn send(states: &[NotifyState]) {
 
 impl Notifier {
     pub(super) fn new(lock: Arc<NetnsLock>) -> Self {
-        Self { ready: false, lock, connected: None }
+        Self { ready: false, lock, watching: None }
     }
 
     /// What the agent waits for before it can forward.
@@ -54,15 +54,16 @@ impl Notifier {
     /// phase and the source's state follow the report at every turn of the
     /// loop (unchanged, they cost a comparison).
     pub(super) fn ready_if(&mut self, report: &LoopReport) {
-        let connected = report.connected();
-        let since = match self.connected {
-            Some((was, since)) if was == connected => since,
+        let watching = report.watching.get();
+        let since = match self.watching {
+            Some((was, since)) if was == watching => since,
             _ => unix_seconds(SystemTime::now()),
         };
-        self.connected = Some((connected, since));
+        self.watching = Some((watching, since));
         self.lock.source(SourceState {
             name: report.source.to_string(),
-            connected,
+            connected: report.connected(),
+            watching,
             since,
             view_at: report.view_at().map(unix_seconds),
         });

@@ -55,8 +55,11 @@ fn agent_json(agent: Option<&netns_lock::Holder>) -> serde_json::Map<String, Val
     let source = record.and_then(|r| r.source.as_ref()).map(|s| {
         json!({
             "name": s.name,
+            // in touch with the control plane now: read in full, its watch open
+            "watching": s.watching,
+            // the view in use came from the source, not the cache
             "connected": s.connected,
-            // how long it has been connected, or cut off (using its cached view)
+            // how long `watching` has had its value: in touch for, or cut off for
             "since_seconds": now.saturating_sub(s.since),
             "view_age_seconds": s.view_at.map(|at| now.saturating_sub(at)),
         })

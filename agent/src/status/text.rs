@@ -10,10 +10,11 @@ fn source_line(src: &Map<String, Value>) -> String {
         .get("view_age_seconds")
         .and_then(Value::as_u64)
         .map_or("no view yet".to_string(), |a| format!("view {a} s old"));
-    if src.get("connected") == Some(&Value::Bool(true)) {
-        format!("source {name}: connected{since}, {age}")
+    let cached = if src.get("connected") == Some(&Value::Bool(true)) { "" } else { ", the cached view" };
+    if src.get("watching") == Some(&Value::Bool(true)) {
+        format!("source {name}: watching{since}, {age}{cached}")
     } else {
-        format!("source {name}: NOT connected{since}, forwarding on the cached view ({age})")
+        format!("source {name}: NOT in touch{since}, forwarding on the last view ({age}{cached})")
     }
 }
 

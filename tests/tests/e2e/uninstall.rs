@@ -53,6 +53,13 @@ fn the_uninstall_daemonset_leaves_nothing_of_edgevx_in_the_nodes_kernel() -> Res
     agent.wait_log("dataplane up")?;
     let (code, out) = edgevx_in_image(&podman, &agent_pod, n1, &["status", "--json"])?;
     ensure!(code == 0, "status with the agent running exited {code}:\n{out}");
+    // the running agent's release and control plane, from its lock record
+    let running: Value = serde_json::from_str(&out).with_context(|| format!("status is not JSON: {out}"))?;
+    assert_eq!(running["state"], "forwarding", "{out}");
+    assert_eq!(running["agent_version"], running["version"], "{out}");
+    let source = &running["source"];
+    assert_eq!((source["name"].as_str(), source["watching"].as_bool()), (Some("nodes file"), Some(true)), "{out}");
+    assert!(source["view_age_seconds"].is_u64(), "{out}");
 
     // `kubectl delete` of the agent's DaemonSet alone: the pinned programs stay and run
     agent.stop()?;

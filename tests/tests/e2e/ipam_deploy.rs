@@ -127,8 +127,9 @@ fn ipam_init_container_installs_the_conflist_by_rename() -> Result<()> {
 fn ipam_command_line_follows_the_cni_conventions() -> Result<()> {
     use std::process::{Command, Stdio};
     let dir = DataDir::new("ipamcli")?;
-    let run = |args: &[&str], env: &[(&str, &str)]| -> Result<std::process::Output> {
-        // stdin a pipe no one writes to or closes: a plugin that read it would hang
+    // stdin: what is written, then closed; without it, a pipe no one writes to or
+    // closes, so a plugin that read it would hang
+    let run_with = |args: &[&str], env: &[(&str, &str)], stdin: Option<&[u8]>| -> Result<std::process::Output> {
         let mut child = Command::new(edgevx_ipam_bin())
             .args(args)
             .env_remove("CNI_COMMAND")
@@ -138,7 +139,10 @@ fn ipam_command_line_follows_the_cni_conventions() -> Result<()> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()?;
-        let _stdin = child.stdin.take();
+        let mut pipe = child.stdin.take();
+        if let (Some(bytes), Some(mut p)) = (stdin, pipe.take()) {
+            std::io::Write::write_all(&mut p, bytes)?;
+        }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while child.try_wait()?.is_none() {
             if std::time::Instant::now() > deadline {
@@ -149,6 +153,7 @@ fn ipam_command_line_follows_the_cni_conventions() -> Result<()> {
         }
         Ok(child.wait_with_output()?)
     };
+    let run = |args: &[&str], env: &[(&str, &str)]| run_with(args, env, None);
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
 
     let version = env!("CARGO_PKG_VERSION");
@@ -162,10 +167,11 @@ fn ipam_command_line_follows_the_cni_conventions() -> Result<()> {
         ensure!(versions.is_some_and(|v| v.split(", ").any(|v| v == "1.1.0")), "{err}");
         ensure!(out.stdout.is_empty(), "about text on stdout: {}", text(&out.stdout));
     }
-    // a runtime's VERSION, the config on stdin optional
-    let out = run(&[], &[("CNI_COMMAND", "VERSION")])?;
+    // a runtime's VERSION: its cniVersion on stdin (SPEC.md, VERSION), answered in kind
+    let out = run_with(&[], &[("CNI_COMMAND", "VERSION")], Some(br#"{"cniVersion":"1.0.0"}"#))?;
     let answer: Value = serde_json::from_slice(&out.stdout).with_context(|| text(&out.stdout))?;
-    ensure!(out.status.success() && answer["supportedVersions"].as_array().is_some_and(|v| !v.is_empty()), "{answer}");
+    ensure!(out.status.success() && answer["cniVersion"] == "1.0.0", "{answer}");
+    ensure!(answer["supportedVersions"].as_array().is_some_and(|v| v.contains(&Value::from("1.1.0"))), "{answer}");
 
     for args in [&["--help"][..], &["install", "--help"], &["install-conf", "-h"]] {
         let out = run(args, &[])?;

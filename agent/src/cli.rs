@@ -187,7 +187,9 @@ pub struct RunArgs {
     /// edgevx.io/any-inner-source or lease field EdgevxAnyInnerSource is ignored.
     #[arg(long, env = "EDGEVX_ANY_INNER_SOURCE", value_name = "NODE|CIDR", value_delimiter = ',')]
     pub any_inner_source: Vec<crate::exempt::Exempt>,
-    /// Address to serve /healthz, /readyz and /metrics (Prometheus) on.
+    /// Address to serve /healthz, /readyz and /metrics (Prometheus) on. [::]:PORT is every
+    /// address of both families (IPv6 and IPv4, whatever net.ipv6.bindv6only says; IPv4
+    /// only on a kernel without IPv6), 0.0.0.0:PORT every IPv4 address.
     #[arg(long, env = "EDGEVX_METRICS_ADDR", default_value = "127.0.0.1:9117")]
     pub metrics_addr: std::net::SocketAddr,
     /// flanneld's (klog's) `-v=N`, as a log level: 0 and 1 info, 2 to 4

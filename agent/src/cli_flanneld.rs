@@ -142,7 +142,8 @@ fn minutes_to_secs(flag: &str, value: &str) -> Result<String, FlanneldError> {
     Ok((m * 60).to_string())
 }
 
-/// flanneld's `--healthz-ip` (default 0.0.0.0) and `--healthz-port`
+/// flanneld's `--healthz-ip` (default 0.0.0.0, which Go serves on both
+/// families) and `--healthz-port`
 /// (default 0: no server), as given.
 #[derive(Default)]
 struct HealthzAddr {
@@ -166,7 +167,13 @@ impl HealthzAddr {
         let Some(port) = &self.port else { return Ok(None) };
         let n: u16 = port.parse().map_err(|_| bad("healthz-port", port, "a port, 0 to 65535"))?;
         let ip = self.ip.as_deref().unwrap_or("0.0.0.0");
-        let ip: std::net::IpAddr = ip.parse().map_err(|_| bad("healthz-ip", ip, "an IP address"))?;
+        let mut ip: std::net::IpAddr = ip.parse().map_err(|_| bad("healthz-ip", ip, "an IP address"))?;
+        // Go listens on the IPv4 wildcard with an IPv6 socket, V6ONLY off
+        // (net/ipsock_posix.go, favoriteAddrFamily): flanneld's 0.0.0.0 serves
+        // both families, and an IPv6-only node's probes reach it. [::] does so here.
+        if ip == std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED) {
+            ip = std::net::Ipv6Addr::UNSPECIFIED.into();
+        }
         Ok((n != 0).then(|| format!("--metrics-addr={}", std::net::SocketAddr::new(ip, n))))
     }
 }
@@ -387,7 +394,7 @@ mod tests {
         // Documentation/kube-flannel.yml's container args (flannel HEAD)
         assert_eq!(
             run(&["--ip-masq", "--kube-subnet-mgr", "--healthz-port=8081"], &[]).unwrap(),
-            ["--ip-masq", "--kube", "--metrics-addr=0.0.0.0:8081"]
+            ["--ip-masq", "--kube", "--metrics-addr=[::]:8081"]
         );
         // its older args, and a verbosity as flannel's troubleshooting asks for
         assert_eq!(run(&["--ip-masq", "--kube-subnet-mgr", "-v=2"], &[]).unwrap(), ["--ip-masq", "--kube", "--v=2"]);

@@ -6,9 +6,12 @@
 //! the CNI_* variables, the network config on stdin, the result or a CNI
 //! error object on stdout, logs on stderr.
 //!
-//! `edgevx-ipam install DIR` copies the binary to `DIR/edgevx-ipam` (the
-//! DaemonSet's init container).
+//! Run with no CNI_COMMAND, it prints what it is and the spec versions it
+//! speaks, as plugins built on the Go skel do. `edgevx-ipam install DIR`
+//! and `install-conf SRC DEST` are the DaemonSet's init containers
+//! (src/install.rs); `--help` lists them (src/cli.rs).
 mod add;
+mod cli;
 mod dns;
 mod entry;
 mod env;
@@ -38,26 +41,34 @@ use store::Store;
 use wire::{CniError, Code, IpamResult};
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).is_some_and(|a| a == "--version") {
-        println!("edgevx-ipam {} (commit {})", env!("CARGO_PKG_VERSION"), env!("EDGEVX_COMMIT"));
-        return ExitCode::SUCCESS;
-    }
-    if let [_, verb, dir] = argv.as_slice() {
-        if verb != "install" {
-            eprintln!("edgevx-ipam: usage: edgevx-ipam install DIR (or run as a CNI plugin)");
-            return ExitCode::FAILURE;
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    match cli::parse(&argv) {
+        Ok(cli::Invocation::Plugin) => {}
+        Ok(cli::Invocation::Version) => {
+            println!("edgevx-ipam {} (commit {})", env!("CARGO_PKG_VERSION"), env!("EDGEVX_COMMIT"));
+            return ExitCode::SUCCESS;
         }
-        return match install::install(std::path::Path::new(dir)) {
-            Ok(at) => {
-                eprintln!("edgevx-ipam: installed {}", at.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("edgevx-ipam: {e}");
-                ExitCode::FAILURE
-            }
-        };
+        Ok(cli::Invocation::Help) => {
+            println!("{}", cli::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Ok(cli::Invocation::Install { dir }) => {
+            return installed(install::install(std::path::Path::new(&dir)).map(|at| at.display().to_string()));
+        }
+        Ok(cli::Invocation::InstallConf { src, dest }) => {
+            let (src, dest) = (std::path::Path::new(&src), std::path::Path::new(&dest));
+            return installed(install::install_conf(src, dest).map(|()| dest.display().to_string()));
+        }
+        Err(e) => {
+            eprintln!("edgevx-ipam: {e}\n{}", cli::USAGE);
+            return ExitCode::from(2);
+        }
+    }
+    // no CNI_COMMAND: a person at a terminal, not a runtime; answered before
+    // stdin is read (which would wait for them), as the Go skel does
+    if std::env::var_os("CNI_COMMAND").is_none_or(|c| c.is_empty()) {
+        eprintln!("{}", cli::about());
+        return ExitCode::SUCCESS;
     }
     let mut stdin = Vec::new();
     let read = std::io::stdin().read_to_end(&mut stdin);
@@ -83,6 +94,19 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     code
+}
+
+fn installed(r: Result<String, install::InstallError>) -> ExitCode {
+    match r {
+        Ok(at) => {
+            eprintln!("edgevx-ipam: installed {at}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("edgevx-ipam: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// One invocation; the JSON to print, if the command prints any.

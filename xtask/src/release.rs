@@ -34,10 +34,11 @@ use crate::{
 /// takes it: (directory under deploy/, name). The uninstall is released
 /// with the overlays, pinned to the same image: it must run the release
 /// that made the pins it removes.
-pub const MANIFESTS: [(&str, &str); 4] = [
+pub const MANIFESTS: [(&str, &str); 5] = [
     ("overlays/kube", "kube"),
     ("overlays/etcd-tls", "etcd-tls"),
     ("overlays/openyurt", "openyurt"),
+    ("overlays/before-1.30", "before-1.30"),
     ("uninstall", "uninstall"),
 ];
 
@@ -176,6 +177,23 @@ pub fn build() -> Result<PathBuf> {
     Ok(out)
 }
 
+/// Every `app.kubernetes.io/version` label of a rendered manifest is
+/// `version`, and there is one: deploy/ writes the version out (it cannot
+/// come from Cargo.toml), so a release whose manifests were not bumped
+/// stops here.
+fn stale_version_labels(manifest: &str, version: &str) -> Result<()> {
+    let labels: Vec<&str> = manifest
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("app.kubernetes.io/version:"))
+        .map(|v| v.trim().trim_matches('"').trim_matches('\''))
+        .collect();
+    ensure!(!labels.is_empty(), "no app.kubernetes.io/version label");
+    for v in labels {
+        ensure!(v == version, "labelled app.kubernetes.io/version {v}, the release is {version}");
+    }
+    Ok(())
+}
+
 /// Whether a 64-bit little-endian ELF needs no dynamic loader: no
 /// `PT_INTERP` program header (a static-pie binary still has `PT_DYNAMIC`,
 /// which it relocates itself).
@@ -232,6 +250,7 @@ pub fn verify(dir: &Path) -> Result<()> {
         for l in ours {
             ensure!(*l == pinned, "manifests/{o}.yaml: {l}, want {pinned}");
         }
+        stale_version_labels(&text, VERSION).with_context(|| format!("manifests/{o}.yaml"))?;
     }
     for arch in [Arch::Amd64, Arch::Arm64] {
         let name = tarball_name(arch);
@@ -262,6 +281,21 @@ pub fn verify(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stale_version_label_stops_the_release() {
+        let m = |v: &str| format!("metadata:\n  labels:\n    app.kubernetes.io/version: {v}\n");
+        assert!(stale_version_labels(&m("0.2.0"), "0.2.0").is_ok());
+        assert!(stale_version_labels(&m("\"0.2.0\""), "0.2.0").is_ok());
+        assert!(stale_version_labels(&format!("{}{}", m("0.2.0"), m("0.1.0")), "0.2.0").is_err());
+        assert!(stale_version_labels("kind: DaemonSet\n", "0.2.0").is_err());
+        // deploy/ as it is: the workspace's version everywhere
+        let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base");
+        for f in ["namespace.yaml", "rbac.yaml", "configmap.yaml", "daemonset.yaml"] {
+            let text = fs::read_to_string(base.join(f)).unwrap();
+            stale_version_labels(&text, VERSION).unwrap_or_else(|e| panic!("deploy/base/{f}: {e:#}"));
+        }
+    }
 
     #[test]
     fn a_binary_that_needs_a_loader_is_not_static() {

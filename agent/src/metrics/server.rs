@@ -66,17 +66,51 @@ const BIND_WARN_EVERY: Duration = Duration::from_secs(30);
 /// sent again after a second, longer than the readiness probe's timeout.
 const BACKLOG: libc::c_int = 4096;
 
-/// Binds `addr` (non-blocking), naming the flag in the error.
+/// Binds `addr` (non-blocking), naming the flag in the error. `[::]` is
+/// every address of both families, IPV6_V6ONLY off whatever
+/// `net.ipv6.bindv6only` says: an IPv6-only node's kubelet probes its IPv6
+/// address, a dual-stack or IPv4 node's its IPv4 one. On a kernel without
+/// IPv6 (`ipv6.disable=1`), `[::]` is `0.0.0.0`, with a warning.
 fn bind(addr: SocketAddr) -> Result<TcpListener> {
-    let listener = TcpListener::bind(addr).with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
-    // listen(2) again on a listening socket sets its backlog
-    // SAFETY: listen on a socket we own.
-    if unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&listener), BACKLOG) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("--metrics-addr {addr}: cannot set the listen backlog"));
+    let flag = |what: &str| format!("--metrics-addr {addr}: {what}");
+    let socket = match listener_socket(addr) {
+        Err(e) => match ipv4_instead(addr, &e) {
+            Some(v4) => {
+                warn!("--metrics-addr {addr}: this kernel has no IPv6 ({e}); serving IPv4 only, on {v4}");
+                listener_socket(v4)
+            }
+            None => Err(e),
+        },
+        bound => bound,
     }
-    listener.set_nonblocking(true).with_context(|| format!("cannot make the listener on {addr} non-blocking"))?;
-    Ok(listener)
+    .with_context(|| flag("cannot listen"))?;
+    socket.listen(BACKLOG).with_context(|| flag("cannot listen"))?;
+    socket.set_nonblocking(true).with_context(|| flag("cannot make the listener non-blocking"))?;
+    Ok(socket.into())
+}
+
+/// A bound socket: SO_REUSEADDR as std's TcpListener sets it (a restarted
+/// agent binds while the old connections sit in TIME_WAIT), and dual-stack
+/// on the IPv6 wildcard.
+fn listener_socket(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM.cloexec(), Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) {
+        socket.set_only_v6(false)?;
+    }
+    socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+/// `0.0.0.0:PORT`, where `[::]:PORT` failed because the kernel has no
+/// IPv6 at all: socket(2) says EAFNOSUPPORT. (With IPv6 only switched off,
+/// `disable_ipv6`, the socket is made and serves IPv4 through mapped
+/// addresses.)
+fn ipv4_instead(addr: SocketAddr, e: &std::io::Error) -> Option<SocketAddr> {
+    let wildcard6 = addr.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED);
+    (wildcard6 && e.raw_os_error() == Some(libc::EAFNOSUPPORT))
+        .then(|| SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port()))
 }
 
 /// Binds `addr` as soon as the host lets it: an address not on the host
@@ -291,6 +325,30 @@ mod tests {
             waiting.await.unwrap()
         });
         assert_eq!(bound.local_addr().unwrap(), addr);
+    }
+
+    #[test]
+    fn the_ipv6_wildcard_serves_both_families() {
+        // port 0: any free one, the same for both families on one socket
+        let l = bind("[::]:0".parse().unwrap()).unwrap();
+        let port = l.local_addr().unwrap().port();
+        for to in [format!("127.0.0.1:{port}"), format!("[::1]:{port}")] {
+            std::net::TcpStream::connect(&to).unwrap_or_else(|e| panic!("{to}: {e}"));
+        }
+        // 0.0.0.0 stays what it says
+        let l = bind("0.0.0.0:0".parse().unwrap()).unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert!(std::net::TcpStream::connect(format!("[::1]:{port}")).is_err());
+    }
+
+    #[test]
+    fn only_a_kernel_without_ipv6_turns_the_ipv6_wildcard_into_ipv4s() {
+        let no_af = std::io::Error::from_raw_os_error(libc::EAFNOSUPPORT);
+        let in_use = std::io::Error::from_raw_os_error(libc::EADDRINUSE);
+        assert_eq!(ipv4_instead("[::]:9117".parse().unwrap(), &no_af), Some("0.0.0.0:9117".parse().unwrap()));
+        assert_eq!(ipv4_instead("[::]:9117".parse().unwrap(), &in_use), None);
+        assert_eq!(ipv4_instead("[fd00::1]:9117".parse().unwrap(), &no_af), None);
+        assert_eq!(ipv4_instead("127.0.0.1:9117".parse().unwrap(), &no_af), None);
     }
 
     fn scrape(report: LoopReport) -> Scrape {

@@ -90,8 +90,8 @@ fn ipam_image_init_container_installs_a_working_plugin() -> Result<()> {
         .as_array()
         .into_iter()
         .flatten()
-        .find(|c| c["command"][0] == "/usr/local/bin/edgevx-ipam")
-        .context("no init container runs edgevx-ipam")?;
+        .find(|c| c["command"][0] == "/usr/local/bin/edgevx-ipam" && c["args"][0] == "install")
+        .context("no init container runs edgevx-ipam install")?;
     let image = init["image"].as_str().context("no image")?;
     let args: Vec<&str> = init["args"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
     ensure!(args.last() == Some(&"/opt/cni/bin"), "the init container installs into {args:?}");

@@ -15,7 +15,12 @@ use edgevx_tests::{
 };
 use serde_json::{Value, json};
 
-use crate::{MIB, testpeer};
+use crate::{
+    MIB,
+    metrics::{get_at, until},
+    probe_flood::{daemonset_metrics_addr, probes},
+    testpeer,
+};
 
 const KERNEL_MAC6: &str = "02:00:00:00:06:02";
 const P: &str = "flannel.alpha.coreos.com";
@@ -55,6 +60,48 @@ fn kube_v6_only(c: &mut Cluster) -> Result<(KubeApi, [String; 5])> {
     std::fs::write(&conf, net_conf_v6_only())?;
     let (kc, conf) = (kc.to_string_lossy().into_owned(), conf.to_string_lossy().into_owned());
     Ok((api, ["--kube".into(), "--kubeconfig".into(), kc, "--net-conf".into(), conf]))
+}
+
+/// The kubelet probes a hostNetwork pod at the node's address: on an
+/// IPv6-only node, an IPv6 one. The agent listens where the DaemonSet says
+/// (EDGEVX_METRICS_ADDR), and the DaemonSet's /healthz and /readyz answer
+/// there over IPv6, and over IPv4 on the same socket. The node has
+/// net.ipv6.bindv6only=1 (a per-namespace sysctl), so IPv4 gets through only
+/// because the agent turns IPV6_V6ONLY off itself.
+#[test]
+fn ipv6_only_node_answers_the_daemonsets_probes_over_ipv6_and_ipv4() -> Result<()> {
+    let (addr, probes) = (daemonset_metrics_addr()?, probes()?);
+    let mut c = Cluster::new(1)?;
+    add_ipv6(c.host(1))?;
+    let h1 = c.host(1);
+    h1.ns.ip(&["-4", "addr", "flush", "dev", "eth0"])?;
+    h1.ns.ip(&["-6", "route", "add", "default", "dev", "eth0"])?;
+    h1.ns.sysctl("net.ipv6.bindv6only", "1")?;
+    let (_api, kube) = kube_v6_only(&mut c)?;
+    let metrics = addr.to_string();
+    let mut args: Vec<&str> = kube.iter().map(String::as_str).collect();
+    args.extend(["--metrics-addr", &metrics]);
+    let h1 = c.host(1);
+    let mut agent = Agent::spawn_choosing_iface(h1, &args)?;
+    agent.wait_log("dataplane up", Duration::from_secs(20))?;
+    let over_v6 = std::net::SocketAddr::new(underlay_ip6(1).into(), addr.port()).to_string();
+    let over_v4 = format!("127.0.0.1:{}", addr.port());
+    for at in [&over_v6, &over_v4] {
+        for (path, timeout) in &probes {
+            let r = until(&format!("{path} at {at}"), Duration::from_secs(20), || {
+                Ok(get_at(&h1.ns, at, path).ok().filter(|r| r.status == 200))
+            })
+            .with_context(|| agent.log_text())?;
+            eprintln!("{path} at {at}: {} {}", r.status, r.body.trim());
+            // and again within the probe's timeoutSeconds, as the kubelet asks
+            let t = std::time::Instant::now();
+            ensure!(get_at(&h1.ns, at, path)?.status == 200 && t.elapsed() <= *timeout, "{path} at {at}");
+        }
+    }
+    agent.stop()?;
+    let out = cleanup(h1, &[])?;
+    ensure!(out.status.success(), "cleanup failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
 }
 
 #[test]

@@ -18,7 +18,19 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "kube-edgevx";
-const OVERLAYS: [&str; 3] = ["overlays/kube", "overlays/etcd-tls", "overlays/openyurt"];
+const OVERLAYS: [&str; 4] = ["overlays/kube", "overlays/etcd-tls", "overlays/openyurt", "overlays/before-1.30"];
+/// The overlays that choose a source (the others change something else).
+const MODES: [&str; 3] = ["overlays/kube", "overlays/etcd-tls", "overlays/openyurt"];
+const BEFORE_1_30: &str = "overlays/before-1.30";
+/// Kubernetes' recommended labels (kubernetes.io, "Recommended Labels").
+const RECOMMENDED_LABELS: [&str; 6] = [
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+];
 const CLUSTER_SCOPED: [&str; 3] = ["Namespace", "ClusterRole", "ClusterRoleBinding"];
 
 fn deploy(dir: &str) -> PathBuf {
@@ -45,33 +57,41 @@ fn parse(text: &str, what: &str) -> Result<Vec<Value>> {
     Ok(docs?.into_iter().filter(|d| !d.is_null()).collect())
 }
 
-fn render_with(kubectl: &Path, dir: &str) -> Result<Vec<Value>> {
+fn render_with(kubectl: &Path, dir: &Path) -> Result<Vec<Value>> {
     let out = Command::new(kubectl)
         .arg("kustomize")
-        .arg(deploy(dir))
+        .arg(dir)
         .output()
         .with_context(|| format!("cannot run {}", kubectl.display()))?;
     ensure!(
         out.status.success(),
-        "`{} kustomize deploy/{dir}` failed:\n{}",
+        "`{} kustomize {}` failed:\n{}",
         kubectl.display(),
+        dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    parse(&String::from_utf8(out.stdout).context("kustomize wrote non-UTF-8")?, &format!("deploy/{dir} rendered"))
+    parse(&String::from_utf8(out.stdout).context("kustomize wrote non-UTF-8")?, &format!("{} rendered", dir.display()))
 }
 
-/// The objects `kubectl kustomize deploy/<dir>` renders, in its order.
-pub(crate) fn render(dir: &str) -> Result<Vec<Value>> {
+/// The objects `kubectl kustomize <dir>` renders, in its order, the same
+/// with both kubectls.
+fn render_path(dir: &Path) -> Result<Vec<Value>> {
     let objects = render_with(&kubectl()?, dir)?;
     if let Some(new) = std::env::var_os("EDGEVX_KUBECTL_NEW").filter(|p| !p.is_empty()) {
         let again = render_with(Path::new(&new), dir)?;
         ensure!(
             again == objects,
-            "deploy/{dir}: {} renders other objects than EDGEVX_KUBECTL does",
+            "{}: {} renders other objects than EDGEVX_KUBECTL does",
+            dir.display(),
             Path::new(&new).display()
         );
     }
     Ok(objects)
+}
+
+/// The objects `kubectl kustomize deploy/<dir>` renders, in its order.
+pub(crate) fn render(dir: &str) -> Result<Vec<Value>> {
+    render_path(&deploy(dir))
 }
 
 /// The documents of a manifest file in deploy/, as written.
@@ -221,8 +241,15 @@ fn every_overlay_keeps_the_bases_objects_namespace_security_context_and_pinned_i
             ensure!(spec[field] == base_spec[field], "deploy/{dir}: the pod's {field} is not the base's");
         }
         let (ours, theirs) = (agent(ds)?, agent(&base_ds)?);
+        // before-1.30 states the same AppArmor profile by the annotation (its own test below)
+        let mut want_sc = theirs["securityContext"].clone();
+        if dir == BEFORE_1_30
+            && let Some(sc) = want_sc.as_object_mut()
+        {
+            sc.remove("appArmorProfile");
+        }
         ensure!(
-            ours["securityContext"] == theirs["securityContext"],
+            ours["securityContext"] == want_sc,
             "deploy/{dir}: the agent's securityContext is not the base's:\n{}",
             ours["securityContext"]
         );
@@ -436,5 +463,121 @@ fn the_monitoring_directory_scrapes_the_base_daemonsets_pods_in_their_namespace(
         "a kube_daemonset_ series not {ksm}"
     );
     ensure!(text.contains("kube_daemonset_"), "the rules read no kube-state-metrics DaemonSet status");
+    Ok(())
+}
+
+/// The AppArmor profile as the pre-1.30 annotation spells it
+/// (container.apparmor.security.beta.kubernetes.io/<container>).
+fn apparmor_annotation(profile: &Value) -> Result<String> {
+    Ok(match profile["type"].as_str() {
+        Some("RuntimeDefault") => "runtime/default".into(),
+        Some("Unconfined") => "unconfined".into(),
+        Some("Localhost") => format!("localhost/{}", profile["localhostProfile"].as_str().context("localhostProfile")?),
+        _ => bail!("not an AppArmor profile: {profile}"),
+    })
+}
+
+/// A kustomization of the test's own under target/ (kustomize v2.0.3 takes
+/// a base only by a relative path), removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    /// `mode`'s overlay as its base, with deploy/overlays/before-1.30's
+    /// patch copied in: what that overlay's comment tells an operator to write.
+    fn before_1_30_over(mode: &str) -> Result<Scratch> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let dir = root.join("target").join(format!("kustomize-{}-{}", std::process::id(), mode.replace('/', "-")));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let scratch = Scratch(dir);
+        std::fs::copy(
+            deploy(&format!("{BEFORE_1_30}/apparmor-annotation.yaml")),
+            scratch.0.join("apparmor-annotation.yaml"),
+        )?;
+        std::fs::write(
+            scratch.0.join("kustomization.yaml"),
+            format!(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nbases:\n  - ../../deploy/{mode}\n\
+                 patchesStrategicMerge:\n  - apparmor-annotation.yaml\n"
+            ),
+        )?;
+        Ok(scratch)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn before_1_30_states_the_bases_apparmor_profile_by_the_annotation_over_every_mode() -> Result<()> {
+    let base_ds = file("base/daemonset.yaml")?.into_iter().next().context("deploy/base/daemonset.yaml is empty")?;
+    let profile = &agent(&base_ds)?["securityContext"]["appArmorProfile"];
+    let want = apparmor_annotation(profile)?;
+    let key = "container.apparmor.security.beta.kubernetes.io/edgevx";
+    let the_overlay = render(BEFORE_1_30)?;
+    let mut renders = vec![("overlays/kube".to_string(), the_overlay)];
+    for mode in MODES {
+        let scratch = Scratch::before_1_30_over(mode)?;
+        renders.push((mode.to_string(), render_path(&scratch.0)?));
+    }
+    for (mode, objects) in renders {
+        let text = serde_json::to_string(&objects)?;
+        // below 1.30 the API server refuses the field wherever it is
+        ensure!(!text.contains("appArmorProfile"), "{mode} before 1.30: appArmorProfile is still there");
+        let ds = daemonset(&objects)?;
+        let annotations = &ds["spec"]["template"]["metadata"]["annotations"];
+        ensure!(annotations[key] == want.as_str(), "{mode} before 1.30: {key} is {}, want {want}", annotations[key]);
+        // and nothing else changes: put the field back, take the annotation out
+        let mut back = objects.clone();
+        for o in back.iter_mut().filter(|o| o["kind"] == "DaemonSet") {
+            let template = &mut o["spec"]["template"];
+            if let Some(a) = template["metadata"].as_object_mut() {
+                a.remove("annotations");
+            }
+            for c in template["spec"]["containers"].as_array_mut().into_iter().flatten() {
+                if c["name"] == "edgevx" {
+                    c["securityContext"]["appArmorProfile"] = profile.clone();
+                }
+            }
+        }
+        ensure!(back == render(&mode)?, "{mode} before 1.30 changes more than the AppArmor profile's form");
+    }
+    Ok(())
+}
+
+#[test]
+fn every_object_and_the_pod_carry_the_recommended_labels_with_this_release() -> Result<()> {
+    // the workspace version (Cargo.toml): a release with a stale label fails here
+    let version = env!("CARGO_PKG_VERSION");
+    for dir in ["base", "uninstall"].into_iter().chain(OVERLAYS) {
+        let objects = render(dir)?;
+        let ds = daemonset(&objects)?;
+        let labelled = objects.iter().map(|o| (o["kind"].to_string(), &o["metadata"]["labels"]));
+        let template = ("the DaemonSet's pod template".to_string(), &ds["spec"]["template"]["metadata"]["labels"]);
+        for (what, labels) in labelled.chain(std::iter::once(template)) {
+            for l in RECOMMENDED_LABELS {
+                let v = labels[l].as_str().unwrap_or_default();
+                ensure!(!v.is_empty(), "deploy/{dir}: {what} has no label {l}");
+            }
+            ensure!(
+                labels["app.kubernetes.io/version"] == version,
+                "deploy/{dir}: {what} is labelled version {}, the workspace is {version}",
+                labels["app.kubernetes.io/version"]
+            );
+        }
+        // immutable: a label that changes between releases there fails the next apply
+        let selector = ds["spec"]["selector"]["matchLabels"].as_object().context("no matchLabels")?;
+        ensure!(!selector.contains_key("app.kubernetes.io/version"), "deploy/{dir}: the selector holds the version");
+        ensure!(ds["spec"]["selector"]["matchExpressions"].is_null(), "deploy/{dir}: matchExpressions in the selector");
+        for (k, v) in selector {
+            ensure!(ds["spec"]["template"]["metadata"]["labels"][k] == *v, "deploy/{dir}: the pods lack {k}={v}");
+        }
+    }
+    // the selector is the one earlier releases applied
+    let ds = file("base/daemonset.yaml")?.into_iter().next().context("empty daemonset.yaml")?;
+    ensure!(ds["spec"]["selector"] == json!({"matchLabels": {"app": "edgevx"}}), "the selector changed");
     Ok(())
 }

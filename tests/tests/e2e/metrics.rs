@@ -340,6 +340,8 @@ fn the_daemonset_probes_the_endpoints_on_a_named_port() -> Result<()> {
     let addr: SocketAddr = addr["value"].as_str().context("no value")?.parse()?;
     // the kubelet probes the pod IP, the node's address under hostNetwork
     assert!(addr.ip().is_unspecified(), "{addr} cannot be reached at the pod IP");
+    // [::], both families: an IPv6-only node's kubelet probes its IPv6 address
+    assert!(addr.is_ipv6(), "{addr} is IPv4 only: the probes of an IPv6-only node cannot reach it");
     let port = agent["ports"].as_array().into_iter().flatten().find(|p| p["name"] == "metrics").context("no port")?;
     assert_eq!(port["containerPort"].as_u64(), Some(u64::from(addr.port())));
     for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {

@@ -105,11 +105,24 @@ fn flood(ns: &Netns, wrapper: &[&str], addr: &str, hold: &str) -> Result<Flood> 
     Ok(flood)
 }
 
-/// The DaemonSet's probes: (path, timeoutSeconds), Kubernetes' default 1 s where unset.
-fn probes() -> Result<Vec<(String, Duration)>> {
+/// The DaemonSet's agent container.
+fn daemonset_agent() -> Result<Value> {
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/daemonset.yaml");
     let ds = Value::deserialize(serde_yaml_ng::Deserializer::from_str(&std::fs::read_to_string(&path)?))?;
-    let agent = &ds["spec"]["template"]["spec"]["containers"][0];
+    Ok(ds["spec"]["template"]["spec"]["containers"][0].clone())
+}
+
+/// The address the DaemonSet has the agent listen on (EDGEVX_METRICS_ADDR).
+pub(crate) fn daemonset_metrics_addr() -> Result<std::net::SocketAddr> {
+    let agent = daemonset_agent()?;
+    let env = agent["env"].as_array().into_iter().flatten();
+    let addr = env.into_iter().find(|e| e["name"] == "EDGEVX_METRICS_ADDR").context("no EDGEVX_METRICS_ADDR")?;
+    Ok(addr["value"].as_str().context("no value")?.parse()?)
+}
+
+/// The DaemonSet's probes: (path, timeoutSeconds), Kubernetes' default 1 s where unset.
+pub(crate) fn probes() -> Result<Vec<(String, Duration)>> {
+    let agent = daemonset_agent()?;
     ["livenessProbe", "readinessProbe"]
         .iter()
         .map(|p| {
@@ -127,7 +140,8 @@ fn open_fds(pid: u32) -> Result<usize> {
 #[test]
 fn probes_are_answered_under_a_thousand_idle_and_slow_connections() -> Result<()> {
     let probes = probes()?;
-    let s = edgevx_and_flannel(&["--metrics-addr", "0.0.0.0:9117"])?;
+    let metrics = daemonset_metrics_addr()?.to_string();
+    let s = edgevx_and_flannel(&["--metrics-addr", &metrics])?;
     let node = &s.cluster.host(1).ns;
     let at = format!("{}:9117", underlay_ip(1));
     // ready before the flood

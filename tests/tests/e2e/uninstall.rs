@@ -108,3 +108,62 @@ fn the_uninstall_daemonset_leaves_nothing_of_edgevx_in_the_nodes_kernel() -> Res
     ensure!(out.status.success(), "a second cleanup failed: {}", String::from_utf8_lossy(&out.stderr));
     Ok(())
 }
+
+/// deploy/uninstall, rendered by kubectl 1.20's kustomize (and a current
+/// one's when EDGEVX_KUBECTL_NEW names it), runs `edgevx cleanup` as the
+/// agent runs: its image, privileges, pin and state directories, host
+/// mounts and nodes; nothing else runs with privileges.
+#[test]
+fn the_uninstall_runs_cleanup_where_and_as_the_agent_runs() -> Result<()> {
+    let objects = crate::kustomize::render("uninstall")?;
+    let base = crate::kustomize::render("base")?;
+    let ds_of = |objects: &[Value]| -> Result<Value> {
+        objects.iter().find(|o| o["kind"] == "DaemonSet").cloned().context("no DaemonSet rendered")
+    };
+    let (ds, agent_ds) = (ds_of(&objects)?, ds_of(&base)?);
+    assert_eq!(objects.len(), 1, "deploy/uninstall renders only its DaemonSet");
+    assert_eq!(ds["metadata"]["namespace"], agent_ds["metadata"]["namespace"]);
+    let (spec, agent_spec) = (&ds["spec"]["template"]["spec"], &agent_ds["spec"]["template"]["spec"]);
+    assert_eq!(spec["affinity"], agent_spec["affinity"], "not the agent's nodes");
+    assert_eq!(spec["tolerations"], agent_spec["tolerations"]);
+    assert_eq!(spec["hostNetwork"], true);
+    let [cleanup] = spec["initContainers"].as_array().map(Vec::as_slice).unwrap_or_default() else {
+        anyhow::bail!("want one init container: {}", spec["initContainers"]);
+    };
+    let agent = &agent_spec["containers"][0];
+    assert_eq!(cleanup["image"], agent["image"]);
+    assert_eq!(cleanup["securityContext"], agent["securityContext"], "cleanup must run as the agent does");
+    assert_eq!(cleanup["args"], serde_json::json!(["cleanup"]));
+    let env = |c: &Value, name: &str| {
+        c["env"].as_array().into_iter().flatten().find(|e| e["name"] == name).map(|e| e["value"].clone())
+    };
+    for name in ["EDGEVX_BPFFS", "EDGEVX_STATE_DIR"] {
+        assert_eq!(env(cleanup, name), env(agent, name), "{name}");
+    }
+    let mounts = |spec: &Value, c: &Value| -> Vec<(String, String)> {
+        let volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
+        c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| {
+                let v = volumes.iter().find(|v| v["name"] == m["name"])?;
+                Some((v["hostPath"]["path"].as_str()?.to_string(), m["mountPath"].as_str()?.to_string()))
+            })
+            .collect()
+    };
+    let (ours, theirs) = (mounts(spec, cleanup), mounts(agent_spec, agent));
+    for m in &ours {
+        assert!(theirs.contains(m), "{m:?} is not one of the agent's mounts {theirs:?}");
+    }
+    for p in ["/sys/fs/bpf", "/var/lib/edgevx", "/run/flannel", "/run/xtables.lock", "/run/edgevx/netns"] {
+        assert!(ours.iter().any(|(h, _)| h == p), "cleanup lacks {p}");
+    }
+    // the container that keeps the pod has no privilege at all
+    for c in spec["containers"].as_array().into_iter().flatten() {
+        assert_eq!(c["securityContext"]["capabilities"]["drop"], serde_json::json!(["ALL"]), "{c}");
+        assert!(c["securityContext"]["capabilities"]["add"].is_null(), "{c}");
+        assert!(c["volumeMounts"].is_null(), "{c}");
+    }
+    Ok(())
+}

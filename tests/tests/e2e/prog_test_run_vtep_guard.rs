@@ -21,7 +21,8 @@ const MARK_AT: usize = 8;
 /// Runs `prog` on `input` with `skb->mark` = `mark`: its verdict, the
 /// packet it leaves and the mark it leaves.
 fn run_marked(l: &Loaded, prog: &str, input: &[u8], mark: u32) -> Result<(u32, Vec<u8>, u32)> {
-    let p: &SchedClassifier = l.ebpf.program(prog).context("program")?.try_into()?;
+    // the VTEP guard may be the one program loaded by hand (a module's kfuncs)
+    let p: &SchedClassifier = l.ebpf.classifier_ref(prog)?;
     let mut ctx_in = [0u8; MARK_AT + 4];
     ctx_in[MARK_AT..].copy_from_slice(&mark.to_ne_bytes());
     // room for the whole __sk_buff of any kernel: a smaller buffer is refused (ENOSPC)

@@ -6,8 +6,8 @@
 //! `nf_conntrack` module's once it is loaded (Debian's 6.1 and 6.12). On a
 //! node kube-proxy's conntrack rules load the module before the agent
 //! starts; the matrix guests have no kube-proxy running, so [`like_a_node`]
-//! loads it there (only there: the guest is thrown away, the host is not
-//! ours to change).
+//! loads it there (only there, where xtask sets `EDGEVX_TEST_GUEST`: the
+//! guest is thrown away, the host is not ours to change).
 use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
@@ -26,7 +26,7 @@ pub fn offered() -> bool {
 /// In a matrix guest, loads conntrack's module as kube-proxy would on a
 /// node; elsewhere does nothing.
 pub fn like_a_node() -> Result<()> {
-    if std::env::var_os("EDGEVX_XTASK_IN_VM").is_none() || std::path::Path::new("/sys/module/nf_conntrack").exists() {
+    if std::env::var_os("EDGEVX_TEST_GUEST").is_none() || std::path::Path::new("/sys/module/nf_conntrack").exists() {
         return Ok(());
     }
     let status = Command::new("modprobe").arg("nf_conntrack").status().context("cannot run modprobe")?;

@@ -90,7 +90,8 @@ pub fn load(pins: &PinDir, features: &Features) -> Result<Loaded> {
     pins.create()?;
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(pins.maps());
-    let scratch = pins.prog(".by_hand");
+    // no dot in the name: bpffs refuses names with one (EPERM)
+    let scratch = pins.prog("loading_by_hand");
     let mut ebpf = kfunc::load(&mut loader, OBJECT, &features.conntrack, &scratch)?;
     for name in PROGRAMS {
         let variant = variant(features, name);

@@ -52,11 +52,19 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
     let bpffs = Bpffs::mount(&dir)?;
     let bytes = std::fs::read(object())
         .with_context(|| format!("cannot read {} (cargo xtask build-ebpf)", object().display()))?;
-    // as the agent loads it: kfunc calls resolved for this kernel (or poisoned, fast path off)
+    // as the agent loads it: kfunc calls resolved for this kernel (or
+    // poisoned, fast path off), and where conntrack is a module the VTEP
+    // guard loaded by hand (with fd_array); in a matrix guest the module is
+    // loaded first, so the VTEP guard's tests run on that program there
+    edgevx_tests::ct_kfuncs::like_a_node()?;
+    let ct = Conntrack::probe();
+    anyhow::ensure!(
+        ct.reachable() || !edgevx_tests::ct_kfuncs::offered(),
+        "the kernel offers the conntrack kfuncs, yet the probe says {ct:?}"
+    );
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(&dir);
-    // and where conntrack is a module, the VTEP guard loaded by hand (with fd_array), as the agent does
-    let mut ebpf = edgevx::dataplane::kfunc::load(&mut loader, &bytes, &Conntrack::probe(), &dir.join("by_hand"))?;
+    let mut ebpf = edgevx::dataplane::kfunc::load(&mut loader, &bytes, &ct, &dir.join("by_hand"))?;
     let encap = features::encap();
     for p in [encap, "edgevx_decap", "edgevx_bridge", "edgevx_pod_guard", "edgevx_vtep_guard"] {
         if !ebpf.by_hand(p) {

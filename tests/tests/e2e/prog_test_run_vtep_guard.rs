@@ -4,7 +4,7 @@
 //! A frame that skipped decap (a program ahead of it ended the chain)
 //! carries no mark and is dropped there. The context goes in and comes
 //! back as `struct __sk_buff`, whose `mark` is at byte 8.
-use anyhow::{Context, Result};
+use anyhow::Result;
 use aya::{TestRun, TestRunOptions, programs::SchedClassifier};
 use edgevx_common::maps::{FLAG_BYPASS_NETFILTER, FLAG_REQUIRE_JUDGED, MARK_JUDGED};
 

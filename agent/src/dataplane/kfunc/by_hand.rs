@@ -226,6 +226,7 @@ pub fn load(
 
 /// `fd` as aya's `SchedClassifier`: pinned at `path`, taken back, unpinned
 /// (the fd keeps the program; aya builds a program from a pin only).
+/// `path`'s name must have no dot: bpffs refuses those (EPERM).
 fn through_pin(fd: OwnedFd, path: &Path, name: &str) -> Result<SchedClassifier> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

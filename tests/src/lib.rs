@@ -5,6 +5,7 @@
 //! also when a test fails.
 pub mod agent;
 pub mod cni;
+pub mod ct_kfuncs;
 pub mod dual;
 pub mod etcd;
 pub mod flows;

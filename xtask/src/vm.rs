@@ -493,7 +493,9 @@ fn guest_script(run: &Run, out: &Path, hot: &[PathBuf]) -> String {
     s += &format!("export PATH={}\n", quote(&run.path_env.to_string_lossy()));
     // the harness waits this many times longer for things to happen: under
     // TCG everything is several times slower (tests/src/lib.rs, `patience`)
-    s += &format!("export RUST_BACKTRACE=1 EDGEVX_TEST_PATIENCE={}\n", run.patience);
+    // EDGEVX_TEST_GUEST: the machine is a throwaway guest, whose kernel a
+    // test may change (load conntrack's module as a node's kube-proxy would)
+    s += &format!("export RUST_BACKTRACE=1 EDGEVX_TEST_GUEST=1 EDGEVX_TEST_PATIENCE={}\n", run.patience);
     s += &stage_hot_files(hot);
     for (k, v) in &run.env {
         s += &format!("export {k}={}\n", quote(&v.display().to_string()));

@@ -123,7 +123,8 @@ mod tests {
 
     #[test]
     fn off_or_unreachable_says_why() {
-        let reachable = Conntrack::Reachable { ids: vec![], offsets: vec![] };
+        let reachable =
+            Conntrack::Reachable { ids: vec![], offsets: vec![], home: crate::dataplane::kfunc::Home::Vmlinux };
         assert!(state(Mode::Auto, &reachable).is_ok());
         assert!(state(Mode::Off, &reachable).unwrap_err().contains("--fast-path=off"));
         let e = state(Mode::Auto, &Conntrack::Unreachable("conntrack is a module".into())).unwrap_err();

@@ -9,7 +9,7 @@
 //! | TCX links | 6.6 | `bpf` filters on a `clsact` qdisc |
 //! | `bpf_sk_lookup.ingress_ifindex` | 5.17 | `edgevx_guard_compat` (`guard.rs` tries the full guard) |
 //! | `BPF_F_ADJ_ROOM_ENCAP_L2_ETH` | 5.13 | the encap asks again without it (`ebpf/src/encap.rs`) |
-//! | conntrack kfuncs in vmlinux BTF | 6.0, conntrack built in | no fast path (`kfunc/mod.rs`) |
+//! | conntrack kfuncs in vmlinux's BTF, or in the loaded `nf_conntrack` module's (then loaded with `fd_array`, which needs CAP_SYS_ADMIN to open) | 6.0 | no fast path (`kfunc/mod.rs`) |
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use super::{fast_path::Mode, kfunc::Conntrack};

@@ -6,7 +6,7 @@ use std::{fs, io, path::Path};
 
 use anyhow::{Context, Result, bail};
 use aya::{
-    Ebpf, EbpfLoader,
+    EbpfLoader,
     programs::{
         LinkOrder, SchedClassifier, TcAttachType,
         links::{FdLink, LinkError, PinnedLink},
@@ -24,6 +24,7 @@ use crate::dataplane::{
     clsact, device,
     features::Features,
     guard, kfunc,
+    loaded::Loaded,
     order::{self, Place},
     refused,
 };
@@ -85,13 +86,19 @@ pub fn object() -> &'static [u8] {
 /// maps or reuses their pins. A program the verifier refuses is a
 /// [`Refused`](refused::Refused) in the error's chain: one line, with
 /// [`retry_after`](refused::Refused::retry_after) for the next try.
-pub fn load(pins: &PinDir, features: &Features) -> Result<Ebpf> {
+pub fn load(pins: &PinDir, features: &Features) -> Result<Loaded> {
     pins.create()?;
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(pins.maps());
-    let mut ebpf = kfunc::load(&mut loader, OBJECT, &features.conntrack)?;
+    // no dot in the name: bpffs refuses names with one (EPERM)
+    let scratch = pins.prog("loading_by_hand");
+    let mut ebpf = kfunc::load(&mut loader, OBJECT, &features.conntrack, &scratch)?;
     for name in PROGRAMS {
         let variant = variant(features, name);
+        if ebpf.by_hand(variant) {
+            info!(program = variant, "loaded beside aya: it calls conntrack's kfuncs in their module's BTF");
+            continue;
+        }
         if variant != name {
             info!(
                 program = name,
@@ -103,7 +110,7 @@ pub fn load(pins: &PinDir, features: &Features) -> Result<Ebpf> {
             );
         }
         // a refusal is one line here; its whole log is logged once (refused.rs)
-        classifier(&mut ebpf, variant)?.load().map_err(|e| refused::refused(variant, e))?;
+        ebpf.classifier(variant)?.load().map_err(|e| refused::refused(variant, e))?;
     }
     guard::load(&mut ebpf)?;
     Ok(ebpf)
@@ -124,17 +131,10 @@ pub fn variant(features: &Features, name: &'static str) -> &'static str {
 }
 
 /// Program `name` as it was loaded: its variant, if that is what `load` loaded.
-fn loaded<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
+fn loaded<'a>(ebpf: &'a mut Loaded, name: &str) -> Result<&'a mut SchedClassifier> {
     let name = program_of(name);
-    let compat = (name == ENCAP && classifier(ebpf, ENCAP)?.fd().is_err()).then_some(ENCAP_COMPAT);
-    classifier(ebpf, compat.unwrap_or(name))
-}
-
-fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
-    ebpf.program_mut(name)
-        .with_context(|| format!("program {name} is missing from the eBPF object"))?
-        .try_into()
-        .with_context(|| format!("program {name} is not a classifier"))
+    let compat = (name == ENCAP && ebpf.classifier(ENCAP)?.fd().is_err()).then_some(ENCAP_COMPAT);
+    ebpf.classifier(compat.unwrap_or(name))
 }
 
 /// Whether the link pinned at `path` is attached to `iface` (in this netns)
@@ -151,7 +151,7 @@ pub fn attached_here(path: &Path, iface: &str, kind: TcAttachType) -> Result<boo
 
 /// Attaches program `name` to `iface`, adopting a pinned link if there is
 /// one on this interface; the link stays pinned at `<pins>/links/<name>`.
-pub fn attach(ebpf: &mut Ebpf, pins: &PinDir, name: &str, iface: &str, kind: TcAttachType) -> Result<()> {
+pub fn attach(ebpf: &mut Loaded, pins: &PinDir, name: &str, iface: &str, kind: TcAttachType) -> Result<()> {
     let link_pin = pins.link(name);
     let prog = loaded(ebpf, name)?;
     let adopted = match PinnedLink::from_pin(&link_pin) {
@@ -199,7 +199,7 @@ pub fn attach(ebpf: &mut Ebpf, pins: &PinDir, name: &str, iface: &str, kind: TcA
 /// (encapsulating twice, say) after a node switched modes.
 pub fn attach_as(
     mode: AttachMode,
-    ebpf: &mut Ebpf,
+    ebpf: &mut Loaded,
     pins: &PinDir,
     name: &str,
     iface: &str,
@@ -220,7 +220,7 @@ pub fn attach_as(
 
 fn attach_tc(
     mode: AttachMode,
-    ebpf: &mut Ebpf,
+    ebpf: &mut Loaded,
     pins: &PinDir,
     name: &str,
     iface: &str,
@@ -291,7 +291,7 @@ pub fn tcx_place(pins: &PinDir, name: &str, iface: &str, kind: TcAttachType) -> 
 /// nobody judged.
 pub fn put_first(
     mode: AttachMode,
-    ebpf: &mut Ebpf,
+    ebpf: &mut Loaded,
     pins: &PinDir,
     name: &str,
     iface: &str,

@@ -7,6 +7,7 @@ pub mod fast_path;
 pub mod features;
 pub mod guard;
 pub mod kfunc;
+pub mod loaded;
 pub mod loader;
 pub mod local_pods;
 pub mod maps;

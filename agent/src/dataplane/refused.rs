@@ -31,7 +31,7 @@ const RETRY_MAX: Duration = Duration::from_secs(300);
 #[derive(Debug, thiserror::Error)]
 #[error("the verifier refused {program} ({errno}): {tail}")]
 pub struct Refused {
-    pub program: &'static str,
+    pub program: String,
     errno: String,
     /// The verifier's last lines, joined.
     tail: String,
@@ -56,7 +56,7 @@ impl Refused {
 /// What the verifier last said about each program, by digest.
 #[derive(Default)]
 struct Refusals {
-    seen: BTreeMap<&'static str, Seen>,
+    seen: BTreeMap<String, Seen>,
 }
 
 struct Seen {
@@ -68,7 +68,7 @@ impl Refusals {
     /// Records a refusal of `program` with `log`, returned when it is news;
     /// `None` when the kernel said nothing (no log: not the verifier's
     /// verdict, but EPERM, ENOMEM and the like).
-    fn news(&mut self, program: &'static str, errno: &io::Error, log: String) -> Option<(Refused, Option<String>)> {
+    fn news(&mut self, program: &str, errno: &io::Error, log: String) -> Option<(Refused, Option<String>)> {
         if log.trim().is_empty() {
             return None;
         }
@@ -78,14 +78,14 @@ impl Refusals {
     }
 
     /// Records that `program` was refused with `log`.
-    fn note(&mut self, program: &'static str, errno: &io::Error, log: &str) -> Refused {
+    fn note(&mut self, program: &str, errno: &io::Error, log: &str) -> Refused {
         let digest = digest(log);
-        let seen = self.seen.entry(program).or_insert(Seen { digest, in_a_row: 0 });
+        let seen = self.seen.entry(program.to_string()).or_insert(Seen { digest, in_a_row: 0 });
         if seen.digest != digest {
             *seen = Seen { digest, in_a_row: 0 };
         }
         seen.in_a_row = seen.in_a_row.saturating_add(1);
-        Refused { program, errno: errno.to_string(), tail: tail(log), in_a_row: seen.in_a_row }
+        Refused { program: program.to_string(), errno: errno.to_string(), tail: tail(log), in_a_row: seen.in_a_row }
     }
 }
 
@@ -107,6 +107,23 @@ pub fn refused(program: &'static str, e: ProgramError) -> anyhow::Error {
         }
         Ok((refused, None)) => refused.into(),
         Err(e) => anyhow::Error::new(e).context(format!("cannot load {program}")),
+    }
+}
+
+/// [`refused`] for a program loaded without aya (kfunc/by_hand.rs): the
+/// kernel's error and the verifier's log as they came.
+pub fn refused_with_log(program: &str, io_error: io::Error, log: String) -> anyhow::Error {
+    let mut refusals = REFUSALS.lock().unwrap_or_else(|p| p.into_inner());
+    match refusals.news(program, &io_error, log) {
+        Some((refused, Some(log))) => {
+            error!(
+                program,
+                "the verifier refused {program}; its whole log follows, logged again only when it changes:\n{log}"
+            );
+            refused.into()
+        }
+        Some((refused, None)) => refused.into(),
+        None => anyhow::Error::new(io_error).context(format!("cannot load {program} (BPF_PROG_LOAD)")),
     }
 }
 

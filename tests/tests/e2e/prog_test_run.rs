@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use aya::{
-    Ebpf, EbpfLoader, TestRun, TestRunOptions,
+    EbpfLoader, TestRun, TestRunOptions,
     maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, PerCpuValues, lpm_trie::Key},
     programs::SchedClassifier,
 };
@@ -35,7 +35,7 @@ pub(crate) const TC_ACT_REDIRECT: u32 = 7;
 pub(crate) const NEXT: u32 = u32::MAX; // TC_ACT_UNSPEC / TCX_NEXT: "not mine, carry on"
 
 pub(crate) struct Loaded {
-    pub(crate) ebpf: Ebpf,
+    pub(crate) ebpf: edgevx::dataplane::loaded::Loaded,
     /// The encap variant this kernel takes (`features::encap`).
     pub(crate) encap: &'static str,
     _bpffs: Bpffs,
@@ -52,14 +52,24 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
     let bpffs = Bpffs::mount(&dir)?;
     let bytes = std::fs::read(object())
         .with_context(|| format!("cannot read {} (cargo xtask build-ebpf)", object().display()))?;
-    // as the agent loads it: kfunc calls resolved for this kernel (or poisoned, fast path off)
+    // as the agent loads it: kfunc calls resolved for this kernel (or
+    // poisoned, fast path off), and where conntrack is a module the VTEP
+    // guard loaded by hand (with fd_array); in a matrix guest the module is
+    // loaded first, so the VTEP guard's tests run on that program there
+    edgevx_tests::ct_kfuncs::like_a_node()?;
+    let ct = Conntrack::probe();
+    anyhow::ensure!(
+        ct.reachable() || !edgevx_tests::ct_kfuncs::offered(),
+        "the kernel offers the conntrack kfuncs, yet the probe says {ct:?}"
+    );
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(&dir);
-    let mut ebpf = edgevx::dataplane::kfunc::load(&mut loader, &bytes, &Conntrack::probe())?;
+    let mut ebpf = edgevx::dataplane::kfunc::load(&mut loader, &bytes, &ct, &dir.join("by_hand"))?;
     let encap = features::encap();
     for p in [encap, "edgevx_decap", "edgevx_bridge", "edgevx_pod_guard", "edgevx_vtep_guard"] {
-        let prog: &mut SchedClassifier = ebpf.program_mut(p).context("program")?.try_into()?;
-        prog.load()?;
+        if !ebpf.by_hand(p) {
+            ebpf.classifier(p)?.load()?;
+        }
     }
     let mut config: Array<_, DataplaneConfig> = Array::try_from(ebpf.map_mut(names::CONFIG).context("config")?)?;
     config.set(
@@ -105,7 +115,7 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
 
 impl Loaded {
     pub(crate) fn run(&self, prog: &str, input: &[u8]) -> Result<(u32, Vec<u8>)> {
-        let p: &SchedClassifier = self.ebpf.program(prog).context("program")?.try_into()?;
+        let p: &SchedClassifier = self.ebpf.classifier_ref(prog)?;
         let mut out = vec![0u8; input.len() + 256];
         let opts = TestRunOptions { data_in: Some(input), data_out: Some(&mut out), ..Default::default() };
         let r = p.test_run(opts)?;

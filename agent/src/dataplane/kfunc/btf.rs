@@ -38,6 +38,9 @@ struct Type {
 pub struct KernelBtf {
     types: Vec<Type>, // index = type id; 0 is void
     strings: Vec<u8>,
+    /// How many type ids vmlinux's BTF holds (void included): an id at or
+    /// past this is a module's, which a program reaches through `fd_array`.
+    base_types: u32,
 }
 
 fn u32_at(b: &[u8], off: usize) -> anyhow::Result<u32> {
@@ -51,13 +54,29 @@ impl KernelBtf {
         Self::parse(&data)
     }
 
+    /// vmlinux's BTF with a loaded module's on top (`/sys/kernel/btf/<module>`,
+    /// split BTF: its type ids and string offsets continue vmlinux's).
+    pub fn with_module(mut self, module: &str) -> anyhow::Result<Self> {
+        let path = format!("/sys/kernel/btf/{module}");
+        let data = std::fs::read(&path).with_context(|| format!("cannot read {path}"))?;
+        self.append(&data).with_context(|| format!("cannot parse {path}"))?;
+        Ok(self)
+    }
+
     pub fn parse(d: &[u8]) -> anyhow::Result<Self> {
         let mut btf = Self {
             types: vec![Type { name_off: 0, kind: 0, size_or_type: 0, members: vec![], array: None }],
             strings: vec![],
+            base_types: 0,
         };
         btf.append(d)?;
+        btf.base_types = u32::try_from(btf.types.len())?;
         Ok(btf)
+    }
+
+    /// Whether type `id` is in a module's BTF rather than vmlinux's.
+    pub fn in_module(&self, id: u32) -> bool {
+        id >= self.base_types
     }
 
     fn append(&mut self, d: &[u8]) -> anyhow::Result<()> {

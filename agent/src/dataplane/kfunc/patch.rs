@@ -6,8 +6,9 @@
 //! support fails with "extern `<name>` not found" (bpf-linker's tagging of
 //! such declarations, aya-rs/bpf-linker#317, is not in 0.13). The kernel
 //! needs only the call instruction: src_reg = BPF_PSEUDO_KFUNC_CALL, imm =
-//! the function's BTF id, off = 0 (vmlinux; a module's BTF would need
-//! `fd_array`, which aya 0.16 cannot pass: aya-rs/aya#1594).
+//! the function's BTF id, off = 0 for vmlinux's BTF, or a module BTF's
+//! index in `fd_array` (which aya 0.16 cannot pass, aya-rs/aya#1594: such a
+//! program is loaded by hand, see by_hand.rs).
 //!
 //! Edits (sizes and layout unchanged):
 //! * each `call` insn with an R_BPF_64_32 relocation against such a symbol:

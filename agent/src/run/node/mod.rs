@@ -40,10 +40,10 @@ pub(super) struct Node {
     /// The loaded programs until they are attached: only after the maps
     /// hold every peer, so taking over from flanneld (or from an older
     /// edgevx) never sends a packet to an empty table.
-    pending: Option<aya::Ebpf>,
+    pending: Option<crate::dataplane::loaded::Loaded>,
     /// The loaded programs once attached: the bridge program is attached
     /// later, whenever the pod bridge (re)appears.
-    loaded: Option<aya::Ebpf>,
+    loaded: Option<crate::dataplane::loaded::Loaded>,
     /// The fast path's keeper and promotion loop while it is on.
     _fast_path: Option<crate::run::fast_path::FastPathTasks>,
     /// The pod bridge's ifindex while our program is attached to it.

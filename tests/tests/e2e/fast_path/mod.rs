@@ -3,8 +3,9 @@
 //! call a packet INVALID (kube-proxy drops those), and a fast path that
 //! skips the liberal step must be caught by the same test.
 //!
-//! Runs only where the kernel gives the agent the conntrack kfuncs
-//! (conntrack built in, 6.0+): elsewhere the agent says the fast path is
+//! The fast path must be on wherever the kernel offers the conntrack
+//! kfuncs (6.0+ with BTF, conntrack built in or its module loaded: see
+//! [`edgevx_tests::ct_kfuncs`]); elsewhere the agent says it is
 //! unavailable and the test checks that it carried nothing.
 //!
 //! NAT flows ([`nat`]), policy changes on established flows ([`policy`]),
@@ -17,6 +18,7 @@ mod window;
 
 use anyhow::{Context, Result, ensure};
 use edgevx_tests::{
+    ct_kfuncs,
     kube_proxy::Mode,
     netns::Netns,
     real_node::{NodeKind, RealCluster},
@@ -66,9 +68,18 @@ pub(crate) fn fast_path_counters(rc: &RealCluster, i: u8) -> String {
     counters.iter().filter(|(k, _)| k.starts_with("fast_path")).map(|(k, v)| format!("{k}={v} ")).collect()
 }
 
+/// Whether node `i`'s fast path is on; an error where the kernel offers the
+/// conntrack kfuncs (built in, or its module loaded) and the agent still
+/// says it is off: then the probe or the load is wrong, not the kernel.
 pub(crate) fn fast_path_on(rc: &RealCluster, i: u8) -> Result<bool> {
     let status = rc.agents[usize::from(i) - 1].as_ref().context("an edgevx node")?.status()?;
-    Ok(status["fast_path"].as_str() == Some("on"))
+    let on = status["fast_path"].as_str() == Some("on");
+    ensure!(
+        on || !ct_kfuncs::offered(),
+        "node{i}: the kernel offers the conntrack kfuncs, yet the fast path is {}",
+        status["fast_path"]
+    );
+    Ok(on)
 }
 
 /// A 64 MiB TCP transfer each way between the nodes' pods, with

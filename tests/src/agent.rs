@@ -142,10 +142,7 @@ impl Agent {
             .arg("--bpffs")
             .arg(&self.bpffs)
             .output()?;
-        if !out.status.success() {
-            bail!("edgevx status failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(serde_json::from_slice(&out.stdout)?)
+        status_document(&out)
     }
 
     /// Waits for the agent to exit on its own; its exit code (`None`: killed by a signal).
@@ -235,10 +232,26 @@ pub fn status(ns: &Netns, state_dir: &Path, bpffs: &Path) -> Result<Value> {
         .arg("--bpffs")
         .arg(bpffs)
         .output()?;
-    if !out.status.success() {
-        bail!("edgevx status failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(serde_json::from_slice(&out.stdout)?)
+    status_document(&out)
+}
+
+/// `edgevx status --json`'s document. Its exit code is the node's state
+/// (0 forwarding, 1 not forwarding, 3 programs running with no agent), and
+/// must be the one its own `state` field names; no document (no state at
+/// all, a usage error, a crash) fails with what it printed.
+pub fn status_document(out: &std::process::Output) -> Result<Value> {
+    let code = out.status.code();
+    let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) else {
+        bail!("edgevx status failed ({:?}): {}", code, String::from_utf8_lossy(&out.stderr));
+    };
+    let want = match v["state"].as_str() {
+        Some("forwarding") => 0,
+        Some("not_forwarding") => 1,
+        Some("unmanaged") => 3,
+        other => bail!("edgevx status: no known state ({other:?}) in {v:#}"),
+    };
+    anyhow::ensure!(code == Some(want), "edgevx status exited {code:?} with state {}: {v:#}", v["state"]);
+    Ok(v)
 }
 
 /// Polls `check` on the agent's status until it holds (or `timeout`).

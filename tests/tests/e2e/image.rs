@@ -434,8 +434,8 @@ impl Container<'_> {
 
     /// `edgevx status --json` inside the container, as `kubectl exec` runs it.
     fn status(&self) -> Result<Value> {
-        let out = self.podman.run(&["exec", &self.name, "/usr/local/bin/edgevx", "status", "--json"])?;
-        serde_json::from_str(&out).with_context(|| format!("status is not JSON: {out}"))
+        let out = self.podman.output(&["exec", &self.name, "/usr/local/bin/edgevx", "status", "--json"])?;
+        edgevx_tests::agent::status_document(&out)
     }
 
     /// SIGTERM, as the kubelet stops a pod, then removal.

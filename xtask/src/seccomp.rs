@@ -36,6 +36,9 @@ pub const BPF_COMMANDS: &[(&str, u32)] = &[
     ("BPF_OBJ_PIN", 6),
     ("BPF_OBJ_GET", 7),
     ("BPF_OBJ_GET_INFO_BY_FD", 15),
+    // the TCX chain's programs, in order: the agent's decap-first check and
+    // `edgevx status` (without it, status in the pod read "NOT attached")
+    ("BPF_PROG_QUERY", 16),
     ("BPF_BTF_LOAD", 18),
     ("BPF_MAP_FREEZE", 22),
     ("BPF_LINK_CREATE", 28),

@@ -554,7 +554,9 @@ fn every_object_and_the_pod_carry_the_recommended_labels_with_this_release() -> 
     let version = env!("CARGO_PKG_VERSION");
     for dir in ["base", "uninstall"].into_iter().chain(OVERLAYS) {
         let objects = render(dir)?;
-        let ds = daemonset(&objects)?;
+        // the agent's, or the uninstall's (its only object)
+        let ds =
+            objects.iter().find(|o| o["kind"] == "DaemonSet").with_context(|| format!("deploy/{dir}: no DaemonSet"))?;
         let labelled = objects.iter().map(|o| (o["kind"].to_string(), &o["metadata"]["labels"]));
         let template = ("the DaemonSet's pod template".to_string(), &ds["spec"]["template"]["metadata"]["labels"]);
         for (what, labels) in labelled.chain(std::iter::once(template)) {

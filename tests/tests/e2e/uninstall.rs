@@ -74,7 +74,10 @@ fn the_uninstall_daemonset_leaves_nothing_of_edgevx_in_the_nodes_kernel() -> Res
     for line in ["edgevx_node_state{state=\"unmanaged\"} 1", "edgevx_node_agent_running 0"] {
         assert!(metrics.lines().any(|l| l == line), "{line} not in:\n{metrics}");
     }
-    let pins_before = files_under(&host1.bpffs_dir());
+    // edgevx's directory on the node's bpffs (the DaemonSet's EDGEVX_BPFFS): the
+    // bpffs root also holds the kernel's own progs.debug and maps.debug
+    let ours = host1.bpffs_dir().join("edgevx");
+    let pins_before = files_under(&ours);
     ensure!(!pins_before.is_empty(), "the agent pinned nothing: the test would prove nothing");
 
     // deploy/uninstall: its cleanup container, as the kubelet runs it on the node
@@ -90,7 +93,7 @@ fn the_uninstall_daemonset_leaves_nothing_of_edgevx_in_the_nodes_kernel() -> Res
     assert!(log.contains("nothing of edgevx is pinned any more"), "{log}");
 
     // nothing left, as the kernel says
-    let left = files_under(&host1.bpffs_dir());
+    let left = files_under(&ours);
     assert!(left.is_empty(), "pins left in the node's bpffs: {left:?}");
     let xdp_tc = n1.run(&["bpftool", "net", "show"])?;
     assert!(!xdp_tc.contains("edgevx"), "programs still attached in the node:\n{xdp_tc}");

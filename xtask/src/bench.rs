@@ -140,18 +140,26 @@ fn bring_up(setup: Setup) -> Result<(Cluster, Vec<Agent>)> {
     Ok((c, agents))
 }
 
-fn iperf(client: &Netns, server: &Netns, args: &[&str]) -> Result<Value> {
-    let mut srv = server.cmd("iperf3").args(["-s", "-1"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
-    // listening before the client dials: a fixed pause is too short in a TCG guest
+/// Waits until `srv` (the `what` server in `server`) listens on TCP `port`:
+/// a fixed pause before the client dials is too short in a TCG guest. A
+/// server that does not listen within 30 s is stopped.
+fn wait_listening(server: &Netns, srv: &mut std::process::Child, what: &str, port: u16) -> Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !server.run(&["ss", "-Hltn", "sport", "=", ":5201"]).is_ok_and(|l| !l.trim().is_empty()) {
+    let sport = format!(":{port}");
+    while !server.run(&["ss", "-Hltn", "sport", "=", &sport]).is_ok_and(|l| !l.trim().is_empty()) {
         if std::time::Instant::now() > deadline {
             let _ = srv.kill();
             let _ = srv.wait();
-            bail!("the iperf3 server in {} did not listen within 30 s", server.name);
+            bail!("the {what} server in {} did not listen within 30 s", server.name);
         }
         sleep(Duration::from_millis(50));
     }
+    Ok(())
+}
+
+fn iperf(client: &Netns, server: &Netns, args: &[&str]) -> Result<Value> {
+    let mut srv = server.cmd("iperf3").args(["-s", "-1"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+    wait_listening(server, &mut srv, "iperf3", 5201)?;
     let mut all = vec!["iperf3", "-J", "-c"];
     let target = pod_ip(2).to_string();
     all.push(&target);
@@ -176,15 +184,7 @@ fn tcp_rr(client: &Netns, server: &Netns, seconds: u32) -> Result<f64> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !server.run(&["ss", "-Hltn", "sport", "=", ":11111"]).is_ok_and(|l| !l.trim().is_empty()) {
-        if std::time::Instant::now() > deadline {
-            let _ = srv.kill();
-            let _ = srv.wait();
-            bail!("the sockperf server in {} did not listen within 30 s", server.name);
-        }
-        sleep(Duration::from_millis(50));
-    }
+    wait_listening(server, &mut srv, "sockperf", 11111)?;
     let t = seconds.to_string();
     let out = client.run(&["sockperf", "ping-pong", "--tcp", "-i", &ip, "-p", "11111", "-t", &t, "--msg-size", "64"]);
     let _ = srv.kill();

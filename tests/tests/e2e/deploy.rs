@@ -149,18 +149,6 @@ fn the_rollback_pod_in_migration_md_runs_cleanup_as_the_daemonset_runs_the_agent
     for name in ["EDGEVX_BPFFS", "EDGEVX_STATE_DIR"] {
         assert_eq!(env(cleanup, name), env(agent, name), "{name}");
     }
-    let host_mounts = |spec: &Value, c: &Value| -> BTreeSet<(String, String)> {
-        let volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
-        c["volumeMounts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|m| {
-                let v = volumes.iter().find(|v| v["name"] == m["name"])?;
-                Some((v["hostPath"]["path"].as_str()?.to_string(), m["mountPath"].as_str()?.to_string()))
-            })
-            .collect()
-    };
     let (ours, theirs) = (host_mounts(spec, cleanup), host_mounts(ds_spec, agent));
     assert!(ours.is_subset(&theirs), "{ours:?} not all in the DaemonSet's {theirs:?}");
     for p in ["/sys/fs/bpf", "/var/lib/edgevx", "/run/xtables.lock", "/run/edgevx/netns"] {
@@ -227,4 +215,18 @@ fn systemd_settings_name_real_flags() -> Result<()> {
     assert!(setting("ReadWritePaths").split(' ').any(|p| p == "/sys/fs/bpf"));
     assert_eq!(setting("RestartPreventExitStatus"), "2", "a usage error must not restart forever");
     Ok(())
+}
+
+/// Container `c`'s hostPath mounts in pod `spec`: (host path, mount path).
+pub(crate) fn host_mounts(spec: &Value, c: &Value) -> BTreeSet<(String, String)> {
+    let volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
+    c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let v = volumes.iter().find(|v| v["name"] == m["name"])?;
+            Some((v["hostPath"]["path"].as_str()?.to_string(), m["mountPath"].as_str()?.to_string()))
+        })
+        .collect()
 }

@@ -143,22 +143,9 @@ fn the_uninstall_runs_cleanup_where_and_as_the_agent_runs() -> Result<()> {
     for name in ["EDGEVX_BPFFS", "EDGEVX_STATE_DIR"] {
         assert_eq!(env(cleanup, name), env(agent, name), "{name}");
     }
-    let mounts = |spec: &Value, c: &Value| -> Vec<(String, String)> {
-        let volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
-        c["volumeMounts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|m| {
-                let v = volumes.iter().find(|v| v["name"] == m["name"])?;
-                Some((v["hostPath"]["path"].as_str()?.to_string(), m["mountPath"].as_str()?.to_string()))
-            })
-            .collect()
-    };
-    let (ours, theirs) = (mounts(spec, cleanup), mounts(agent_spec, agent));
-    for m in &ours {
-        assert!(theirs.contains(m), "{m:?} is not one of the agent's mounts {theirs:?}");
-    }
+    let host_mounts = crate::deploy::host_mounts;
+    let (ours, theirs) = (host_mounts(spec, cleanup), host_mounts(agent_spec, agent));
+    assert!(ours.is_subset(&theirs), "{ours:?} not all in the agent's {theirs:?}");
     for p in ["/sys/fs/bpf", "/var/lib/edgevx", "/run/flannel", "/run/xtables.lock", "/run/edgevx/netns"] {
         assert!(ours.iter().any(|(h, _)| h == p), "cleanup lacks {p}");
     }

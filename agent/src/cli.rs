@@ -32,6 +32,12 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Show the dataplane: works while the agent runs and after it stopped.
     Status(StatusArgs),
+    /// Show the packets the dataplane drops, one line each, with why and where
+    /// (the programs write them only while a monitor watches).
+    Monitor(MonitorArgs),
+    /// Write one .tar.gz with what a bug report needs: status, the pinned maps,
+    /// firewall rules, links, routes, tc filters, kernel features (no secrets).
+    Bugtool(BugtoolArgs),
     /// Remove everything edgevx created (links, programs, maps, device, subnet file,
     /// firewall chains); with --keep-vtep, hand the node back to flanneld instead.
     Cleanup(CleanupArgs),
@@ -220,6 +226,43 @@ pub struct StatusArgs {
     /// textfile collector.
     #[arg(long, conflicts_with = "json")]
     pub prometheus: bool,
+}
+
+/// What `edgevx monitor` shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum MonitorType {
+    /// Packets a program dropped.
+    #[default]
+    Drop,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct MonitorArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    /// Print one JSON object per event instead of a line of text.
+    #[arg(long, env = "EDGEVX_JSON")]
+    pub json: bool,
+    /// Which events (drops are the only kind so far).
+    #[arg(long = "type", value_enum, default_value_t = MonitorType::Drop)]
+    pub r#type: MonitorType,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct BugtoolArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    /// Where to write the archive (default: edgevx-bugtool-<host>-<time>.tar.gz
+    /// in the current directory).
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+    /// The agent's log file; its last --log-lines lines go in. Without it, the
+    /// journal of the edgevx unit when journalctl is there.
+    #[arg(long)]
+    pub log: Option<PathBuf>,
+    /// How many of the log's last lines to include.
+    #[arg(long, default_value_t = 2000)]
+    pub log_lines: usize,
 }
 
 #[derive(Args, Clone, Debug)]

@@ -4,6 +4,7 @@
 //! A library as well as the `edgevx` binary so that the fuzz targets and
 //! benches can drive the parsers and the reconciler directly.
 pub mod annotations;
+pub mod bugtool;
 pub mod cache;
 pub mod cleanup;
 pub mod cli;
@@ -17,6 +18,7 @@ pub mod exempt;
 pub mod family;
 pub mod mac;
 pub mod metrics;
+pub mod monitor;
 pub mod netconf;
 pub mod netfilter;
 pub mod owner;

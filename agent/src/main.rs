@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use edgevx::{UsageError, cleanup, cli, cli_flanneld, run, status};
+use edgevx::{UsageError, bugtool, cleanup, cli, cli_flanneld, monitor, run, status};
 
 fn raise_memlock() {
     let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
@@ -84,6 +84,8 @@ fn main() -> ExitCode {
                 run::run(*args).await
             }
             cli::Command::Status(args) => status::run(args),
+            cli::Command::Monitor(args) => monitor::run(args).await,
+            cli::Command::Bugtool(args) => bugtool::run(args),
             cli::Command::Cleanup(args) => cleanup::run(args).await,
         }
     });

@@ -12,6 +12,7 @@ pub mod fastpath;
 pub mod headers;
 pub mod icmp;
 pub mod maps;
+pub mod monitor;
 pub mod vxlan;
 
 /// Bumped whenever a pinned map's layout changes; pins live under

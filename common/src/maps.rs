@@ -33,7 +33,7 @@ pub const MORE_STATS: &str = "EDGEVX_MORE_STATS";
 
 /// All pinned maps, for status and cleanup (a unit test of the agent checks
 /// the eBPF object declares no other).
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 17] = [
     CONFIG,
     PEER_SUBNETS,
     PEER_SUBNETS6,
@@ -48,6 +48,9 @@ pub const ALL: [&str; 14] = [
     crate::fastpath::FP_CONFIG,
     crate::fastpath::FP_SEEN,
     crate::fastpath::FP_EVENTS,
+    crate::monitor::MON_WATCH,
+    crate::monitor::MON_BUDGET,
+    crate::monitor::MON_EVENTS,
 ];
 
 /// Outer IP ID counters, one per destination bucket, as many as the

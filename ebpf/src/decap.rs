@@ -58,13 +58,14 @@ use edgevx_common::{
     counters::Counter,
     headers::{EthHeader, Ipv4Header, VxlanHeader},
     maps::{DataplaneConfig, FLAG_BYPASS_NETFILTER, LocalPod, MARK_JUDGED, PeerAccept},
+    monitor::Program,
     vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, IPPROTO_UDP, IPV4_HLEN, UDP_HLEN, VXLAN_HLEN},
 };
 
 use crate::{
     judge6,
     maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS, EDGEVX_PEER_ACCEPT, EDGEVX_PEER_SUBNETS},
-    skb, stats, tagged,
+    monitor, skb, stats, tagged,
     tunnel::{INNER_ETH_AT, NEXT, TUNNEL_LEN, VXLAN_AT, load_tunnel, sub},
 };
 
@@ -77,7 +78,7 @@ pub fn run(ctx: &TcContext) -> i32 {
     };
     let eth = EthHeader(sub::<{ ETH_HLEN + IPV4_HLEN }, 0, ETH_HLEN>(&outer));
     if eth.is_vlan() && cfg.vni != 0 {
-        return tagged::judge(ctx, cfg.port);
+        return tagged::judge(ctx, cfg.port, Program::Decap);
     }
     if eth.is_ipv6() {
         return judge6::run(ctx, cfg);
@@ -98,37 +99,30 @@ pub fn run(ctx: &TcContext) -> i32 {
     // From here on the datagram is for the kernel's VXLAN socket: judge it.
     let src = ip.src();
     let Some(accept) = EDGEVX_PEER_ACCEPT.get_ptr(&src).map(|p| unsafe { *p }) else {
-        stats::add(Counter::DropUnknownPeer, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropUnknownPeer, false);
     };
     // one read after the other, never both at once: see `load_tunnel`
     let Some((tunnel, inner_ip)) = load_tunnel::<IPV4_HLEN>(ctx, udp_off) else {
         let reason = if ip.is_first_fragment() { Counter::DropShortFragment } else { Counter::DropInnerNotIpv4 };
-        stats::add(reason, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, reason, true);
     };
     if ihl == IPV4_HLEN && !ip.checksum_ok() {
-        stats::add(Counter::DropBadChecksum, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropBadChecksum, true);
     }
     let vxlan = VxlanHeader(sub::<TUNNEL_LEN, VXLAN_AT, VXLAN_HLEN>(&tunnel));
     if !vxlan.is_valid() {
-        stats::add(Counter::DropBadVxlanFlags, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropBadVxlanFlags, true);
     }
     let inner_eth = EthHeader(sub::<TUNNEL_LEN, INNER_ETH_AT, ETH_HLEN>(&tunnel));
     let inner_ip = Ipv4Header(&inner_ip);
     if !inner_eth.is_ipv4() || !inner_ip.is_valid_v4() {
-        stats::add(Counter::DropInnerNotIpv4, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropInnerNotIpv4, true);
     }
     if !accept.exempt() && !owns_source(&src, &accept, inner_ip.src()) {
-        stats::add(Counter::DropSpoofedSource, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropSpoofedSource, true);
     }
     if inner_ip.ttl() <= 1 {
-        stats::add(Counter::DropInnerTtl, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropInnerTtl, true);
     }
 
     // Judged: from here on, only where it goes.
@@ -155,8 +149,7 @@ pub fn run(ctx: &TcContext) -> i32 {
         && let Some(pod) = local_pod(&inner_ip.dst())
     {
         if strip(ctx).is_err() {
-            stats::add(Counter::DropAdjustRoom, 1);
-            return TC_ACT_SHOT;
+            return drop(ctx, Counter::DropAdjustRoom, true);
         }
         return if cfg.flags & FLAG_BYPASS_NETFILTER != 0 {
             deliver_to_pod(ctx, &pod, inner_len)
@@ -167,6 +160,15 @@ pub fn run(ctx: &TcContext) -> i32 {
     stats::count(Counter::RxHostPackets, Counter::RxHostBytes, inner_len);
     judged(ctx);
     NEXT
+}
+
+/// Drops a frame on the underlay: counted, and shown to a monitor.
+/// `from_peer`: its sender is an accepted peer.
+#[inline(always)]
+fn drop(ctx: &TcContext, reason: Counter, from_peer: bool) -> i32 {
+    stats::add(reason, 1);
+    monitor::decap(ctx, reason, 0, from_peer);
+    TC_ACT_SHOT
 }
 
 /// Marks a frame judged and accepted for our VTEP, whose ingress guard
@@ -218,6 +220,7 @@ fn eth_header(dst: &[u8; 6], src: &[u8; 6]) -> [u8; ETH_HLEN] {
 fn deliver_to_stack(ctx: &TcContext, cfg: &DataplaneConfig, peer_mac: &[u8; 6], inner_len: u32) -> i32 {
     if ctx.store(0, &eth_header(&cfg.vtep_mac, peer_mac), 0).is_err() {
         stats::add(Counter::DropAdjustRoom, 1);
+        monitor::decap_stripped(ctx, Counter::DropAdjustRoom);
         return TC_ACT_SHOT;
     }
     stats::count(Counter::RxStackPackets, Counter::RxStackBytes, inner_len);
@@ -232,6 +235,7 @@ fn deliver_to_stack(ctx: &TcContext, cfg: &DataplaneConfig, peer_mac: &[u8; 6], 
 fn deliver_to_pod(ctx: &TcContext, pod: &LocalPod, inner_len: u32) -> i32 {
     if ctx.store(0, &eth_header(&pod.pod_mac, &pod.host_mac), 0).is_err() {
         stats::add(Counter::DropAdjustRoom, 1);
+        monitor::decap_stripped(ctx, Counter::DropAdjustRoom);
         return TC_ACT_SHOT;
     }
     stats::count(Counter::RxFastPackets, Counter::RxFastBytes, inner_len);

@@ -23,7 +23,7 @@ use edgevx_common::{
 
 use crate::{
     maps::{EDGEVX_CONFIG, EDGEVX_IP_ID, EDGEVX_IP_IDENTS, EDGEVX_PEER_SUBNETS},
-    skb, stats, too_big,
+    monitor, skb, stats, too_big,
 };
 
 /// The device MTU already leaves room for the 50 bytes (flannel's MTU - 50),
@@ -50,31 +50,27 @@ pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
         return TC_ACT_SHOT;
     };
     if cfg.vni == 0 {
-        stats::add(Counter::DropNoConfig, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropNoConfig, None);
     }
     match ctx.load::<[u8; 2]>(12) {
         Ok(p) if u16::from_be_bytes(p) == ETH_P_IP => {}
         _ => {
-            stats::add(Counter::DropNotIpv4, 1);
-            return TC_ACT_SHOT;
+            return drop(ctx, Counter::DropNotIpv4, None);
         }
     }
     let Ok(header) = ctx.load::<[u8; IPV4_HLEN]>(ETH_HLEN) else {
-        stats::add(Counter::DropNotIpv4, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropNotIpv4, None);
     };
     let inner = Ipv4Header(&header);
     // a destination in no peer's subnet is dropped here, counted: handing it
     // to the kernel's device (no fdb) would drop it unseen, and routing it
     // anywhere else could loop
     let Some(peer) = EDGEVX_PEER_SUBNETS.get(&Key::new(32, inner.dst())) else {
-        stats::add(Counter::DropNoRoute, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropNoRoute, None);
     };
     let peer = *peer;
     if check_mtu && let Some(mtu) = too_big::exceeds(ctx, cfg, &inner) {
-        return too_big::handle(ctx, cfg, &inner, &peer.vtep_mac, mtu);
+        return too_big::handle(ctx, cfg, &inner, &peer, mtu);
     }
     let peer_stats = stats::peer(&peer.public_ip);
 
@@ -102,6 +98,7 @@ pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
         && ctx.store(INNER_ETH_OFF, &inner_eth(&params), 0).is_ok();
     if !stored {
         stats::add(Counter::DropAdjustRoom, 1);
+        monitor::encap(ctx, Counter::DropAdjustRoom, Some(&peer.public_ip));
         if let Some(s) = peer_stats {
             s.tx_errors += 1;
         }
@@ -115,6 +112,14 @@ pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
     // SAFETY: no neighbour parameters: the kernel routes the outer
     // destination through the underlay and resolves its next hop.
     unsafe { bpf_redirect_neigh(cfg.underlay_ifindex, core::ptr::null_mut(), 0, 0) as i32 }
+}
+
+/// Drops a frame before encapsulation: counted, and shown to a monitor.
+#[inline(always)]
+pub(crate) fn drop(ctx: &TcContext, reason: Counter, peer: Option<&[u8; 4]>) -> i32 {
+    stats::add(reason, 1);
+    monitor::encap(ctx, reason, peer);
+    TC_ACT_SHOT
 }
 
 /// Adds the 50 bytes. The kernel is asked with `BPF_F_ADJ_ROOM_ENCAP_L2_ETH`

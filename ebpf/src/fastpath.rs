@@ -260,6 +260,7 @@ fn deliver(ctx: &TcContext, pod: &LocalPod) -> i32 {
         || ctx.store(0, &eth, 0).is_err()
     {
         stats::add(Counter::DropAdjustRoom, 1);
+        crate::monitor::vtep_guard(ctx, Counter::DropAdjustRoom as u32);
         return TC_ACT_SHOT;
     }
     stats::count(Counter::FastPathPackets, Counter::FastPathBytes, ctx.len() - ETH_HLEN as u32);

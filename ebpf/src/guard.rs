@@ -23,7 +23,7 @@ use edgevx_common::{counters::Counter, vxlan::IPPROTO_UDP};
 
 use crate::{
     maps::{EDGEVX_CONFIG, EDGEVX_PEER_ACCEPT, EDGEVX_PEER_ACCEPT6},
-    stats,
+    monitor, stats,
 };
 
 const SK_DROP: u32 = 0;
@@ -44,24 +44,38 @@ pub fn run(ctx: &SkLookupContext, check_iface: bool) -> u32 {
     if cfg.vni == 0 || l.protocol != IPPROTO_UDP as u32 || l.local_port != cfg.port as u32 {
         return SK_PASS;
     }
-    let peer = match l.family {
-        AF_INET => EDGEVX_PEER_ACCEPT.get_ptr(&l.remote_ip4.to_ne_bytes()).is_some(),
-        AF_INET6 if cfg.ipv6_on() => EDGEVX_PEER_ACCEPT6.get_ptr(&remote_ip6(l)).is_some(),
+    let (peer, v6) = match l.family {
+        AF_INET => (EDGEVX_PEER_ACCEPT.get_ptr(&l.remote_ip4.to_ne_bytes()).is_some(), false),
+        AF_INET6 if cfg.ipv6_on() => (EDGEVX_PEER_ACCEPT6.get_ptr(&remote_ip6(l)).is_some(), true),
         _ => return SK_PASS,
     };
     if !peer {
-        stats::add(Counter::DropUnknownPeerSocket, 1);
-        return SK_DROP;
+        return drop(l, Counter::DropUnknownPeerSocket, v6, check_iface);
     }
     // a peer's VXLAN is judged whole (inner source, TTL, flags) only by
     // decap on the underlay, which saw it before the kernel reassembled or
     // delivered it; from anywhere else the kernel would decapsulate it
     // unjudged
     if check_iface && l.ingress_ifindex != cfg.underlay_ifindex {
-        stats::add(Counter::DropVxlanOffUnderlay, 1);
-        return SK_DROP;
+        return drop(l, Counter::DropVxlanOffUnderlay, v6, check_iface);
     }
     SK_PASS
+}
+
+/// Refuses the lookup: counted, and shown to a monitor (with the ingress
+/// interface where the kernel has it, see `check_iface`).
+#[inline(always)]
+fn drop(l: &bpf_sk_lookup, reason: Counter, v6: bool, check_iface: bool) -> u32 {
+    stats::add(reason, 1);
+    let remote = if v6 {
+        remote_ip6(l)
+    } else {
+        let a = l.remote_ip4.to_ne_bytes();
+        [a[0], a[1], a[2], a[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    };
+    let ifindex = if check_iface { l.ingress_ifindex } else { 0 };
+    monitor::socket_guard(l, reason, v6, remote, ifindex);
+    SK_DROP
 }
 
 /// The remote IPv6 address, as on the wire. Read word by word with

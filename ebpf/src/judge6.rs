@@ -48,7 +48,7 @@ use edgevx_common::{
 
 use crate::{
     maps::{EDGEVX_PEER_ACCEPT6, EDGEVX_PEER_SUBNETS6},
-    stats,
+    monitor, stats,
     tunnel::{INNER_ETH_AT, NEXT, TUNNEL_LEN, VXLAN_AT, load_tunnel, sub},
 };
 
@@ -102,8 +102,7 @@ pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
             }
         }
         if is_ext_header(next) {
-            stats::add(Counter::DropLongExtChain, 1);
-            return TC_ACT_SHOT;
+            return drop(ctx, Counter::DropLongExtChain, 0, true);
         }
         if next != IPPROTO_UDP {
             return NEXT;
@@ -118,31 +117,26 @@ pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
 
     // From here on the datagram is for the kernel's VXLAN socket: judge it.
     let Some(accept) = peer.or_else(|| accepted(&ip)) else {
-        stats::add(Counter::DropUnknownPeer, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropUnknownPeer, udp_at, false);
     };
     // one read after the other, never both at once: see `load_tunnel`
     let Some((tunnel, inner_ip)) = load_tunnel::<IPV6_HLEN>(ctx, udp_at) else {
         // a first fragment must hold all that is judged: the kernel would
         // reassemble it and decapsulate what this program never saw
         let reason = if first_fragment { Counter::DropShortFragment } else { Counter::DropInnerNotIpv6 };
-        stats::add(reason, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, reason, udp_at, true);
     };
     let vxlan = VxlanHeader(sub::<TUNNEL_LEN, VXLAN_AT, VXLAN_HLEN>(&tunnel));
     if !vxlan.is_valid() {
-        stats::add(Counter::DropBadVxlanFlags, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropBadVxlanFlags, udp_at, true);
     }
     let inner_eth = EthHeader(sub::<TUNNEL_LEN, INNER_ETH_AT, ETH_HLEN>(&tunnel));
     let inner_ip = Ipv6Header(&inner_ip);
     if !inner_eth.is_ipv6() || !inner_ip.is_valid_v6() {
-        stats::add(Counter::DropInnerNotIpv6, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropInnerNotIpv6, udp_at, true);
     }
     if !accept.exempt() && !owns_source6(&ip.src(), &accept, &inner_ip.src()) {
-        stats::add(Counter::DropSpoofedSource, 1);
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropSpoofedSource, udp_at, true);
     }
 
     // Judged: the kernel's flannel-v6 socket decapsulates it.
@@ -155,6 +149,15 @@ pub fn run(ctx: &TcContext, cfg: &DataplaneConfig) -> i32 {
     // flannel-v6.<VNI>'s ingress guard lets through only what was judged
     crate::decap::judged(ctx);
     NEXT
+}
+
+/// Drops a frame: counted, and shown to a monitor. `udp_at`: where the
+/// walk found the UDP header (0: not found); `from_peer`: an accepted sender.
+#[inline(always)]
+fn drop(ctx: &TcContext, reason: Counter, udp_at: usize, from_peer: bool) -> i32 {
+    stats::add(reason, 1);
+    monitor::decap(ctx, reason, udp_at, from_peer);
+    TC_ACT_SHOT
 }
 
 /// Whether `inner_src` is the peer at `outer_src`'s to send: the longest

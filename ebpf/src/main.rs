@@ -17,6 +17,7 @@ mod guard;
 mod judge6;
 mod kfunc;
 mod maps;
+mod monitor;
 mod pod_guard;
 mod skb;
 mod stats;

@@ -11,6 +11,7 @@ use edgevx_common::{
     maps::{
         DataplaneConfig, IP_ID_BUCKETS, LocalPod, MAX_LOCAL_PODS, MAX_PEERS, Peer, PeerAccept, PeerAccept6, PeerStats,
     },
+    monitor::{MON_EVENTS_BYTES, MonitorBudget, MonitorWatch},
 };
 
 #[map]
@@ -57,3 +58,12 @@ pub static EDGEVX_FP_SEEN: LruHashMap<FlowKey, Seen> = LruHashMap::pinned(FP_SEE
 
 #[map]
 pub static EDGEVX_FP_EVENTS: RingBuf = RingBuf::pinned(FP_EVENTS_BYTES, 0);
+
+#[map]
+pub static EDGEVX_MON_WATCH: Array<MonitorWatch> = Array::pinned(1, 0);
+
+#[map]
+pub static EDGEVX_MON_BUDGET: PerCpuArray<MonitorBudget> = PerCpuArray::pinned(1, 0);
+
+#[map]
+pub static EDGEVX_MON_EVENTS: RingBuf = RingBuf::pinned(MON_EVENTS_BYTES, 0);

@@ -16,9 +16,9 @@ use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
     programs::TcContext,
 };
-use edgevx_common::{counters::Counter, headers::EthHeader, vxlan::ETH_HLEN};
+use edgevx_common::{counters::Counter, headers::EthHeader, monitor::Program, vxlan::ETH_HLEN};
 
-use crate::{maps::EDGEVX_CONFIG, stats, tagged, vxlan_port};
+use crate::{maps::EDGEVX_CONFIG, monitor, stats, tagged, vxlan_port};
 
 /// Not VXLAN: the bridge and the host carry on as usual.
 const NEXT: i32 = TC_ACT_UNSPEC;
@@ -35,11 +35,12 @@ pub fn run(ctx: &TcContext) -> i32 {
     }
     let eth = EthHeader(&eth);
     if eth.is_vlan() {
-        return tagged::judge(ctx, cfg.port);
+        return tagged::judge(ctx, cfg.port, Program::PodGuard);
     }
     if !vxlan_port::is_udp_to(ctx, eth.ethertype(), ETH_HLEN, cfg.port) {
         return NEXT;
     }
     stats::add(Counter::DropPodVxlan, 1);
+    monitor::unpeered(ctx, Counter::DropPodVxlan, Program::PodGuard);
     TC_ACT_SHOT
 }

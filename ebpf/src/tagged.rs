@@ -40,23 +40,26 @@ use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 use edgevx_common::{
     counters::Counter,
     headers::{VlanTag, is_vlan},
+    monitor::Program,
     vxlan::{ETH_HLEN, VLAN_HLEN},
 };
 
-use crate::{stats, tunnel::NEXT, vxlan_port};
+use crate::{monitor, stats, tunnel::NEXT, vxlan_port};
 
 /// The most tags walked; a frame with more is dropped. Nothing legitimate
 /// stacks more than two (802.1ad in front of 802.1Q).
 pub(crate) const MAX_TAGS: usize = 8;
 
 /// The verdict on a frame whose ethertype is a VLAN TPID: dropped and
-/// counted if it hides VXLAN for `port`, else left alone.
+/// counted if it hides VXLAN for `port`, else left alone. `program`: the
+/// caller, for a monitor.
 #[inline(always)]
-pub(crate) fn judge(ctx: &TcContext, port: u16) -> i32 {
+pub(crate) fn judge(ctx: &TcContext, port: u16, program: Program) -> i32 {
     if !hides_vxlan(ctx, port) {
         return NEXT;
     }
     stats::add(Counter::DropVxlanTagged, 1);
+    monitor::unpeered(ctx, Counter::DropVxlanTagged, program);
     TC_ACT_SHOT
 }
 

@@ -20,11 +20,11 @@ use edgevx_common::{
     counters::Counter,
     headers::Ipv4Header,
     icmp::{FRAG_NEEDED_LEN, IPPROTO_ICMP, QUOTE_LEN, frag_needed, is_error, reply_ip},
-    maps::DataplaneConfig,
+    maps::{DataplaneConfig, Peer},
     vxlan::{ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, IPV4_HLEN, UDP_HLEN},
 };
 
-use crate::{skb, stats};
+use crate::{encap, skb, stats};
 
 const IPPROTO_TCP: u8 = 6;
 
@@ -58,24 +58,25 @@ pub fn exceeds(ctx: &TcContext, cfg: &DataplaneConfig, inner: &Ipv4Header) -> Op
 
 /// Answers or drops a frame that `exceeds` the underlay MTU `mtu`.
 #[inline(always)]
-pub fn handle(ctx: &TcContext, cfg: &DataplaneConfig, inner: &Ipv4Header, peer_mac: &[u8; 6], mtu: u32) -> i32 {
+pub fn handle(ctx: &TcContext, cfg: &DataplaneConfig, inner: &Ipv4Header, peer: &Peer, mtu: u32) -> i32 {
     // only the first fragment of a DF packet is answered, never an ICMP error
     // (the kernel's icmp_send rules)
     let icmp_error =
         inner.protocol() == IPPROTO_ICMP && ctx.load::<u8>(ETH_HLEN + inner.header_len()).map(is_error).unwrap_or(true);
     if !inner.dont_fragment() || inner.is_later_fragment() || icmp_error || inner.header_len() != IPV4_HLEN {
-        stats::add(Counter::DropTooBig, 1);
-        return TC_ACT_SHOT;
+        return encap::drop(ctx, Counter::DropTooBig, Some(&peer.public_ip));
     }
     let Ok(quote) = ctx.load::<[u8; QUOTE_LEN]>(ETH_HLEN) else {
-        stats::add(Counter::DropTooBig, 1);
-        return TC_ACT_SHOT;
+        return encap::drop(ctx, Counter::DropTooBig, Some(&peer.public_ip));
     };
+    // shown to a monitor before the frame becomes the ICMP reply (should
+    // building it fail below, the counter says drop_too_big instead)
+    crate::monitor::encap(ctx, Counter::DropFragNeeded, Some(&peer.public_ip));
     let fits = mtu.saturating_sub(ENCAP_OVERHEAD as u32).min(u16::MAX as u32) as u16;
     let icmp = frag_needed(&quote, fits);
     let ip = reply_ip(inner.dst(), inner.src());
     let t = ETH_P_IP.to_be_bytes();
-    let (d, s) = (cfg.vtep_mac, peer_mac);
+    let (d, s) = (cfg.vtep_mac, &peer.vtep_mac);
     let eth = [d[0], d[1], d[2], d[3], d[4], d[5], s[0], s[1], s[2], s[3], s[4], s[5], t[0], t[1]];
     // SAFETY: helper on our own skb.
     let shrunk = unsafe { bpf_skb_change_tail(skb::raw(ctx), (ETH_HLEN + FRAG_NEEDED_LEN) as u32, 0) } == 0;

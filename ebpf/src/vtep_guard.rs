@@ -22,9 +22,12 @@ use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
     programs::TcContext,
 };
-use edgevx_common::maps::{FLAG_REQUIRE_JUDGED, MARK_JUDGED};
+use edgevx_common::{
+    maps::{FLAG_REQUIRE_JUDGED, MARK_JUDGED},
+    monitor::REASON_VTEP_UNJUDGED,
+};
 
-use crate::{fastpath, maps::EDGEVX_CONFIG, skb};
+use crate::{fastpath, maps::EDGEVX_CONFIG, monitor, skb};
 
 /// Judged, or nothing to enforce: the VTEP's receive carries on.
 const NEXT: i32 = TC_ACT_UNSPEC;
@@ -39,6 +42,7 @@ pub fn run(ctx: &TcContext) -> i32 {
             return NEXT;
         };
         if cfg.flags & FLAG_REQUIRE_JUDGED != 0 {
+            monitor::vtep_guard(ctx, REASON_VTEP_UNJUDGED);
             return TC_ACT_SHOT;
         }
     }

@@ -33,7 +33,7 @@ pub const MORE_STATS: &str = "EDGEVX_MORE_STATS";
 
 /// All pinned maps, for status and cleanup (a unit test of the agent checks
 /// the eBPF object declares no other).
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 18] = [
     CONFIG,
     PEER_SUBNETS,
     PEER_SUBNETS6,
@@ -51,6 +51,7 @@ pub const ALL: [&str; 17] = [
     crate::monitor::MON_WATCH,
     crate::monitor::MON_BUDGET,
     crate::monitor::MON_EVENTS,
+    crate::monitor::MON_PROGS,
 ];
 
 /// Outer IP ID counters, one per destination bucket, as many as the

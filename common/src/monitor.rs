@@ -5,7 +5,7 @@
 //! `bpf_ktime_get_ns()` is before [`MonitorWatch::until_ns`], which
 //! `edgevx monitor` pushes [`WATCH_MS`] ahead every [`RENEW_MS`]; without a
 //! monitor a drop costs one array lookup and one clock read more than its
-//! counter. While watched, each CPU writes at most [`EVENTS_PER_SEC`] events
+//! counter (with one, a tail call into [`EVENT_PROGRAM`] as well). While watched, each CPU writes at most [`EVENTS_PER_SEC`] events
 //! a second ([`MonitorBudget::admit`]); the rest are counted as lost, as are
 //! events a full ring refused, so a flood of drops costs forwarding at most
 //! that many ring writes per CPU and second.
@@ -22,6 +22,14 @@ pub const MON_WATCH: &str = "EDGEVX_MON_WATCH";
 pub const MON_BUDGET: &str = "EDGEVX_MON_BUDGET";
 /// `RingBuf` of [`DropEvent`].
 pub const MON_EVENTS: &str = "EDGEVX_MON_EVENTS";
+/// The one-slot program array a drop point tail-calls: [`EVENT_PROGRAM`]
+/// at index 0. Pinned, as a program array's slots are emptied when the
+/// last user-space reference to it goes (the agent's exit).
+pub const MON_PROGS: &str = "EDGEVX_MON_PROGS";
+/// The program that writes a drop's event and drops the packet; a drop
+/// point tail-calls it with what it knows in the skb's `cb` (see the eBPF
+/// side's monitor.rs), so it runs on a stack of its own.
+pub const EVENT_PROGRAM: &str = "edgevx_drop_event";
 
 /// 256 KiB: about 2,100 events of 120 bytes (plus the ring's 8-byte
 /// header each), two seconds of every CPU's budget on a 4-CPU node, so a

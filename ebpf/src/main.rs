@@ -72,6 +72,14 @@ pub fn edgevx_vtep_guard(ctx: TcContext) -> i32 {
     vtep_guard::run(&ctx)
 }
 
+/// Not attached anywhere: a drop point tail-calls it (through
+/// `EDGEVX_MON_PROGS`) while `edgevx monitor` watches; it writes the drop's
+/// event and drops the packet (monitor.rs).
+#[classifier]
+pub fn edgevx_drop_event(ctx: TcContext) -> i32 {
+    monitor::event_program(&ctx)
+}
+
 /// Socket lookups in the node's namespace: VXLAN from non-peers, by any
 /// path, and a peer's off the underlay.
 #[sk_lookup]

@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray, RingBuf},
 };
 use edgevx_common::{
     counters,
@@ -67,3 +67,6 @@ pub static EDGEVX_MON_BUDGET: PerCpuArray<MonitorBudget> = PerCpuArray::pinned(1
 
 #[map]
 pub static EDGEVX_MON_EVENTS: RingBuf = RingBuf::pinned(MON_EVENTS_BYTES, 0);
+
+#[map]
+pub static EDGEVX_MON_PROGS: ProgramArray = ProgramArray::pinned(1, 0);

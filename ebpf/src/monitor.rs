@@ -3,17 +3,20 @@
 //! watches, and then at most `EVENTS_PER_SEC` a CPU (common/src/monitor.rs
 //! says why and how).
 //!
-//! The TC emitter is one BPF-to-BPF function (`#[inline(never)]`), not
-//! inlined into every drop point: decap alone has a dozen, and each copy of
-//! the header parsing below would add to the programs' size and to what
-//! the verifier walks. It reads the headers again from the skb, so a drop
-//! point passes only what it knows beyond them (the reason, where the UDP
-//! header is, the peer).
-
-use core::ptr::NonNull;
+//! A drop point checks the watch (one array lookup, one clock read) and,
+//! when watched, tail-calls the event program (`EVENT_PROGRAM`, in slot 0
+//! of `EDGEVX_MON_PROGS`) with what it knows beyond the headers in the
+//! skb's `cb`: the reason and program, where the UDP header is, the peer.
+//! The event program reads the headers again from the skb, writes the
+//! event and drops the packet. A tail call, not a BPF-to-BPF call: the
+//! callee gets a stack of its own (decap alone uses nearly all of the 512
+//! bytes a program and its calls share), and none of the drop points
+//! carries a copy of the header parsing. Should the tail call fail (an
+//! empty slot), the drop point drops the packet itself, as without a
+//! monitor.
 
 use aya_ebpf::{
-    bindings::{__sk_buff, bpf_sk_lookup},
+    bindings::{TC_ACT_SHOT, bpf_sk_lookup},
     cty::c_void,
     helpers::{bpf_ktime_get_ns, generated::bpf_skb_load_bytes},
     maps::ring_buf::RingBufEntry,
@@ -29,7 +32,7 @@ use edgevx_common::{
 };
 
 use crate::{
-    maps::{EDGEVX_MON_BUDGET, EDGEVX_MON_EVENTS, EDGEVX_MON_WATCH},
+    maps::{EDGEVX_MON_BUDGET, EDGEVX_MON_EVENTS, EDGEVX_MON_PROGS, EDGEVX_MON_WATCH},
     skb,
     tunnel::TUNNEL_LEN,
 };
@@ -43,39 +46,96 @@ const CODE_INNER: u32 = 1 << 24;
 /// found among the accepted peers).
 const CODE_PEER_IS_SRC: u32 = 1 << 25;
 
+/// The skb's `cb` words a drop point hands the event program.
+const CB_CODE: usize = 0;
+const CB_UDP_AT: usize = 1;
+const CB_PEER4: usize = 2;
+
 /// A drop on the underlay's ingress. `udp_at`: where the UDP header is when
 /// the caller walked IPv6 extension headers to it (0: right after the IP
 /// header). `from_peer`: the sender is an accepted peer.
 #[inline(always)]
 pub fn decap(ctx: &TcContext, reason: Counter, udp_at: usize, from_peer: bool) {
     let peer = if from_peer { CODE_PEER_IS_SRC } else { 0 };
-    emit(skb::raw(ctx), code(reason as u32, Program::Decap) | peer, udp_at as u32, 0);
+    hand_over(ctx, code(reason as u32, Program::Decap) | peer, udp_at as u32, 0);
 }
 
 /// A drop on `flannel.<VNI>`'s egress; `peer`: the next hop's public IP, when known.
 #[inline(always)]
 pub fn encap(ctx: &TcContext, reason: Counter, peer: Option<&[u8; 4]>) {
     let peer = peer.map_or(0, |p| u32::from_ne_bytes(*p));
-    emit(skb::raw(ctx), code(reason as u32, Program::Encap) | CODE_INNER, 0, peer);
+    hand_over(ctx, code(reason as u32, Program::Encap) | CODE_INNER, 0, peer);
+}
+
+/// A packet the encap answers with ICMP "fragmentation needed" instead of
+/// sending it: not dropped by the event program (the caller goes on to
+/// build the reply from it), so the event is written here, inline.
+#[inline(always)]
+pub fn frag_needed(ctx: &TcContext, peer: &[u8; 4]) {
+    if watched() {
+        let code = code(Counter::DropFragNeeded as u32, Program::Encap) | CODE_INNER;
+        write(ctx, code, 0, u32::from_ne_bytes(*peer));
+    }
 }
 
 /// A drop on the VTEP's ingress (the guard, the fast path behind it).
 #[inline(always)]
 pub fn vtep_guard(ctx: &TcContext, reason: u32) {
-    emit(skb::raw(ctx), code(reason, Program::VtepGuard) | CODE_INNER, 0, 0);
+    hand_over(ctx, code(reason, Program::VtepGuard) | CODE_INNER, 0, 0);
 }
 
 /// A drop of a frame read as an outer packet with no known peer: a pod's
 /// datagram on the bridge, a tagged frame on the underlay or the bridge.
 #[inline(always)]
 pub fn unpeered(ctx: &TcContext, reason: Counter, program: Program) {
-    emit(skb::raw(ctx), code(reason as u32, program), 0, 0);
+    hand_over(ctx, code(reason as u32, program), 0, 0);
 }
 
 /// A drop on the underlay's ingress after decap stripped the outer headers.
 #[inline(always)]
 pub fn decap_stripped(ctx: &TcContext, reason: Counter) {
-    emit(skb::raw(ctx), code(reason as u32, Program::Decap) | CODE_INNER | CODE_PEER_IS_SRC, 0, 0);
+    hand_over(ctx, code(reason as u32, Program::Decap) | CODE_INNER | CODE_PEER_IS_SRC, 0, 0);
+}
+
+/// Whether a monitor watches now.
+#[inline(always)]
+fn watched() -> bool {
+    let Some(watch) = EDGEVX_MON_WATCH.get(0) else {
+        return false;
+    };
+    // SAFETY: plain helper call.
+    watch.watched(unsafe { bpf_ktime_get_ns() })
+}
+
+/// When a monitor watches, the event program takes over (and drops the
+/// packet); else, or should the tail call fail, back to the caller, which
+/// drops it.
+#[inline(always)]
+fn hand_over(ctx: &TcContext, code: u32, udp_at: u32, peer4: u32) {
+    if !watched() {
+        return;
+    }
+    let raw = skb::raw(ctx);
+    // SAFETY: `cb` is the programs' scratch space in the skb, writable by
+    // TC programs; only the event program reads it after us. The tail
+    // call returns only when it fails.
+    unsafe {
+        (*raw).cb[CB_CODE] = code;
+        (*raw).cb[CB_UDP_AT] = udp_at;
+        (*raw).cb[CB_PEER4] = peer4;
+        EDGEVX_MON_PROGS.tail_call(ctx, 0);
+    }
+}
+
+/// The event program: the event for the drop the caller handed over (in
+/// `cb`), then the drop.
+#[inline(always)]
+pub fn event_program(ctx: &TcContext) -> i32 {
+    let raw = skb::raw(ctx);
+    // SAFETY: reads of the context's own fields.
+    let (code, udp_at, peer4) = unsafe { ((*raw).cb[CB_CODE], (*raw).cb[CB_UDP_AT], (*raw).cb[CB_PEER4]) };
+    write(ctx, code, udp_at, peer4);
+    TC_ACT_SHOT as i32
 }
 
 #[inline(always)]
@@ -113,15 +173,14 @@ fn reserve() -> Option<(RingBufEntry<DropEvent>, u64)> {
     Some((entry, now))
 }
 
-#[inline(never)]
-fn emit(skb: *mut __sk_buff, code: u32, udp_at: u32, peer4: u32) {
-    let Some(raw) = NonNull::new(skb) else {
-        return;
-    };
+/// Writes the event for a drop now, if a monitor (still) watches and this
+/// CPU's budget allows.
+#[inline(always)]
+fn write(ctx: &TcContext, code: u32, udp_at: u32, peer4: u32) {
     let Some((mut entry, now)) = reserve() else {
         return;
     };
-    let ctx = TcContext::new(raw);
+    let skb = skb::raw(ctx);
     // SAFETY: reserve zeroed it.
     let ev = unsafe { entry.assume_init_mut() };
     ev.ts_ns = now;
@@ -129,7 +188,7 @@ fn emit(skb: *mut __sk_buff, code: u32, udp_at: u32, peer4: u32) {
     ev.program = (code >> 16) as u8;
     // SAFETY: reads of the context's own fields.
     (ev.ifindex, ev.len) = unsafe { ((*skb).ifindex, (*skb).len) };
-    fill(&ctx, ev, code, udp_at as usize);
+    fill(ctx, ev, code, udp_at as usize);
     if peer4 != 0 {
         ev.peer[..4].copy_from_slice(&peer4.to_ne_bytes());
         ev.flags |= EV_PEER;
@@ -140,9 +199,8 @@ fn emit(skb: *mut __sk_buff, code: u32, udp_at: u32, peer4: u32) {
     entry.submit(0);
 }
 
-/// Reads `size_of::<T>()` packet bytes at `at` straight into the event:
-/// the emitter runs below decap's frame, and the two share the 512-byte
-/// BPF stack, so headers are not copied onto it first.
+/// Reads `size_of::<T>()` packet bytes at `at` straight into the event
+/// (the reservation), not onto the stack first.
 #[inline(always)]
 fn load_into<T>(ctx: &TcContext, at: usize, dst: &mut T) -> bool {
     // SAFETY: the helper writes exactly size_of::<T>() bytes into dst, which

@@ -71,7 +71,7 @@ pub fn handle(ctx: &TcContext, cfg: &DataplaneConfig, inner: &Ipv4Header, peer: 
     };
     // shown to a monitor before the frame becomes the ICMP reply (should
     // building it fail below, the counter says drop_too_big instead)
-    crate::monitor::encap(ctx, Counter::DropFragNeeded, Some(&peer.public_ip));
+    crate::monitor::frag_needed(ctx, &peer.public_ip);
     let fits = mtu.saturating_sub(ENCAP_OVERHEAD as u32).min(u16::MAX as u32) as u16;
     let icmp = frag_needed(&quote, fits);
     let ip = reply_ip(inner.dst(), inner.src());

@@ -21,7 +21,7 @@ use edgevx_common::SCHEMA_VERSION;
 
 use crate::dataplane::{
     bpffs::{PinDir, remove_pin},
-    clsact, device,
+    clsact, device, drop_events,
     features::Features,
     guard, kfunc,
     loaded::Loaded,
@@ -113,6 +113,7 @@ pub fn load(pins: &PinDir, features: &Features) -> Result<Loaded> {
         ebpf.classifier(variant)?.load().map_err(|e| refused::refused(variant, e))?;
     }
     guard::load(&mut ebpf)?;
+    drop_events::arm(&mut ebpf)?;
     Ok(ebpf)
 }
 

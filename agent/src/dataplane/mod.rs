@@ -3,6 +3,7 @@
 pub mod bpffs;
 pub mod clsact;
 pub mod device;
+pub mod drop_events;
 pub mod fast_path;
 pub mod features;
 pub mod guard;

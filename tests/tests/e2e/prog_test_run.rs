@@ -71,6 +71,7 @@ pub(crate) fn load(flags: u32) -> Result<Loaded> {
             ebpf.classifier(p)?.load()?;
         }
     }
+    edgevx::dataplane::drop_events::arm(&mut ebpf)?;
     let mut config: Array<_, DataplaneConfig> = Array::try_from(ebpf.map_mut(names::CONFIG).context("config")?)?;
     config.set(
         0,

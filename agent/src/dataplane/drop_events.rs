@@ -13,10 +13,12 @@ use edgevx_common::monitor::{EVENT_PROGRAM, MON_PROGS};
 
 use crate::dataplane::{loaded::Loaded, refused};
 
-/// Loads the event program and puts it in the drop points' slot.
+/// Loads the event program (once) and puts it in the drop points' slot.
 pub fn arm(ebpf: &mut Loaded) -> Result<()> {
     let prog = ebpf.classifier(EVENT_PROGRAM)?;
-    prog.load().map_err(|e| refused::refused(EVENT_PROGRAM, e))?;
+    if prog.fd().is_err() {
+        prog.load().map_err(|e| refused::refused(EVENT_PROGRAM, e))?;
+    }
     let fd = prog
         .fd()
         .with_context(|| format!("{EVENT_PROGRAM} has no descriptor after its load"))?

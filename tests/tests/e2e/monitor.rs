@@ -28,15 +28,15 @@ const M2: &str = "02:22:00:00:00:02";
 const ATTACKER: &str = "198.18.0.66";
 const CLIENT: &str = "203.0.113.7";
 
-/// `edgevx monitor --json` in node 1, its lines arriving on a channel.
-struct Monitor {
+/// `edgevx monitor --json` in a node, its lines arriving on a channel.
+pub(crate) struct Monitor {
     child: Child,
     lines: mpsc::Receiver<String>,
     stderr: mpsc::Receiver<String>,
 }
 
 impl Monitor {
-    fn start(ns: &Netns, a: &Agent) -> Result<Monitor> {
+    pub(crate) fn start(ns: &Netns, a: &Agent) -> Result<Monitor> {
         let mut child = ns
             .cmd(&edgevx_bin().to_string_lossy())
             .args(["monitor", "--json", "--type", "drop", "--state-dir"])
@@ -66,7 +66,7 @@ impl Monitor {
     }
 
     /// The first event `want` accepts, within `secs`.
-    fn wait(&self, secs: u64, want: impl Fn(&Value) -> bool) -> Result<Value> {
+    pub(crate) fn wait(&self, secs: u64, want: impl Fn(&Value) -> bool) -> Result<Value> {
         let deadline = std::time::Instant::now() + Duration::from_secs(secs);
         let mut seen = Vec::new();
         while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
@@ -81,7 +81,7 @@ impl Monitor {
     }
 
     /// SIGINT, as Ctrl-C; what it says last.
-    fn stop(mut self) -> Result<String> {
+    pub(crate) fn stop(mut self) -> Result<String> {
         // SAFETY: a signal to our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let status = self.child.wait()?;

@@ -15,12 +15,12 @@ use edgevx_tests::{
     agent::{Agent, wait_status},
     netns::Netns,
     nodes::{flannel_node, node_list, write},
-    topo::{Cluster, pod_ip},
+    topo::{Cluster, pod_ip, underlay_ip},
     traffic::{ping, wait_reachable},
 };
 use serde_json::json;
 
-use crate::{MIB, testpeer};
+use crate::{MIB, monitor::Monitor, testpeer};
 
 /// The underlay MTU node 1 gets; the VTEP was sized for 1500.
 const UNDERLAY_MTU: &str = "1200";
@@ -97,6 +97,8 @@ fn text(out: &Output) -> String {
 fn before_the_agent_follows_df_frames_get_frag_needed_from_the_encap_program() -> Result<()> {
     let (c, a1, _a2) = pair()?;
     let _thaw = lower_with_agent_frozen(&c, &a1)?;
+    // the monitor reads the pins: it works with the agent frozen
+    let monitor = Monitor::start(&c.host(1).ns, &a1)?;
     let p1 = &c.host(1).pod;
     let out = ping_once(p1, 1300, "do")?;
     if !crate::features::full_encap() {
@@ -104,6 +106,17 @@ fn before_the_agent_follows_df_frames_get_frag_needed_from_the_encap_program() -
     }
     assert!(text(&out).contains(&format!("mtu = {FITS}")), "no frag-needed reached the pod: {}", text(&out));
     assert_eq!(counter(&a1, "drop_frag_needed")?, 1);
+    // the operator's view of it: the pods, the peer, the reason
+    let ev = monitor.wait(10, |v| v["reason"] == "drop_frag_needed")?;
+    assert_eq!(
+        (&ev["program"], &ev["direction"], &ev["iface"]),
+        (&json!("encap"), &json!("egress"), &json!("flannel.1")),
+        "{ev}"
+    );
+    assert_eq!((&ev["inner"]["proto"], &ev["inner"]["src"]), (&json!("icmp"), &json!(pod_ip(1).to_string())), "{ev}");
+    assert_eq!(ev["inner"]["dst"], pod_ip(2).to_string(), "{ev}");
+    assert_eq!(ev["peer"]["ip"], underlay_ip(2).to_string(), "{ev}");
+    monitor.stop()?;
     assert_eq!(counter(&a1, "drop_too_big")?, 0);
     // the pod's kernel took the MTU: path MTU discovery works end to end
     let route = p1.ip(&["route", "get", &pod_ip(2).to_string()])?;

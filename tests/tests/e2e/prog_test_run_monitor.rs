@@ -5,14 +5,14 @@
 use anyhow::{Context, Result, ensure};
 use aya::{
     TestRun, TestRunOptions,
-    maps::{Array, PerCpuArray, RingBuf},
+    maps::{Array, PerCpuArray, ProgramArray, RingBuf},
     programs::SchedClassifier,
 };
 use edgevx_common::{
     counters::Counter,
     monitor::{
         DROP_EVENT_LEN, DropEvent, EV_INNER, EV_INNER_PORTS, EV_OUTER, EV_OUTER_PORTS, EV_PEER, EV_VNI, EVENTS_PER_SEC,
-        MON_BUDGET, MON_EVENTS, MON_WATCH, MonitorBudget, MonitorWatch, Program,
+        MON_BUDGET, MON_EVENTS, MON_PROGS, MON_WATCH, MonitorBudget, MonitorWatch, Program,
     },
 };
 
@@ -145,6 +145,27 @@ fn a_strangers_vxlan_dropped_by_decap_is_one_event_while_watched_and_none_otherw
     assert_eq!(l.counter(Counter::DropUnknownPeer)?, 3);
     let b = budget(&l)?;
     assert_eq!((b.sent, b.lost_rate, b.lost_ring), (1, 0, 0));
+    Ok(())
+}
+
+/// The event program's slot emptied (as the kernel empties an unpinned
+/// program array): a watched drop is still a drop, counted, with no event.
+#[test]
+fn with_the_event_programs_slot_empty_a_drop_is_still_dropped_and_counted() -> Result<()> {
+    let mut l = load(0)?;
+    let mut slots = ProgramArray::try_from(l.ebpf.map_mut(MON_PROGS).context(MON_PROGS)?)?;
+    slots.clear_index(&0)?;
+    watch(&mut l)?;
+    let frame = vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner_udp([10, 244, 2, 9]));
+    assert_eq!(run_repeat(&l, "edgevx_decap", &frame, 1)?, TC_ACT_SHOT);
+    assert_eq!(l.counter(Counter::DropUnknownPeer)?, 1);
+    assert_eq!(drain(&mut l)?.len(), 0);
+    let b = budget(&l)?;
+    assert_eq!((b.sent, b.lost_rate, b.lost_ring), (0, 0, 0));
+    // armed again, as every load does: the event is back
+    edgevx::dataplane::drop_events::arm(&mut l.ebpf)?;
+    assert_eq!(run_repeat(&l, "edgevx_decap", &frame, 1)?, TC_ACT_SHOT);
+    assert_eq!(drain(&mut l)?.len(), 1);
     Ok(())
 }
 

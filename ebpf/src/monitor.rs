@@ -135,7 +135,7 @@ pub fn event_program(ctx: &TcContext) -> i32 {
     // SAFETY: reads of the context's own fields.
     let (code, udp_at, peer4) = unsafe { ((*raw).cb[CB_CODE], (*raw).cb[CB_UDP_AT], (*raw).cb[CB_PEER4]) };
     write(ctx, code, udp_at, peer4);
-    TC_ACT_SHOT as i32
+    TC_ACT_SHOT
 }
 
 #[inline(always)]

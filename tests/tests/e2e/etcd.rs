@@ -82,9 +82,14 @@ fn etcd_agents_coordinate_renew_reuse_and_survive_an_etcd_restart() -> Result<()
     let pinger = BackgroundPing::start(p1, pod_ip(2), 250, "0.02")?;
     std::thread::sleep(Duration::from_millis(500));
     etcd.stop();
-    std::thread::sleep(Duration::from_secs(2));
+    // the agent says it is cut off (status's source, edgevx_source_watching:
+    // what EdgevxViewStale reads), and forwards all the same
+    let cut = |s: &Value| s["source"]["watching"] == false && s["source"]["name"] == "etcd";
+    wait_status(&agents[0], Duration::from_secs(30), "the source cut off from etcd", cut)?;
     etcd.resume()?;
     pinger.expect_no_loss().context("across the etcd restart")?;
+    let back = |s: &Value| s["source"]["watching"] == true && s["source"]["connected"] == true;
+    wait_status(&agents[0], Duration::from_secs(30), "the source watching etcd again", back)?;
     std::thread::sleep(Duration::from_secs(6));
     assert!(lease_of(&etcd, "10.244.1.0-24")?.is_some(), "lease not kept after the etcd restart");
 

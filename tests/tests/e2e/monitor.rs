@@ -59,10 +59,18 @@ impl Monitor {
         let lines = forward(Box::new(child.stdout.take().context("stdout")?));
         let stderr = forward(Box::new(child.stderr.take().context("stderr")?));
         let m = Monitor { child, lines, stderr };
-        // the banner comes once the watch is set
-        let banner = m.stderr.recv_timeout(Duration::from_secs(10)).context("no banner from edgevx monitor")?;
-        ensure!(banner.contains("showing drops"), "edgevx monitor: {banner}");
-        Ok(m)
+        // the banner comes once the watch is set (after any start-up log
+        // line: a raised open-files limit, say)
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut said = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            let Ok(line) = m.stderr.recv_timeout(left) else { break };
+            if line.contains("showing drops") {
+                return Ok(m);
+            }
+            said.push(line);
+        }
+        bail!("no banner from edgevx monitor in 10 s; it said {said:#?}")
     }
 
     /// The first event `want` accepts, within `secs`.

@@ -11,14 +11,15 @@ use aya::{
 use edgevx_common::{
     counters::Counter,
     monitor::{
-        DROP_EVENT_LEN, DropEvent, EV_INNER, EV_INNER_PORTS, EV_OUTER, EV_OUTER_PORTS, EV_PEER, EV_VNI, EVENTS_PER_SEC,
-        MON_BUDGET, MON_EVENTS, MON_PROGS, MON_WATCH, MonitorBudget, MonitorWatch, Program,
+        DROP_EVENT_LEN, DropEvent, EV_INNER, EV_INNER_PORTS, EV_INNER6, EV_OUTER, EV_OUTER_PORTS, EV_OUTER6, EV_PEER,
+        EV_VNI, EVENTS_PER_SEC, MON_BUDGET, MON_EVENTS, MON_PROGS, MON_WATCH, MonitorBudget, MonitorWatch, Program,
     },
 };
 
 use crate::prog_test_run::{
     Loaded, OUR_IP, OUR_MAC, PEER_IP, STRANGER_IP, TC_ACT_SHOT, eth, inner_icmp, ipv4, load, vxlan_frame,
 };
+use crate::prog_test_run_v6::{OUR_IP6, PEER_IP6, POD6, inner_echo6, load6, v6, vxlan6};
 
 /// The loopback device, where BPF_PROG_TEST_RUN's skb is.
 const LO_IFINDEX: u32 = 1;
@@ -181,6 +182,38 @@ fn a_peers_spoofed_inner_source_names_the_peer() -> Result<()> {
     let mut want = decap_event(Counter::DropSpoofedSource, PEER_IP, [10, 244, 9, 9], frame.len());
     want.flags |= EV_PEER;
     want.peer[..4].copy_from_slice(&PEER_IP);
+    the_one(&drain(&mut l)?, want, before, after)
+}
+
+/// The IPv6 half (judge6): both headers' 128-bit addresses, the VNI and
+/// the peer, from a peer whose inner source is outside its IPv6 pod subnet.
+#[test]
+fn an_ipv6_peers_spoofed_inner_source_is_shown_with_both_ipv6_headers() -> Result<()> {
+    let mut l = load6(0)?;
+    watch(&mut l)?;
+    let forged = "2001:db8::7";
+    let frame = vxlan6(PEER_IP6, 1, &inner_echo6(forged, POD6));
+    let before = monotonic_ns();
+    assert_eq!(run_repeat(&l, "edgevx_decap", &frame, 1)?, TC_ACT_SHOT);
+    let after = monotonic_ns();
+    let want = DropEvent {
+        reason: Counter::DropSpoofedSource as u32,
+        ifindex: LO_IFINDEX,
+        len: frame.len() as u32,
+        vni: 1,
+        program: Program::Decap as u8,
+        flags: EV_OUTER | EV_OUTER6 | EV_OUTER_PORTS | EV_VNI | EV_INNER | EV_INNER6 | EV_PEER,
+        outer_proto: 17,
+        inner_proto: 58,
+        outer_sport: 40000,
+        outer_dport: 8472,
+        outer_src: v6(PEER_IP6),
+        outer_dst: v6(OUR_IP6),
+        inner_src: v6(forged),
+        inner_dst: v6(POD6),
+        peer: v6(PEER_IP6),
+        ..Default::default()
+    };
     the_one(&drain(&mut l)?, want, before, after)
 }
 

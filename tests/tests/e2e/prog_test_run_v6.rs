@@ -24,7 +24,7 @@ pub(crate) fn v6(s: &str) -> [u8; 16] {
     s.parse::<Ipv6Addr>().map(|a| a.octets()).unwrap_or_else(|e| panic!("{s}: {e}"))
 }
 
-const OUR_IP6: &str = "fd00:198:18::1";
+pub(crate) const OUR_IP6: &str = "fd00:198:18::1";
 pub(crate) const PEER_IP6: &str = "fd00:198:18::2";
 /// A peer whose entry says it may carry any inner source.
 const EXEMPT_IP6: &str = "fd00:198:18::3";

@@ -29,7 +29,7 @@ use serde_json::Value;
 use crate::{build, exec, packages, toolchain};
 
 #[derive(Clone, Copy)]
-enum Setup {
+pub(crate) enum Setup {
     EdgevxDefault,
     EdgevxFastPath,
     EdgevxBypass,
@@ -38,7 +38,7 @@ enum Setup {
 }
 
 impl Setup {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Setup::EdgevxDefault => "edgevx (default: host stack)",
             Setup::EdgevxFastPath => "edgevx --fast-path=auto",
@@ -63,7 +63,7 @@ struct Result3 {
 /// How many of the bytes node2 decapsulated for its pod (every measurement
 /// sends to node2's pod) the fast path then carried past the stack, from
 /// its agent's counters; `None` where no agent runs there.
-fn fast_share(agents: &[Agent]) -> Result<Option<f64>> {
+pub(crate) fn fast_share(agents: &[Agent]) -> Result<Option<f64>> {
     let Some(node2) = agents.get(1) else { return Ok(None) };
     let c = &node2.status()?["counters"];
     let (fast, decapped) = (c["fast_path_bytes"].as_f64().unwrap_or(0.0), c["rx_stack_bytes"].as_f64().unwrap_or(0.0));
@@ -71,7 +71,7 @@ fn fast_share(agents: &[Agent]) -> Result<Option<f64>> {
 }
 
 /// Brings up `setup` on a fresh cluster; returns it and the agents keeping it alive.
-fn bring_up(setup: Setup) -> Result<(Cluster, Vec<Agent>)> {
+pub(crate) fn bring_up(setup: Setup) -> Result<(Cluster, Vec<Agent>)> {
     let mut c = Cluster::new(2)?;
     let mut agents = Vec::new();
     match setup {
@@ -157,7 +157,7 @@ fn wait_listening(server: &Netns, srv: &mut std::process::Child, what: &str, por
     Ok(())
 }
 
-fn iperf(client: &Netns, server: &Netns, args: &[&str]) -> Result<Value> {
+pub(crate) fn iperf(client: &Netns, server: &Netns, args: &[&str]) -> Result<Value> {
     let mut srv = server.cmd("iperf3").args(["-s", "-1"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
     wait_listening(server, &mut srv, "iperf3", 5201)?;
     let mut all = vec!["iperf3", "-J", "-c"];

@@ -2,6 +2,7 @@
 mod apt;
 mod bench;
 mod bench_ipam;
+mod bench_profile;
 mod bench_scale;
 mod bench_xdp;
 mod build;
@@ -111,6 +112,10 @@ enum Job {
         /// Instead: 1,000 ADD/DEL cycles of edgevx-ipam against the real host-local.
         #[arg(long)]
         ipam: bool,
+        /// Instead: perf profiles of one TCP stream per setup (default, fast path, kernel VXLAN, plain),
+        /// summed by kernel area, to say where the gap to plain routing goes.
+        #[arg(long, conflicts_with_all = ["ipam", "scale", "kernel", "xdp"])]
+        profile: bool,
         /// Instead: the XDP judge vs TC alone under a spoofed-VXLAN flood (drop rate, pod goodput).
         #[arg(long, conflicts_with_all = ["ipam", "scale", "kernel"])]
         xdp: bool,
@@ -162,6 +167,7 @@ fn main() -> ExitCode {
         Job::Bench { scale: Some(n), dual_stack, kernel, .. } => bench_scale::run(n, dual_stack, kernel.as_deref()),
         Job::Bench { ipam: true, .. } => bench_ipam::run(),
         Job::Bench { xdp: true, seconds, .. } => bench_xdp::run(seconds),
+        Job::Bench { profile: true, seconds, .. } => bench_profile::run(seconds),
         Job::Bench { seconds, rounds, kernel, .. } => bench::run(seconds, rounds, kernel.as_deref()),
     };
     match result {

@@ -128,6 +128,9 @@ const HOST: &[(Probe, &str)] = &[
     (Probe::Command("ping"), "iputils-ping"),
 ];
 
+/// What `cargo xtask bench --profile` needs beyond the bench's: perf.
+const PROFILE: &[(Probe, &str)] = &[(Probe::Command("perf"), "linux-perf")];
+
 /// Everything the tests, demo and bench need.
 pub fn ensure() -> Result<()> {
     install(&[BUILD, RUN].concat())
@@ -148,6 +151,11 @@ pub fn ensure_fuzz() -> Result<()> {
     install(&[BUILD, FUZZ].concat())
 }
 
+/// What `cargo xtask bench --profile` needs (the bench's needs too).
+pub fn ensure_profile() -> Result<()> {
+    install(&[BUILD, RUN, PROFILE].concat())
+}
+
 /// What `cargo xtask test --kernel` needs.
 pub fn ensure_vm() -> Result<()> {
     install(VM)
@@ -165,8 +173,17 @@ pub fn ensure_build() -> Result<()> {
 
 /// The Debian packages behind every need, for `.ci/run` and fresh-machine checks.
 pub fn all() -> Vec<&'static str> {
-    let mut pkgs: Vec<&str> =
-        BUILD.iter().chain(RUN).chain(IMAGE).chain(CROSS).chain(FUZZ).chain(VM).chain(HOST).map(|(_, p)| *p).collect();
+    let mut pkgs: Vec<&str> = BUILD
+        .iter()
+        .chain(RUN)
+        .chain(PROFILE)
+        .chain(IMAGE)
+        .chain(CROSS)
+        .chain(FUZZ)
+        .chain(VM)
+        .chain(HOST)
+        .map(|(_, p)| *p)
+        .collect();
     pkgs.sort_unstable();
     pkgs.dedup();
     pkgs

@@ -117,7 +117,10 @@ fn monotonic_ns() -> u64 {
 /// The peers the agent last programmed, by public IP (best effort: a
 /// monitor without names still shows addresses).
 fn peer_names(state_dir: &Path) -> HashMap<IpAddr, String> {
-    let peers = StateDir(state_dir.to_path_buf()).load_peers().unwrap_or_default();
+    let peers = StateDir(state_dir.to_path_buf()).load_peers().unwrap_or_else(|e| {
+        eprintln!("edgevx monitor: peers are shown without node names: {e:#}");
+        Vec::new()
+    });
     let mut names = HashMap::new();
     for p in peers {
         if let Some(v4) = &p.v4 {

@@ -19,10 +19,10 @@ use edgevx_tests::{
     unique,
 };
 
-const M1: &str = "02:11:00:00:00:01";
-const M2: &str = "02:22:00:00:00:02";
+pub(crate) const M1: &str = "02:11:00:00:00:01";
+pub(crate) const M2: &str = "02:22:00:00:00:02";
 /// The attacker's address on the underlay, and on a second link to node 1.
-const ATTACKER: &str = "198.18.0.66";
+pub(crate) const ATTACKER: &str = "198.18.0.66";
 const ATTACKER_2ND: &str = "198.19.0.66";
 const NODE1_2ND: &str = "198.19.0.1";
 /// An external VTEP node 1's operator exempts (`--any-inner-source`); the attacker
@@ -32,7 +32,7 @@ const EXEMPT_IP: &str = "198.18.0.77";
 /// Node 2, a peer without the exemption, whose address the attacker spoofs.
 const PEER: &str = "198.18.0.2";
 /// A client's address, in no peer's pod CIDR.
-const CLIENT: &str = "203.0.113.7";
+pub(crate) const CLIENT: &str = "203.0.113.7";
 
 /// One way into node 1's VXLAN socket.
 struct Path {

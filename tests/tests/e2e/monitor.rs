@@ -21,12 +21,7 @@ use edgevx_tests::{
 };
 use serde_json::Value;
 
-use crate::injection::SEND;
-
-const M1: &str = "02:11:00:00:00:01";
-const M2: &str = "02:22:00:00:00:02";
-const ATTACKER: &str = "198.18.0.66";
-const CLIENT: &str = "203.0.113.7";
+use crate::injection::{ATTACKER, CLIENT, M1, M2, SEND};
 
 /// `edgevx monitor --json` in a node, its lines arriving on a channel.
 pub(crate) struct Monitor {

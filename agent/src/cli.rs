@@ -139,8 +139,10 @@ pub struct RunArgs {
     /// The conntrack-verified fast path: packets of established, plain
     /// (non-NATed) TCP and UDP flows from a peer's pod to a local pod skip
     /// the host stack once the kernel's conntrack entry says they may
-    /// (`auto`: where the kernel has the conntrack kfuncs within reach).
-    #[arg(long, env = "EDGEVX_FAST_PATH", value_enum, default_value = "off")]
+    /// (`auto`: where the kernel has the conntrack kfuncs within reach,
+    /// else every packet through the host stack, with the reason in
+    /// `edgevx status`; `off`: always through the host stack).
+    #[arg(long, env = "EDGEVX_FAST_PATH", value_enum, default_value = "auto")]
     pub fast_path: crate::dataplane::fast_path::Mode,
     /// Test only: the fast path skips its liberal-tracking check (and so
     /// never asks for it): the negative control of the kube-proxy

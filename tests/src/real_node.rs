@@ -157,7 +157,7 @@ impl RealCluster {
     /// every node's first pod answers a ping from every other node's.
     pub fn start(kinds: &[NodeKind], pods_per_node: u8) -> Result<Self> {
         // the fast path's kfuncs need conntrack's module loaded before the agent probes
-        if kinds.iter().any(|k| matches!(k, NodeKind::Edgevx(flags) if flags.contains(&"--fast-path=auto"))) {
+        if kinds.iter().any(|k| matches!(k, NodeKind::Edgevx(flags) if !flags.contains(&"--fast-path=off"))) {
             crate::ct_kfuncs::like_a_node()?;
         }
         let cluster = Cluster::new_nodes_only(u8::try_from(kinds.len())?)?;

@@ -1,6 +1,6 @@
 //! `cargo xtask bench --profile`: where the cycles of one TCP stream go,
-//! per setup, so the gap between the default path, the fast path and plain
-//! routing is read from a profile rather than guessed. For each of those
+//! per setup, so the gap between the host stack path, the fast path (the
+//! default) and plain routing is read from a profile rather than guessed. For each of those
 //! setups (the bench's own topology and rules) it runs one iperf3 stream
 //! from node1's pod to node2's and, meanwhile, `perf record -a -g` on every
 //! CPU; then it prints the hottest kernel symbols and a sum by area
@@ -184,8 +184,8 @@ pub fn run(seconds: u32) -> Result<()> {
     let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let setups = [
-        (Setup::EdgevxDefault, "default"),
-        (Setup::EdgevxFastPath, "fast-path"),
+        (Setup::EdgevxHostStack, "host-stack"),
+        (Setup::EdgevxDefault, "fast-path"),
         (Setup::KernelVxlan, "kernel-vxlan"),
         (Setup::PlainRouting, "plain"),
     ];

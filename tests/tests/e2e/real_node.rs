@@ -5,10 +5,11 @@
 //!
 //! Every case runs on five setups (see [`on_every_setup`]): two kernel
 //! flannel nodes, which proves the harness itself against the kernel's
-//! VXLAN; two edgevx nodes in the default mode; two with `--ip-masq`; an
-//! `--ip-masq` edgevx node next to a kernel flannel node; and two edgevx
-//! nodes with the conntrack-verified fast path (`--fast-path=auto`: on where
-//! the kernel gives the conntrack kfuncs, else the default path).
+//! VXLAN; two edgevx nodes in the default mode (the conntrack-verified fast
+//! path on where the kernel gives the conntrack kfuncs, else the host
+//! stack); two with `--ip-masq`; an `--ip-masq` edgevx node next to a
+//! kernel flannel node; and two `--ip-masq` edgevx nodes with the fast path
+//! off (`--fast-path=off`: every packet through the host stack).
 use std::net::Ipv4Addr;
 
 use anyhow::{Result, ensure};
@@ -27,11 +28,11 @@ enum Setup {
     EdgevxDefault,
     EdgevxIpMasq,
     EdgevxIpMasqWithKernelFlannel,
-    EdgevxFastPath,
+    EdgevxHostStack,
 }
 
 const IP_MASQ: NodeKind = NodeKind::Edgevx(&["--ip-masq"]);
-const FAST_PATH: NodeKind = NodeKind::Edgevx(&["--fast-path=auto"]);
+const HOST_STACK: NodeKind = NodeKind::Edgevx(&["--ip-masq", "--fast-path=off"]);
 
 impl Setup {
     fn kinds(self) -> [NodeKind; 2] {
@@ -40,7 +41,7 @@ impl Setup {
             Setup::EdgevxDefault => [NodeKind::Edgevx(&[]); 2],
             Setup::EdgevxIpMasq => [IP_MASQ; 2],
             Setup::EdgevxIpMasqWithKernelFlannel => [IP_MASQ, NodeKind::KernelFlannel],
-            Setup::EdgevxFastPath => [FAST_PATH; 2],
+            Setup::EdgevxHostStack => [HOST_STACK; 2],
         }
     }
 
@@ -85,8 +86,8 @@ macro_rules! on_every_setup {
                 case(Setup::EdgevxIpMasqWithKernelFlannel)
             }
             #[test]
-            fn edgevx_fast_path() -> anyhow::Result<()> {
-                case(Setup::EdgevxFastPath)
+            fn edgevx_host_stack() -> anyhow::Result<()> {
+                case(Setup::EdgevxHostStack)
             }
         }
     )*};

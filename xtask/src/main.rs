@@ -135,6 +135,7 @@ fn main() -> ExitCode {
             .and_then(|_| packages::ensure_vm())
             .and_then(|_| packages::ensure_cross())
             .and_then(|_| packages::ensure_host())
+            .and_then(|_| packages::ensure_profile())
             .and_then(|_| toolchain::ensure())
             .and_then(|_| toolchain::ensure_cargo_fuzz())
             .and_then(|_| unpacked::ensure(&unpacked::PROMTOOL))

@@ -19,7 +19,7 @@ fn pinned_toolchain() -> String {
         .unwrap_or_else(|| panic!("no `channel = \"...\"` in {}", file.display()))
 }
 
-/// Cached bpf-linkers (xtask/src/toolchain.rs names each directory after
+/// Cached bpf-linkers (xtask/src/deps/toolchain.rs names each directory after
 /// the libLLVM it was built against), those for `toolchain` first.
 fn cached_bpf_linker_dirs(toolchain: &str) -> Vec<PathBuf> {
     let base = env::var_os("EDGEVX_TOOLS_DIR").map(PathBuf::from).or_else(|| {

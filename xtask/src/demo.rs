@@ -10,7 +10,11 @@ use edgevx_tests::{
     traffic::{Peer, ping},
 };
 
-use crate::{build, exec, packages, toolchain};
+use crate::{
+    build,
+    deps::{packages, toolchain},
+    exec,
+};
 
 fn step(text: &str) {
     eprintln!("\n==> {text}");

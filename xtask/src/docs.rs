@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{exec, toolchain};
+use crate::{deps::toolchain, exec};
 
 const MDBOOK_VERSION: &str = "0.5.4";
 

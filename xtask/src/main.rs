@@ -1,32 +1,46 @@
 //! `cargo xtask <job>`: everything a fresh machine needs, in one place.
-mod apt;
+//!
+//! Where to look, by job (each job's entry point is its module's `run`,
+//! `build` or `ensure`, called from `main` below):
+//!
+//! - `deps/`: what the jobs take from outside the workspace, fetched or
+//!   installed on first use and cached: the Debian packages the machine
+//!   needs (`packages`), the toolchain pieces (`toolchain`: rust-src,
+//!   bpf-linker, cargo-fuzz, virtiofsd), and what is unpacked from Debian's
+//!   archive without installing it (`apt` with its own configuration; from
+//!   it the matrix's kernels `kernels`, the arm64 root `sysroot`, and single
+//!   programs such as kubectl and promtool `unpacked`).
+//! - `build/`: the eBPF object and the agent (`build`), the previous
+//!   release's agent for the upgrade tests (`previous`), the fuzz targets
+//!   (`fuzz`).
+//! - `test/`: `cargo xtask test` (`test`): the unit and namespace tests on
+//!   this kernel, the kernel matrix in QEMU guests (`vm`, `vm_arm64`), and a
+//!   booted Debian 11 with its own systemd (`host`, `host/`).
+//! - `ship/`: the container image (`image`) with its seccomp profile
+//!   (`seccomp`), and the release an operator installs (`release`).
+//! - `bench/`: `cargo xtask bench` and its variants (`scale`, `ipam`,
+//!   `xdp`, `profile`).
+//! - `demo.rs`, `docs.rs`: the laptop demo and the book; `exec.rs`: running
+//!   a command and saying what failed.
 mod bench;
-mod bench_ipam;
-mod bench_profile;
-mod bench_scale;
-mod bench_xdp;
 mod build;
 mod demo;
+mod deps;
 mod docs;
 mod exec;
-mod fuzz;
-mod host;
-mod image;
-mod kernels;
-mod packages;
-mod previous;
-mod release;
-mod seccomp;
-mod sysroot;
+mod ship;
 mod test;
-mod toolchain;
-mod unpacked;
-mod vm;
-mod vm_arm64;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use crate::{
+    build::{fuzz, previous},
+    deps::{packages, toolchain, unpacked},
+    ship::{image, release, seccomp},
+    test::host,
+};
 
 #[derive(Parser)]
 #[command(about = "edgevx build, test, demo and bench jobs")]
@@ -165,10 +179,10 @@ fn main() -> ExitCode {
         Job::Fuzz { seconds } => fuzz::run(seconds),
         Job::Seccomp => seccomp::write(),
         Job::Demo => demo::run(),
-        Job::Bench { scale: Some(n), dual_stack, kernel, .. } => bench_scale::run(n, dual_stack, kernel.as_deref()),
-        Job::Bench { ipam: true, .. } => bench_ipam::run(),
-        Job::Bench { xdp: true, seconds, .. } => bench_xdp::run(seconds),
-        Job::Bench { profile: true, seconds, .. } => bench_profile::run(seconds),
+        Job::Bench { scale: Some(n), dual_stack, kernel, .. } => bench::scale::run(n, dual_stack, kernel.as_deref()),
+        Job::Bench { ipam: true, .. } => bench::ipam::run(),
+        Job::Bench { xdp: true, seconds, .. } => bench::xdp::run(seconds),
+        Job::Bench { profile: true, seconds, .. } => bench::profile::run(seconds),
         Job::Bench { seconds, rounds, kernel, .. } => bench::run(seconds, rounds, kernel.as_deref()),
     };
     match result {

@@ -4,7 +4,7 @@
 # plugin, which reads /run/flannel/subnet.env (edgevx writes it) and
 # delegates to the bridge plugin with host-local, as kube-flannel's CNI
 # config has it. Installed into the Debian 11 guest by
-# `cargo xtask test --host debian11` (xtask/src/host/debian11.rs).
+# `cargo xtask test --host debian11` (xtask/src/test/host/debian11.rs).
 set -eu
 id=$(tr -d - < /proc/sys/kernel/random/boot_id)
 ip netns delete pod 2>/dev/null || true

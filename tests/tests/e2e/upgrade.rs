@@ -7,7 +7,7 @@
 //! step; the longest stall each step caused is measured and printed.
 //!
 //! The previous release's agent comes from `cargo xtask test` (built once
-//! from its commit, xtask/src/previous.rs) in `EDGEVX_PREV_BIN`.
+//! from its commit, xtask/src/build/previous.rs) in `EDGEVX_PREV_BIN`.
 use std::{
     path::PathBuf,
     time::{Duration, Instant},
@@ -26,7 +26,7 @@ use edgevx_tests::{
 
 use crate::KERNEL_MAC;
 
-/// The previous release's agent (xtask/src/previous.rs sets it).
+/// The previous release's agent (xtask/src/build/previous.rs sets it).
 const PREV_BIN_ENV: &str = "EDGEVX_PREV_BIN";
 
 /// Every way moves again this soon after the new agent is up: a liveness

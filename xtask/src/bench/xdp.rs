@@ -31,7 +31,11 @@ use edgevx_tests::{
 };
 use serde_json::Value;
 
-use crate::{build, exec, packages, toolchain};
+use crate::{
+    build,
+    deps::{packages, toolchain},
+    exec,
+};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Judge {

@@ -21,7 +21,10 @@ use super::{
     readme,
     root::{HOSTNAME, WORK_DIR},
 };
-use crate::{exec, image, release};
+use crate::{
+    exec,
+    ship::{image, release},
+};
 
 /// Where the guest keeps the release, as an operator's download directory.
 const RELEASE_DIR: &str = "/root/release";
@@ -31,8 +34,8 @@ pub const ETCDCTL: &str = "ETCDCTL_API=3 etcdctl";
 /// flannel's network config in etcd.
 const NET_CONF: &str = r#"{"Network":"10.244.0.0/16","SubnetLen":24,"Backend":{"Type":"vxlan"}}"#;
 /// The guest's files for the kubelet's part.
-const POD_SCRIPT: &str = include_str!("../../../tests/host/debian11/pod.sh");
-const POD_UNIT: &str = include_str!("../../../tests/host/debian11/edgevx-test-pod.service");
+const POD_SCRIPT: &str = include_str!("../../../../tests/host/debian11/pod.sh");
+const POD_UNIT: &str = include_str!("../../../../tests/host/debian11/edgevx-test-pod.service");
 /// The env file as installed: what the tests set and write back.
 pub const ENV_FILE: &str = "/etc/edgevx/edgevx.env";
 
@@ -65,7 +68,7 @@ const WORKAROUNDS: &[Workaround] = &[Workaround {
            perfmon_capable() loaders overwrite part of a spilled register on the stack); the unit grants \
            CAP_BPF and CAP_NET_ADMIN only, so the harness adds CAP_PERFMON in a drop-in",
     path: "/etc/systemd/system/edgevx.service.d/zz-test-workaround-cap-perfmon.conf",
-    dropin: "# WORKAROUND of `cargo xtask test --host debian11` (xtask/src/host/install.rs), not a fix:\n\
+    dropin: "# WORKAROUND of `cargo xtask test --host debian11` (xtask/src/test/host/install.rs), not a fix:\n\
              # the 5.10 verifier refuses edgevx_encap_compat without CAP_PERFMON.\n\
              [Service]\nAmbientCapabilities=CAP_PERFMON\nCapabilityBoundingSet=CAP_PERFMON\n",
 }];

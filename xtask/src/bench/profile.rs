@@ -19,7 +19,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     bench::{Setup, bring_up, fast_share, iperf},
-    build, exec, packages, toolchain,
+    build,
+    deps::{packages, toolchain},
+    exec,
 };
 
 /// The areas a kernel symbol is summed under, by name; the first that
@@ -119,8 +121,11 @@ fn area(symbol: &str) -> &'static str {
     AREAS.iter().find(|(_, prefixes)| prefixes.iter().any(|p| s.starts_with(p))).map_or("other", |(name, _)| name)
 }
 
-/// `perf report`'s flat profile of `data`: (percent of samples, symbol).
-fn flat(data: &Path) -> Result<Vec<(f64, String)>> {
+/// A flat profile: (percent of samples, symbol), hottest first.
+type Flat = Vec<(f64, String)>;
+
+/// `perf report`'s flat profile of `data`.
+fn flat(data: &Path) -> Result<Flat> {
     let out = Command::new("perf")
         .arg("report")
         .arg("-i")
@@ -189,7 +194,7 @@ pub fn run(seconds: u32) -> Result<()> {
         (Setup::KernelVxlan, "kernel-vxlan"),
         (Setup::PlainRouting, "plain"),
     ];
-    let mut profiles: Vec<(Setup, PathBuf, Vec<(f64, String)>)> = Vec::new();
+    let mut profiles: Vec<(Setup, PathBuf, Flat)> = Vec::new();
     for (setup, slug) in setups {
         let data = dir.join(format!("perf-{slug}.data"));
         record(setup, seconds, &data)?;

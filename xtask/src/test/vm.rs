@@ -33,7 +33,10 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::{exec, kernels, toolchain};
+use crate::{
+    deps::{kernels, toolchain},
+    exec,
+};
 
 const VIRTME_NG_VERSION: &str = "1.42";
 

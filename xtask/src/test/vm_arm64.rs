@@ -19,7 +19,12 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{build, exec, image::Arch, kernels, packages, sysroot};
+use crate::{
+    build,
+    deps::{kernels, packages, sysroot},
+    exec,
+    ship::image::Arch,
+};
 
 /// The tests the arm64 guest runs by default: every prog test.
 pub const TESTS: &[&str] = &["prog_test_run::", "prog_test_run_v6::"];

@@ -27,7 +27,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{exec, toolchain::Tools};
+use crate::{deps::toolchain::Tools, exec};
 
 /// The previous release: the tree the upgrade tests upgrade from and
 /// downgrade to. The one place it is named.

@@ -21,7 +21,11 @@ use edgevx_tests::{
     topo::{Cluster, subnet},
 };
 
-use crate::{build, exec, packages, toolchain};
+use crate::{
+    build,
+    deps::{packages, toolchain},
+    exec,
+};
 
 const EDIT: u32 = 100;
 
@@ -225,7 +229,7 @@ pub fn run(n: u32, dual: bool, kernel: Option<&str>) -> Result<()> {
         bail!("--scale {n}: use 1 to 60000 peers");
     }
     // inside a matrix guest the host has built and installed everything
-    let in_guest = std::env::var_os(crate::vm::PREPARED_ENV).is_some();
+    let in_guest = std::env::var_os(crate::test::vm::PREPARED_ENV).is_some();
     if !in_guest {
         packages::ensure()?;
         let tools = toolchain::ensure()?;
@@ -258,13 +262,13 @@ fn in_vm(n: u32, dual: bool, kernel: &str, tools: &toolchain::Tools) -> Result<(
     if dual {
         command.push("--dual-stack".into());
     }
-    crate::vm::run(&crate::vm::Run {
+    crate::test::vm::run(&crate::test::vm::Run {
         kernel,
         command,
-        env: vec![(crate::vm::PREPARED_ENV.into(), "1".into())],
+        env: vec![(crate::test::vm::PREPARED_ENV.into(), "1".into())],
         path_env: tools.path_env(),
         job: "bench",
-        patience: crate::vm::GUEST_PATIENCE,
+        patience: crate::test::vm::GUEST_PATIENCE,
         hot: Vec::new(),
         part: None,
     })

@@ -2,7 +2,7 @@
 //! Debian's archive and cached, so a test on "5.10" runs on exactly the
 //! kernel a Debian 11 edge node boots.
 //!
-//! apt fetches them with a configuration of its own ([`crate::apt`]), so
+//! apt fetches them with a configuration of its own ([`crate::deps::apt`]), so
 //! the machine's own apt configuration is never changed.
 //!
 //! The *generic* flavour (`-amd64-unsigned`) is taken, not `-cloud-amd64`:
@@ -18,8 +18,11 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    apt::{self, Apt},
-    exec, toolchain,
+    deps::{
+        apt::{self, Apt},
+        toolchain,
+    },
+    exec,
 };
 
 /// One kernel of the matrix.

@@ -51,7 +51,7 @@ mod tests {
     fn the_readme_installs_this_version() {
         let readme = std::fs::read_to_string(crate::exec::workspace_root().join("README.md")).unwrap();
         let install = block(&readme, INSTALL).unwrap();
-        assert_eq!(version(&install).unwrap(), crate::image::VERSION, "README.md's VERSION= in:\n{install}");
+        assert_eq!(version(&install).unwrap(), crate::ship::image::VERSION, "README.md's VERSION= in:\n{install}");
         assert!(block(&readme, ENABLE).unwrap().contains("edgevx"));
     }
 }

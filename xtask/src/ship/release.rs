@@ -25,9 +25,9 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::{
+    deps::unpacked,
     exec,
-    image::{self, Arch, REPOSITORY, VERSION},
-    unpacked,
+    ship::image::{self, Arch, REPOSITORY, VERSION},
 };
 
 /// What is rendered into `manifests/<name>.yaml`, as `kubectl apply -k`

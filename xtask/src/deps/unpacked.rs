@@ -13,7 +13,7 @@ use std::{fs, path::PathBuf, process::Command};
 
 use anyhow::{Context, Result};
 
-use crate::{exec, toolchain};
+use crate::{deps::toolchain, exec};
 
 /// A program inside a Debian package.
 pub struct Tool {

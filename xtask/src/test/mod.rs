@@ -1,9 +1,17 @@
 //! `cargo xtask test`: unit tests, then the privileged tests one at a time.
+pub mod host;
+pub mod vm;
+pub mod vm_arm64;
 use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{build, exec, image, kernels, packages, previous, seccomp, toolchain, unpacked, vm, vm_arm64};
+use crate::{
+    build::{self, previous},
+    deps::{kernels, packages, toolchain, unpacked},
+    exec,
+    ship::{image, seccomp},
+};
 
 /// Where the e2e tests find the image archive (tests/tests/e2e/image.rs).
 pub const IMAGE_ARCHIVE_ENV: &str = "EDGEVX_IMAGE_ARCHIVE";
@@ -56,7 +64,7 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
         e2e.env("EDGEVX_IMAGE_INDEX", index)
             .env("EDGEVX_ARM64_BIN", agent)
             .env("EDGEVX_ARM64_IPAM_BIN", ipam)
-            .env("EDGEVX_ARM64_SYSROOT", crate::sysroot::ensure(image::Arch::Arm64.oci())?);
+            .env("EDGEVX_ARM64_SYSROOT", crate::deps::sysroot::ensure(image::Arch::Arm64.oci())?);
     }
     e2e.args(["test", "--release", "--locked", "-p", "edgevx-tests"])
         .current_dir(&root)

@@ -15,7 +15,7 @@ use std::{fs, path::PathBuf};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::{exec, packages};
+use crate::{deps::packages, exec};
 
 /// The runtime's default profile the edgevx profile starts from.
 pub const BASE: &str = "/usr/share/containers/seccomp.json";

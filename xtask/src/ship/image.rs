@@ -15,7 +15,11 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{build, exec, packages, sysroot, toolchain};
+use crate::{
+    build,
+    deps::{packages, sysroot, toolchain},
+    exec,
+};
 
 /// Where the image is pushed; deploy/base/daemonset.yaml names `<REPOSITORY>:<VERSION>`.
 pub const REPOSITORY: &str = "ghcr.io/edgevx/edgevx";

@@ -7,7 +7,10 @@ use std::{fs, process::Command};
 
 use anyhow::{Context, Result};
 
-use crate::{exec, packages, toolchain};
+use crate::{
+    deps::{packages, toolchain},
+    exec,
+};
 
 /// Every target in fuzz/Cargo.toml.
 pub const TARGETS: [&str; 5] = ["nodes_file", "annotations", "net_conf", "etcd_lease", "ipam_config"];

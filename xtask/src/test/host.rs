@@ -30,7 +30,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{exec, packages};
+use crate::{deps::packages, exec};
 
 /// The hosts `--host` knows.
 const HOSTS: &[&str] = &["debian11"];

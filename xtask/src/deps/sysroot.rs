@@ -4,7 +4,7 @@
 //! the arm64 test guest its busybox.
 //!
 //! Debian bookworm's own arm64 builds, fetched by apt with an architecture
-//! and state of its own ([`crate::apt`]): the machine's dpkg gets no foreign
+//! and state of its own ([`crate::deps::apt`]): the machine's dpkg gets no foreign
 //! architecture. Each package and everything it depends on is unpacked
 //! with `dpkg-deb -x` into one directory, so the programs' loader, their
 //! libraries and the plugins sit at the paths they have on a Debian node.
@@ -12,7 +12,7 @@ use std::{fs, path::PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::{apt::Apt, toolchain};
+use crate::deps::{apt::Apt, toolchain};
 
 /// What a root holds: the packages named, with their dependencies.
 pub const PACKAGES: &[&str] = &[
@@ -49,7 +49,7 @@ pub fn ensure(arch: &str) -> Result<PathBuf> {
     let _ = fs::remove_dir_all(&partial);
     for package in &closure {
         let deb = apt.download(package, &debs)?;
-        crate::apt::unpack(&deb, &partial)?;
+        crate::deps::apt::unpack(&deb, &partial)?;
     }
     let _ = fs::remove_dir_all(&root);
     fs::rename(&partial, &root).with_context(|| format!("cannot move {} into place", partial.display()))?;

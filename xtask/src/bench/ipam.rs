@@ -15,7 +15,7 @@ use anyhow::Result;
 use edgevx_tests::ipam::{Call, DataDir, Plugin, SHARED_VERSION, config};
 use serde_json::json;
 
-use crate::{build, packages};
+use crate::{build, deps::packages};
 
 const CYCLES: u32 = 1000;
 const BLOCK: u32 = 100;

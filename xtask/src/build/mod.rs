@@ -1,9 +1,11 @@
 //! Building the eBPF object and the agent that embeds it.
+pub mod fuzz;
+pub mod previous;
 use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context, Result};
 
-use crate::{exec, toolchain::Tools};
+use crate::{deps::toolchain::Tools, exec};
 
 /// Where [`ebpf`] builds, under the workspace root.
 pub const EBPF_TARGET_DIR: &str = "target/ebpf";
@@ -28,7 +30,7 @@ pub fn ebpf(tools: &Tools) -> Result<()> {
     let flags = format!("--cfg=bpf_target_arch=\"{}\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf", std::env::consts::ARCH);
     exec::run(
         Command::new("rustup")
-            .args(["run", &crate::toolchain::ebpf_toolchain()?, "cargo", "build", "--release"])
+            .args(["run", &crate::deps::toolchain::ebpf_toolchain()?, "cargo", "build", "--release"])
             .args(["--package", "edgevx-ebpf", "--bins", "--target", "bpfel-unknown-none"])
             .arg("--target-dir")
             .arg(root.join(EBPF_TARGET_DIR))

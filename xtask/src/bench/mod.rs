@@ -12,6 +12,10 @@
 //! is live in every setup and the comparison is fair. The exception is
 //! `--bypass-netfilter`, which cannot pass KUBE-FORWARD's INVALID drop at
 //! all; it runs where it is documented as safe, without kube-proxy's rules.
+pub mod ipam;
+pub mod profile;
+pub mod scale;
+pub mod xdp;
 use std::{process::Stdio, thread::sleep, time::Duration};
 
 use anyhow::{Context, Result, bail};
@@ -27,7 +31,11 @@ use edgevx_tests::{
 };
 use serde_json::Value;
 
-use crate::{build, exec, packages, toolchain};
+use crate::{
+    build,
+    deps::{packages, toolchain},
+    exec,
+};
 
 #[derive(Clone, Copy)]
 pub(crate) enum Setup {
@@ -230,7 +238,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn in_vm(seconds: u32, rounds: u32, kernel: &str, tools: &toolchain::Tools) -> Result<()> {
     packages::ensure_vm()?;
     let me = std::env::current_exe().context("cannot find the xtask binary")?;
-    crate::vm::run(&crate::vm::Run {
+    crate::test::vm::run(&crate::test::vm::Run {
         kernel,
         command: vec![
             me.display().to_string(),
@@ -240,10 +248,10 @@ fn in_vm(seconds: u32, rounds: u32, kernel: &str, tools: &toolchain::Tools) -> R
             "--rounds".into(),
             rounds.to_string(),
         ],
-        env: vec![(crate::vm::PREPARED_ENV.into(), "1".into())],
+        env: vec![(crate::test::vm::PREPARED_ENV.into(), "1".into())],
         path_env: tools.path_env(),
         job: "bench",
-        patience: crate::vm::GUEST_PATIENCE,
+        patience: crate::test::vm::GUEST_PATIENCE,
         hot: Vec::new(),
         part: None,
     })
@@ -251,7 +259,7 @@ fn in_vm(seconds: u32, rounds: u32, kernel: &str, tools: &toolchain::Tools) -> R
 
 pub fn run(seconds: u32, rounds: u32, kernel: Option<&str>) -> Result<()> {
     // inside a matrix guest the host has built and installed everything
-    if std::env::var_os(crate::vm::PREPARED_ENV).is_none() {
+    if std::env::var_os(crate::test::vm::PREPARED_ENV).is_none() {
         packages::ensure()?;
         let tools = toolchain::ensure()?;
         build::agent(&tools)?;

@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use super::peer::{GUEST_IP, GUEST_NIC_MAC, PEER_IP};
-use crate::{exec, toolchain};
+use crate::{deps::toolchain, exec};
 
 /// The guest's hostname, and the node's name in etcd.
 pub const HOSTNAME: &str = "edge-d11";
@@ -239,7 +239,7 @@ fn sha256(text: &str, scratch: &Path) -> Result<String> {
 /// The Debian archive this machine's apt uses (its `/debian` URI), so the
 /// root comes from wherever the machine's packages come from.
 fn debian_archive() -> Result<String> {
-    crate::apt::source_uris()
+    crate::deps::apt::source_uris()
         .into_iter()
         .find(|u| u.trim_end_matches('/').ends_with("/debian"))
         .context("cannot find Debian's archive (a .../debian URI) in this machine's apt sources")

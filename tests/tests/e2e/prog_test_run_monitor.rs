@@ -10,9 +10,11 @@ use aya::{
 };
 use edgevx_common::{
     counters::Counter,
+    maps::FLAG_REQUIRE_JUDGED,
     monitor::{
         DROP_EVENT_LEN, DropEvent, EV_INNER, EV_INNER_PORTS, EV_INNER6, EV_OUTER, EV_OUTER_PORTS, EV_OUTER6, EV_PEER,
         EV_VNI, EVENTS_PER_SEC, MON_BUDGET, MON_EVENTS, MON_PROGS, MON_WATCH, MonitorBudget, MonitorWatch, Program,
+        REASON_VTEP_UNJUDGED,
     },
 };
 
@@ -63,7 +65,8 @@ fn budget(l: &Loaded) -> Result<MonitorBudget> {
 }
 
 fn run_repeat(l: &Loaded, prog: &str, input: &[u8], repeat: u32) -> Result<u32> {
-    let p: &SchedClassifier = l.ebpf.program(prog).context("program")?.try_into()?;
+    // the VTEP guard may be the one program loaded by hand (a module's kfuncs)
+    let p: &SchedClassifier = l.ebpf.classifier_ref(prog)?;
     let mut out = vec![0u8; input.len() + 256];
     let opts = TestRunOptions { data_in: Some(input), data_out: Some(&mut out), repeat, ..Default::default() };
     Ok(p.test_run(opts)?.return_value)
@@ -236,6 +239,33 @@ fn encap_shows_the_inner_packet_it_had_no_route_for() -> Result<()> {
     };
     want.inner_src[..4].copy_from_slice(&[10, 244, 1, 2]);
     want.inner_dst[..4].copy_from_slice(&[10, 244, 99, 2]);
+    the_one(&drain(&mut l)?, want, before, after)
+}
+
+/// The VTEP guard's drop of a frame decap did not judge, by tail call from
+/// whichever VTEP guard this kernel takes (loaded by hand where conntrack
+/// is a module): its event-only reason and the inner packet.
+#[test]
+fn the_vtep_guard_shows_what_decap_did_not_judge() -> Result<()> {
+    let mut l = load(FLAG_REQUIRE_JUDGED)?;
+    watch(&mut l)?;
+    let frame = eth(OUR_MAC, OUR_MAC, 0x0800, &inner_udp([10, 244, 2, 9]));
+    let before = monotonic_ns();
+    assert_eq!(run_repeat(&l, "edgevx_vtep_guard", &frame, 1)?, TC_ACT_SHOT);
+    let after = monotonic_ns();
+    let mut want = DropEvent {
+        reason: REASON_VTEP_UNJUDGED,
+        ifindex: LO_IFINDEX,
+        len: frame.len() as u32,
+        program: Program::VtepGuard as u8,
+        flags: EV_INNER | EV_INNER_PORTS,
+        inner_proto: 17,
+        inner_sport: 1234,
+        inner_dport: 80,
+        ..Default::default()
+    };
+    want.inner_src[..4].copy_from_slice(&[10, 244, 2, 9]);
+    want.inner_dst[..4].copy_from_slice(&[10, 244, 1, 2]);
     the_one(&drain(&mut l)?, want, before, after)
 }
 

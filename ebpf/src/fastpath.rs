@@ -226,14 +226,19 @@ fn parse(ctx: &TcContext) -> Option<(FlowKey, LocalPod, u8)> {
     let l4 = ETH_HLEN + IPV4_HLEN;
     let ports = ctx.load::<[u8; 4]>(l4).ok()?;
     let tcp_flags = if proto == IPPROTO_TCP { ctx.load::<u8>(l4 + 13).ok()? } else { 0 };
-    let key = FlowKey {
-        saddr: [ip[12], ip[13], ip[14], ip[15]],
-        daddr,
-        sport: [ports[0], ports[1]],
-        dport: [ports[2], ports[3]],
-        proto,
-        _pad: [0; 3],
-    };
+    // built as four words: a 3-byte `_pad: [0; 3]` becomes a call to a
+    // memset subprogram, and a program with BPF-to-BPF calls may not tail
+    // call (the monitor's event program) on JITs without support for the
+    // mix (arm64 before 6.x)
+    let words = [
+        u32::from_ne_bytes([ip[12], ip[13], ip[14], ip[15]]),
+        u32::from_ne_bytes(daddr),
+        u32::from_ne_bytes(ports),
+        u32::from_ne_bytes([proto, 0, 0, 0]),
+    ];
+    // SAFETY: FlowKey is 16 bytes of plain data in this order (saddr,
+    // daddr, sport, dport, proto, padding), any bytes valid.
+    let key: FlowKey = unsafe { core::mem::transmute(words) };
     Some((key, pod, tcp_flags))
 }
 

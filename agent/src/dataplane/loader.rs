@@ -359,7 +359,45 @@ pub fn detach_pinned(pins: &PinDir, name: &str) -> Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    use object::{Object, ObjectSection, ObjectSymbol};
+    use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
+
+    /// No program calls a BPF-to-BPF subprogram (a compiler's memset for an
+    /// odd-sized zeroing, say): the drop points tail-call the monitor's
+    /// event program, and a JIT without support for mixing the two (arm64
+    /// before it gained it) refuses such a program outright. The only
+    /// calls the object's relocations name are the conntrack kfuncs.
+    #[test]
+    fn no_program_calls_a_subprogram() {
+        let file = object::File::parse(super::object()).expect("the embedded object parses");
+        let mut found = Vec::new();
+        for section in file.sections() {
+            let name = section.name().unwrap_or("");
+            if !["classifier", "xdp", "sk_lookup"].iter().any(|p| name.starts_with(p)) {
+                continue;
+            }
+            let code = section.data().expect("program bytes");
+            let kfunc_at: Vec<u64> = section
+                .relocations()
+                .filter_map(|(at, r)| match r.target() {
+                    RelocationTarget::Symbol(i) => file
+                        .symbol_by_index(i)
+                        .ok()
+                        .and_then(|s| s.name().ok())
+                        .filter(|n| crate::dataplane::kfunc::KFUNCS.contains(n))
+                        .map(|_| at),
+                    _ => None,
+                })
+                .collect();
+            for (i, insn) in code.chunks_exact(8).enumerate() {
+                // BPF_JMP | BPF_CALL with src_reg BPF_PSEUDO_CALL (1)
+                let at = (i * 8) as u64;
+                if insn[0] == 0x85 && insn[1] >> 4 == 1 && !kfunc_at.contains(&at) {
+                    found.push(format!("{name}+{at:#x}"));
+                }
+            }
+        }
+        assert!(found.is_empty(), "BPF-to-BPF calls at {found:?}");
+    }
 
     /// Cleanup and status know the pinned maps by [`edgevx_common::maps::ALL`]:
     /// a map the programs declare and the list lacks is a pin left behind.

@@ -97,12 +97,11 @@ pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
         && ctx.store(UDP_OFF, &udp_vxlan(&params, ip_len), 0).is_ok()
         && ctx.store(INNER_ETH_OFF, &inner_eth(&params), 0).is_ok();
     if !stored {
-        stats::add(Counter::DropAdjustRoom, 1);
-        monitor::encap(ctx, Counter::DropAdjustRoom, Some(&peer.public_ip));
+        // counted before the monitor's tail call, which does not return
         if let Some(s) = peer_stats {
             s.tx_errors += 1;
         }
-        return TC_ACT_SHOT;
+        return drop(ctx, Counter::DropAdjustRoom, Some(&peer.public_ip));
     }
     stats::count(Counter::TxPackets, Counter::TxBytes, len);
     if let Some(s) = peer_stats {

@@ -2,8 +2,9 @@
 //! point tail-calls it through the one-slot program array while a monitor
 //! watches. Loaded with the others and put in the slot at every load, so
 //! the slot always holds the event program of the object the attached
-//! programs came from; the array is pinned, as the kernel empties a
-//! program array's slots when its last user-space reference goes.
+//! programs came from. The array is pinned, as the kernel empties a
+//! program array's slots when its last user-space reference goes, and is
+//! made anew at every load (`loader::load` removes the old pin first).
 //!
 //! It is attached nowhere; should the slot be empty, a drop point drops
 //! without an event, as when nobody watches.

@@ -88,6 +88,13 @@ pub fn object() -> &'static [u8] {
 /// [`retry_after`](refused::Refused::retry_after) for the next try.
 pub fn load(pins: &PinDir, features: &Features) -> Result<Loaded> {
     pins.create()?;
+    // the monitor's program array is made anew at every load, never
+    // reused from a pin: the kernel ties a program array to the kind of
+    // program first loaded against it for its whole life, and what a drop
+    // point hands the event program is this build's contract only. The old
+    // array's slot empties with its pin, so the old programs, until
+    // replaced, drop without an event.
+    remove_pin(&pins.map(edgevx_common::monitor::MON_PROGS))?;
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(pins.maps());
     // no dot in the name: bpffs refuses names with one (EPERM)
@@ -113,7 +120,10 @@ pub fn load(pins: &PinDir, features: &Features) -> Result<Loaded> {
         ebpf.classifier(variant)?.load().map_err(|e| refused::refused(variant, e))?;
     }
     guard::load(&mut ebpf)?;
-    drop_events::arm(&mut ebpf)?;
+    // diagnostics only: without the event program a drop is still a drop
+    if let Err(e) = drop_events::arm(&mut ebpf) {
+        warn!("{e:#}; edgevx monitor will show no drops until the next load");
+    }
     Ok(ebpf)
 }
 
@@ -388,7 +398,7 @@ mod tests {
                     _ => None,
                 })
                 .collect();
-            for (i, insn) in code.chunks_exact(8).enumerate() {
+            for (i, insn) in code.as_chunks::<8>().0.iter().enumerate() {
                 // BPF_JMP | BPF_CALL with src_reg BPF_PSEUDO_CALL (1)
                 let at = (i * 8) as u64;
                 if insn[0] == 0x85 && insn[1] >> 4 == 1 && !kfunc_at.contains(&at) {

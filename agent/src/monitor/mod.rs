@@ -72,6 +72,12 @@ impl Pins {
         self.watch.set(0, &MonitorWatch { until_ns }, 0).context("cannot renew the watch")
     }
 
+    /// Tells the programs to stop writing events now (a monitor that
+    /// ends; one killed without a word stops them within [`WATCH_MS`]).
+    pub fn unwatch(&mut self) -> Result<()> {
+        self.watch.set(0, &MonitorWatch { until_ns: 0 }, 0).context("cannot end the watch")
+    }
+
     /// Every CPU's budget counts, summed.
     pub fn losses(&self) -> Result<Losses> {
         let per_cpu = self.budget.get(&0, 0).context("cannot read the monitor's budget")?;
@@ -149,6 +155,8 @@ pub async fn run(args: MonitorArgs) -> Result<()> {
     let (mut pins, events) = Pins::open(&args.paths.bpffs)?;
     let mut names = Names { ifaces: HashMap::new(), peers: peer_names(&args.paths.state_dir) };
     let start = pins.losses()?;
+    // events a monitor before us left in the ring are not this one's
+    let started_ns = monotonic_ns();
     pins.watch()?;
     eprintln!("edgevx monitor: showing drops (at most {EVENTS_PER_SEC} a second per CPU); Ctrl-C to stop");
     // event times are CLOCK_MONOTONIC; shown as wall-clock time
@@ -160,8 +168,9 @@ pub async fn run(args: MonitorArgs) -> Result<()> {
     let mut renew = tokio::time::interval(Duration::from_millis(RENEW_MS));
     let mut term = signal(SignalKind::terminate()).context("cannot catch SIGTERM")?;
     let mut shown = 0u64;
+    let mut closed = false;
     let stdout = std::io::stdout();
-    loop {
+    while !closed {
         tokio::select! {
             _ = renew.tick() => pins.watch()?,
             r = tokio::signal::ctrl_c() => { r.context("cannot catch SIGINT")?; break }
@@ -172,6 +181,9 @@ pub async fn run(args: MonitorArgs) -> Result<()> {
                 while let Some(record) = guard.get_inner_mut().next() {
                     let Some(ev) = DropEvent::from_bytes(&record) else { continue };
                     drop(record);
+                    if ev.ts_ns < started_ns {
+                        continue;
+                    }
                     shown += 1;
                     let ifindex = ev.ifindex;
                     if let std::collections::hash_map::Entry::Vacant(e) = names.ifaces.entry(ifindex)
@@ -183,12 +195,17 @@ pub async fn run(args: MonitorArgs) -> Result<()> {
                     let text = if args.json { json(&time, &ev, &names).to_string() } else { line(&time, &ev, &names) };
                     // a closed pipe (`| head`) ends the monitor
                     if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
-                        return Ok(());
+                        closed = true;
+                        break;
                     }
                 }
                 guard.clear_ready();
             }
         }
+    }
+    pins.unwatch()?;
+    if closed {
+        return Ok(());
     }
     let lost = pins.losses()? - start;
     eprintln!(

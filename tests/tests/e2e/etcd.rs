@@ -79,7 +79,8 @@ fn etcd_agents_coordinate_renew_reuse_and_survive_an_etcd_restart() -> Result<()
     assert!(agents[0].log_text().contains("lease renewed"));
 
     // etcd goes away and comes back: no ping is lost meanwhile
-    let pinger = BackgroundPing::start(p1, pod_ip(2), 250, "0.02")?;
+    // as long as the waits below may take (30 s for the cut, the rest after)
+    let pinger = BackgroundPing::start(p1, pod_ip(2), 2000, "0.02")?;
     std::thread::sleep(Duration::from_millis(500));
     etcd.stop();
     // the agent says it is cut off (status's source, edgevx_source_watching:

@@ -10,6 +10,9 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
+use aya::maps::{Map, MapData, PerCpuArray};
+use edgevx::dataplane::bpffs::PinDir;
+use edgevx_common::monitor::{MON_BUDGET, MonitorBudget};
 use edgevx_tests::{
     agent::Agent,
     edgevx_bin,
@@ -89,9 +92,26 @@ impl Monitor {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let status = self.child.wait()?;
         ensure!(status.success(), "edgevx monitor exited with {status}");
-        let said: Vec<String> = self.stderr.try_iter().collect();
+        // to the end of its stderr: the forwarding thread ends there
+        let said: Vec<String> = self.stderr.iter().collect();
         said.last().cloned().context("edgevx monitor said nothing at the end")
     }
+}
+
+/// A test that fails before `stop` leaves no monitor running.
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Events the programs of `a`'s node have written, summed over CPUs.
+fn events_sent(a: &Agent) -> Result<u64> {
+    let path = PinDir::new(&a.bpffs).map(MON_BUDGET);
+    let map = MapData::from_pin(&path).with_context(|| format!("cannot open {}", path.display()))?;
+    let budget: PerCpuArray<_, MonitorBudget> = PerCpuArray::try_from(Map::PerCpuArray(map))?;
+    Ok(budget.get(&0, 0)?.iter().map(|b| b.sent).sum())
 }
 
 #[test]
@@ -130,11 +150,14 @@ fn monitor_shows_a_spoofed_vxlan_packet_with_its_source_and_reason() -> Result<(
     let last = monitor.stop()?;
     assert!(last.contains("lost 0 to the rate limit"), "{last}");
 
-    // nobody watches any more: the next one is counted, not written
+    // nobody watches any more (the monitor ended its watch as it left):
+    // the next one is counted, not written
     let b = a1.status()?["counters"]["drop_unknown_peer"].as_u64().unwrap_or(0);
+    let sent = events_sent(&a1)?;
     attacker.run(&["python3", "-c", SEND, ATTACKER, "198.18.0.1", "udp", CLIENT, &pod, M1, "eth0"])?;
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(a1.status()?["counters"]["drop_unknown_peer"].as_u64().unwrap_or(0), b + 1);
+    assert_eq!(events_sent(&a1)?, sent, "an event was written after the monitor left");
     Ok(())
 }
 

@@ -310,7 +310,7 @@ fn set_affinity(set: &libc::cpu_set_t) -> Result<()> {
 }
 
 /// Pins the calling thread to `cpu`.
-fn run_on(cpu: usize) -> Result<()> {
+pub(crate) fn run_on(cpu: usize) -> Result<()> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     unsafe { libc::CPU_SET(cpu, &mut set) };

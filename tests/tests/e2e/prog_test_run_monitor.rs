@@ -19,7 +19,7 @@ use edgevx_common::{
 };
 
 use crate::prog_test_run::{
-    Loaded, OUR_IP, OUR_MAC, PEER_IP, STRANGER_IP, TC_ACT_SHOT, eth, inner_icmp, ipv4, load, vxlan_frame,
+    Loaded, OUR_IP, OUR_MAC, PEER_IP, STRANGER_IP, TC_ACT_SHOT, eth, inner_icmp, ipv4, load, run_on, vxlan_frame,
 };
 use crate::prog_test_run_v6::{OUR_IP6, PEER_IP6, POD6, inner_echo6, load6, v6, vxlan6};
 
@@ -276,6 +276,11 @@ fn the_vtep_guard_shows_what_decap_did_not_judge() -> Result<()> {
 fn the_rate_limit_caps_a_burst_and_counts_the_overflow() -> Result<()> {
     let mut l = load(0)?;
     watch(&mut l)?;
+    // one CPU's budget: the test run may otherwise move between CPUs
+    // (at a reschedule point) and get a second budget
+    // SAFETY: plain libc call.
+    let cpu = unsafe { libc::sched_getcpu() };
+    run_on(usize::try_from(cpu).context("sched_getcpu")?)?;
     let frame = vxlan_frame(STRANGER_IP, 1, OUR_MAC, &inner_udp([10, 244, 2, 9]));
     let burst = EVENTS_PER_SEC + 50;
     assert_eq!(run_repeat(&l, "edgevx_decap", &frame, burst)?, TC_ACT_SHOT);

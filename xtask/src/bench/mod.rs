@@ -232,7 +232,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The same bench inside a guest booting a matrix kernel (`vm.rs`): this
+/// The same bench inside a guest booting a matrix kernel (`test/vm.rs`): this
 /// xtask binary runs in it, on the host's build. Under TCG the absolute
 /// figures mean nothing; the ratios are what the run is for.
 fn in_vm(seconds: u32, rounds: u32, kernel: &str, tools: &toolchain::Tools) -> Result<()> {

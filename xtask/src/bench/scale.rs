@@ -252,7 +252,7 @@ pub fn run(n: u32, dual: bool, kernel: Option<&str>) -> Result<()> {
 }
 
 /// The agent's figures for `n` peers inside a guest booting a matrix kernel
-/// (`vm.rs`), where the verifier, the map writes and netlink are that
+/// (`test/vm.rs`), where the verifier, the map writes and netlink are that
 /// kernel's. Under TCG the figures are slow in absolute terms; what they
 /// show is where the time goes on that kernel.
 fn in_vm(n: u32, dual: bool, kernel: &str, tools: &toolchain::Tools) -> Result<()> {

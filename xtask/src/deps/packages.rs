@@ -119,7 +119,7 @@ const VM: &[(Probe, &str)] = &[
 /// from Debian's packages, qemu-img the run's copy-on-write disk over it,
 /// QEMU boots it; the release tarball's static build needs musl-gcc, and
 /// the peer's pod pings. (mkfs.ext4 is e2fsprogs', part of every Debian
-/// system, which apt refuses to purge: host.rs checks for it.)
+/// system, which apt refuses to purge: test/host.rs checks for it.)
 const HOST: &[(Probe, &str)] = &[
     (Probe::Command("debootstrap"), "debootstrap"),
     (Probe::Command("qemu-img"), "qemu-utils"),

@@ -141,7 +141,7 @@ pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
 }
 
 /// The Rust virtiofsd, built from crates.io into the tools cache, for the
-/// kernel matrix's guests (`vm.rs`: virtme-ng shares the root over
+/// kernel matrix's guests (`test/vm.rs`: virtme-ng shares the root over
 /// virtio-fs with it, over 9p without it); returns its directory, to put
 /// on virtme-ng's PATH. Debian 12 packages no Rust virtiofsd, and QEMU
 /// 7.2's C one takes other flags, so virtme-ng passes it over.

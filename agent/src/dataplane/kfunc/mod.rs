@@ -84,7 +84,9 @@ impl Conntrack {
             Ok(_) => ct,
             Err(e) => Conntrack::Unreachable(format!(
                 "cannot open the BTF object of conntrack's module ({e:#}); a program reaches a module's kfuncs \
-                 through it, and opening it needs CAP_SYS_ADMIN"
+                 through it, and opening it needs CAP_SYS_ADMIN and, under a seccomp profile, the bpf commands \
+                 BPF_BTF_GET_NEXT_ID and BPF_BTF_GET_FD_BY_ID (neither the DaemonSet nor the systemd unit grants \
+                 them)"
             )),
         }
     }

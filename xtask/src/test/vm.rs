@@ -82,6 +82,7 @@ pub const EDGE_TESTS: &[&str] = &[
     "prog_test_run_v6::",
     "prog_test_run_vtep_guard::",
     "prog_test_run_xdp::",
+    "prog_test_run_monitor::",
     "kernel::",
     // interop with a kernel flannel node both ways, TCP under GSO
     "interop::",
@@ -120,6 +121,8 @@ pub const EDGE_TESTS: &[&str] = &[
     // the default path where they are not; the XDP judge on the underlay
     "fast_path::",
     "xdp_judge::",
+    // `edgevx monitor`: drop events by tail call, in each kernel's programs
+    "monitor::",
 ];
 
 /// What CI runs on each amd64 kernel of the matrix besides every prog test

@@ -81,6 +81,24 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
             if !iface.is_empty() && crate::dataplane::clsact::detach(name, iface, kind)? {
                 info!(program = name, iface, "removed the clsact filter");
             }
+            // the proof, read back from the kernel: a filter left at our
+            // priority and handle would go on running (the VTEP guard would
+            // drop every frame once decap no longer marks them)
+            if !iface.is_empty()
+                && crate::dataplane::clsact::place(&handle, iface, kind).await?
+                    != crate::dataplane::order::Place::Absent
+            {
+                anyhow::bail!(
+                    "cleanup could not remove {name}'s clsact filter from {iface} ({kind:?}): `tc filter show dev \
+                     {iface} {}` shows it at pref {} handle {:#x}; remove it with `tc filter del dev {iface} {} pref \
+                     {}`",
+                    if matches!(kind, Ingress) { "ingress" } else { "egress" },
+                    crate::dataplane::clsact::PRIORITY,
+                    u32::from(crate::dataplane::clsact::HANDLE),
+                    if matches!(kind, Ingress) { "ingress" } else { "egress" },
+                    crate::dataplane::clsact::PRIORITY,
+                );
+            }
         }
         // and the qdiscs the fallback added, once nothing else uses them; not
         // on a hand-over: deleting a qdisc of a device that is up stops its

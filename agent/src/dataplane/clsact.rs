@@ -61,16 +61,35 @@ pub fn attach(prog: &mut SchedClassifier, name: &str, iface: &str, kind: TcAttac
     Ok(())
 }
 
-/// Removes our filters named `name` from `iface`; `false` if there were none.
+/// Removes our filters for program `name` from `iface`; `false` if there
+/// were none. A filter is named after its program as its loader knew it:
+/// the whole name where aya loaded the program, the kernel's name, cut to
+/// 15 bytes (`BPF_OBJ_NAME_LEN`), where it was loaded by hand and taken
+/// back from a pin (the guards that call a module's kfuncs,
+/// kfunc/by_hand.rs), so both are asked for.
 pub fn detach(name: &str, iface: &str, kind: TcAttachType) -> Result<bool> {
-    match tc::qdisc_detach_program(&device::c_name(iface)?, kind.into(), name) {
-        Ok(()) => Ok(true),
-        Err(TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        // the interface itself is gone: so is every filter on it
-        Err(_) if matches!(device::ifindex(iface), Ok(None)) => Ok(false),
-        Err(e) => Err(e).with_context(|| format!("cannot remove {name} from {iface} ({kind:?})")),
+    let mut found = false;
+    for name in filter_names(name) {
+        match tc::qdisc_detach_program(&device::c_name(iface)?, kind.into(), name) {
+            Ok(()) => found = true,
+            Err(TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => {}
+            // the interface itself is gone: so is every filter on it
+            Err(_) if matches!(device::ifindex(iface), Ok(None)) => return Ok(found),
+            Err(e) => return Err(e).with_context(|| format!("cannot remove {name} from {iface} ({kind:?})")),
+        }
     }
+    Ok(found)
 }
+
+/// The names a filter of program `name` may carry: its own, and the
+/// kernel's cut to `BPF_OBJ_NAME_LEN - 1` bytes when that differs.
+fn filter_names(name: &str) -> impl Iterator<Item = &str> {
+    let cut = name.get(..OBJ_NAME_MAX).filter(|c| c.len() < name.len());
+    std::iter::once(name).chain(cut)
+}
+
+/// `BPF_OBJ_NAME_LEN` less its NUL.
+const OBJ_NAME_MAX: usize = 15;
 
 /// The clsact qdisc's handle, `ffff:` (`tc qdisc del dev IFACE clsact`).
 const CLSACT_HANDLE: u32 = 0xffff_0000;
@@ -205,4 +224,17 @@ pub fn place_blocking(iface: &str, kind: TcAttachType) -> Option<Place> {
         })
     };
     std::thread::spawn(ask).join().ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_is_looked_for_under_the_whole_name_and_the_kernels_cut_one() {
+        assert_eq!(filter_names("edgevx_vtep_guard").collect::<Vec<_>>(), ["edgevx_vtep_guard", "edgevx_vtep_gua"]);
+        assert_eq!(filter_names("edgevx_pod_guard").collect::<Vec<_>>(), ["edgevx_pod_guard", "edgevx_pod_guar"]);
+        assert_eq!(filter_names("edgevx_decap").collect::<Vec<_>>(), ["edgevx_decap"]);
+        assert_eq!(filter_names("edgevx_encap_co").collect::<Vec<_>>(), ["edgevx_encap_co"]);
+    }
 }

@@ -130,9 +130,15 @@ pub enum Counter {
     /// Left to the host stack: the agent's keeper has not renewed the fast
     /// path's lease (the agent is stopped, or its ruleset watch ended).
     FastPathStackNoKeeper = 41,
+    /// A local pod's packets of an established plain flow encapsulated on
+    /// the pod bridge's ingress and sent to the peer, past the host's
+    /// routing and netfilter (the fast path's send side); their bytes
+    /// without the Ethernet header, as `FastPathBytes`.
+    FastPathSentPackets = 42,
+    FastPathSentBytes = 43,
 }
 
-pub const COUNT: u32 = 42;
+pub const COUNT: u32 = 44;
 
 /// How many counters the first array (`GLOBAL_STATS`) holds, fixed by pin
 /// layout v7; the rest are in `MORE_STATS`.
@@ -191,6 +197,8 @@ impl Counter {
         Counter::XdpDropBadVxlanFlags,
         Counter::XdpDropShort,
         Counter::FastPathStackNoKeeper,
+        Counter::FastPathSentPackets,
+        Counter::FastPathSentBytes,
     ];
 
     /// The array and index this counter is kept at.
@@ -244,6 +252,8 @@ impl Counter {
             Counter::XdpDropBadVxlanFlags => "xdp_drop_bad_vxlan_flags",
             Counter::XdpDropShort => "xdp_drop_short",
             Counter::FastPathStackNoKeeper => "fast_path_stack_no_keeper",
+            Counter::FastPathSentPackets => "fast_path_sent_packets",
+            Counter::FastPathSentBytes => "fast_path_sent_bytes",
         }
     }
 }

@@ -14,7 +14,7 @@ use aya_ebpf::{
 use edgevx_common::{
     counters::Counter,
     headers::Ipv4Header,
-    maps::{FLAG_ENCAP_NO_L2_ETH, IP_ID_BUCKETS},
+    maps::{DataplaneConfig, FLAG_ENCAP_NO_L2_ETH, IP_ID_BUCKETS, Peer},
     vxlan::{
         ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, EncapParams, INNER_ETH_OFF, IPV4_HLEN, OUTER_IP_OFF, UDP_OFF, inner_eth,
         outer_ip, source_port, udp_vxlan,
@@ -22,7 +22,8 @@ use edgevx_common::{
 };
 
 use crate::{
-    maps::{EDGEVX_CONFIG, EDGEVX_IP_ID, EDGEVX_IP_IDENTS, EDGEVX_PEER_SUBNETS},
+    fastpath,
+    maps::{EDGEVX_CONFIG, EDGEVX_IP_ID, EDGEVX_IP_IDENTS, EDGEVX_LOCAL_PODS, EDGEVX_PEER_SUBNETS},
     monitor, skb, stats, too_big,
 };
 
@@ -72,6 +73,16 @@ pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
     if check_mtu && let Some(mtu) = too_big::exceeds(ctx, cfg, &inner) {
         return too_big::handle(ctx, cfg, &inner, &peer, mtu);
     }
+    // the stack carried this flow here under the current ruleset: a local
+    // pod's later packets of it may take the send side's fast path
+    fastpath::record_if(ctx, |key| EDGEVX_LOCAL_PODS.get_ptr(&key.saddr).is_some());
+    encapsulate(ctx, cfg, &peer, header[1], check_mtu)
+}
+
+/// Wraps the frame for `peer` and sends it out of the underlay; `ecn`: the
+/// inner header's TOS byte. Routing's work (the peer, the MTU) is done.
+#[inline(always)]
+pub fn encapsulate(ctx: &TcContext, cfg: &DataplaneConfig, peer: &Peer, ecn: u8, check_mtu: bool) -> i32 {
     let peer_stats = stats::peer(&peer.public_ip);
 
     let len = ctx.len();
@@ -86,7 +97,7 @@ pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
         vni: cfg.vni,
         src_port: source_port(hash),
         dst_port: cfg.port,
-        ecn: header[1],
+        ecn,
         ip_id: next_ip_id(ctx, check_mtu, peer.public_ip),
     };
     let grown = inner_ip_len + ENCAP_OVERHEAD as u32 <= u16::MAX as u32 && grow(ctx, cfg.flags);

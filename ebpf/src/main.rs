@@ -13,6 +13,7 @@ mod bridge;
 mod decap;
 mod encap;
 mod fastpath;
+mod fastpath_send;
 mod guard;
 mod judge6;
 mod kfunc;

@@ -11,6 +11,9 @@
 //! A pod with CAP_NET_RAW may hide the datagram behind VLAN tags: the
 //! kernel strips them after this program and routes what they carry. That
 //! is judged by `tagged.rs` and dropped as `drop_vxlan_tagged`.
+//!
+//! What is not VXLAN may take the fast path's send side
+//! (`fastpath_send.rs`).
 
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
@@ -18,7 +21,7 @@ use aya_ebpf::{
 };
 use edgevx_common::{counters::Counter, headers::EthHeader, monitor::Program, vxlan::ETH_HLEN};
 
-use crate::{maps::EDGEVX_CONFIG, monitor, stats, tagged, vxlan_port};
+use crate::{fastpath_send, maps::EDGEVX_CONFIG, monitor, stats, tagged, vxlan_port};
 
 /// Not VXLAN: the bridge and the host carry on as usual.
 const NEXT: i32 = TC_ACT_UNSPEC;
@@ -38,7 +41,8 @@ pub fn run(ctx: &TcContext) -> i32 {
         return tagged::judge(ctx, cfg.port, Program::PodGuard);
     }
     if !vxlan_port::is_udp_to(ctx, eth.ethertype(), ETH_HLEN, cfg.port) {
-        return NEXT;
+        // not VXLAN: an established plain flow to a peer's pod may skip the stack
+        return fastpath_send::run(ctx).unwrap_or(NEXT);
     }
     stats::add(Counter::DropPodVxlan, 1);
     monitor::unpeered(ctx, Counter::DropPodVxlan, Program::PodGuard);

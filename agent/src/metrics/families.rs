@@ -71,6 +71,9 @@ pub const fn series(c: Counter) -> Series {
         // the conntrack-verified fast path on flannel.<VNI>'s ingress
         Counter::FastPathPackets => Packets { direction: INGRESS, path: "fast_path" },
         Counter::FastPathBytes => Bytes { direction: INGRESS, path: "fast_path" },
+        // and its send side on the pod bridge's ingress (also in encap's egress count)
+        Counter::FastPathSentPackets => Packets { direction: EGRESS, path: "fast_path" },
+        Counter::FastPathSentBytes => Bytes { direction: EGRESS, path: "fast_path" },
         Counter::FastPathStackTcpFlags => FastPathStack { reason: "tcp_flags" },
         Counter::FastPathStackNoEntry => FastPathStack { reason: "no_conntrack_entry" },
         Counter::FastPathStackNotEstablished => FastPathStack { reason: "not_established" },

@@ -49,6 +49,7 @@ mod privileges;
 mod probe_flood;
 mod prog_fuzz;
 mod prog_test_run;
+mod prog_test_run_fast_send;
 mod prog_test_run_monitor;
 mod prog_test_run_v6;
 mod prog_test_run_vtep_guard;

@@ -301,10 +301,11 @@ mod tests {
         assert!(!calls_module_kfunc(&[call(0, 1)]), "a helper call");
     }
 
-    /// The embedded object, resolved as for a module's kfuncs: the VTEP
-    /// guard (where the fast path runs) and nothing else needs the hand load.
+    /// The embedded object, resolved as for a module's kfuncs: the pod
+    /// guard and the VTEP guard (where the fast path's two sides run) and
+    /// nothing else need the hand load.
     #[test]
-    fn the_vtep_guard_alone_calls_the_module() {
+    fn the_two_guards_alone_call_the_module() {
         let ct = super::super::Conntrack::Reachable {
             ids: super::super::KFUNCS.iter().map(|&n| (n, 100_000)).collect(),
             offsets: vec![],
@@ -321,6 +322,6 @@ mod tests {
             .map(|(n, _)| n.as_str())
             .collect();
         callers.sort_unstable();
-        assert_eq!(callers, ["edgevx_vtep_guard"]);
+        assert_eq!(callers, ["edgevx_pod_guard", "edgevx_vtep_guard"]);
     }
 }

@@ -47,9 +47,12 @@ fn nat_case(mode: Mode) -> Result<()> {
         ("node1's NodePort dialled from outside", &rc.internet, underlay_ip(1)),
     ];
     for (what, from, to_ip) in cases {
-        let before = (rc.counter(1, "fast_path_packets")?, stacked(1)?, rc.counter(2, "fast_path_bytes")?);
+        // both sides of node1's fast path: what it receives and what its pod sends
+        let fast1 =
+            || -> Result<u64> { Ok(rc.counter(1, "fast_path_packets")? + rc.counter(1, "fast_path_sent_packets")?) };
+        let before = (fast1()?, stacked(1)?, rc.counter(2, "fast_path_bytes")?);
         peer.tcp_transfer_within(from, &backend.netns, to_ip, 32 * MIB, 60).with_context(|| what.to_string())?;
-        let fast = rc.counter(1, "fast_path_packets")? - before.0;
+        let fast = fast1()? - before.0;
         ensure!(
             fast == 0,
             "{what}: node1, the NAT node, fast-pathed {fast} packets of the flow\n{}",

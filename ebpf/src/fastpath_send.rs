@@ -17,7 +17,13 @@
 //! leaves to the stack: a TTL about to expire (ICMP time exceeded), a
 //! frame too big for the underlay (the encap's frag-needed answer), and
 //! anything not from a learned pod's own MAC to the bridge's.
-use aya_ebpf::{maps::lpm_trie::Key, programs::TcContext};
+//!
+//! Where the stack would send the packet is the kernel's FIB's to say, not
+//! the peer map's: a DirectRouting peer's subnet, or any route an operator
+//! put ahead of `flannel.<VNI>`'s, sends it elsewhere, and so does the
+//! stack, so only a packet the FIB routes into `flannel.<VNI>` from the
+//! bridge (forwarding on, its MTU fitting) is encapsulated here.
+use aya_ebpf::{helpers::generated::bpf_fib_lookup, maps::lpm_trie::Key, programs::TcContext};
 use edgevx_common::{
     counters::Counter,
     headers::Ipv4Header,
@@ -27,8 +33,52 @@ use edgevx_common::{
 use crate::{
     encap, fastpath,
     maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS, EDGEVX_PEER_SUBNETS},
-    stats, too_big,
+    skb, stats, too_big,
 };
+
+/// `bpf_fib_lookup`'s result: found, and the next hop's neighbour too.
+const FIB_SUCCESS: i64 = 0;
+/// Found, without a neighbour entry for the next hop yet (`flannel.<VNI>`
+/// is NOARP: the stack's next packet makes one).
+const FIB_NO_NEIGH: i64 = 7;
+
+/// Whether the kernel would route this IPv4 packet, arriving on the
+/// bridge, into `vtep_ifindex` (BPF_FIB_LOOKUP with the packet's
+/// addresses, TOS and ports; no `tot_len`, so the kernel judges the skb
+/// against the route's device MTU, GSO included). `struct bpf_fib_lookup`
+/// written as 16 words: family, l4 proto, ports, tot_len; ifindex; tos;
+/// the source (4 words); the destination (4 words); and 12 bytes out.
+#[inline(always)]
+fn routed_into(ctx: &TcContext, header: &[u8; 20], ports: [u8; 4], vtep_ifindex: u32) -> bool {
+    let src = u32::from_ne_bytes([header[12], header[13], header[14], header[15]]);
+    let dst = u32::from_ne_bytes([header[16], header[17], header[18], header[19]]);
+    // SAFETY: reading a field of the context the program was given.
+    let ifindex = unsafe { (*skb::raw(ctx)).ifindex };
+    // written word by word with volatile stores: a zeroed array literal
+    // becomes a call to a memset subprogram, which a program that tail
+    // calls may not hold on every JIT (see fastpath::parse)
+    let mut params = core::mem::MaybeUninit::<[u32; 16]>::uninit();
+    let words = params.as_mut_ptr().cast::<u32>();
+    for i in 0..16 {
+        let v = match i {
+            0 => u32::from_ne_bytes([AF_INET, header[9], ports[0], ports[1]]),
+            1 => u32::from_ne_bytes([ports[2], ports[3], 0, 0]),
+            2 => ifindex,
+            3 => u32::from(header[1]),
+            4 => src,
+            8 => dst,
+            _ => 0,
+        };
+        // SAFETY: i < 16, within the array.
+        unsafe { core::ptr::write_volatile(words.add(i), v) };
+    }
+    // SAFETY: the helper reads and writes the 64 bytes it is given, all written above.
+    let rc = unsafe { bpf_fib_lookup(skb::raw(ctx).cast(), words.cast(), 64, 0) };
+    // SAFETY: written above, and by the helper: the egress ifindex
+    (rc == FIB_SUCCESS || rc == FIB_NO_NEIGH) && unsafe { core::ptr::read_volatile(words.add(2)) } == vtep_ifindex
+}
+
+const AF_INET: u8 = 2;
 
 /// Sends the frame if the fast path may; `None` leaves it to the stack.
 #[inline(always)]
@@ -48,8 +98,13 @@ pub fn run(ctx: &TcContext) -> Option<i32> {
         return None;
     }
     let header = ctx.load::<[u8; IPV4_HLEN]>(ETH_HLEN).ok()?;
-    // the stack answers what would expire or not fit
-    if header[8] <= 1 || too_big::exceeds(ctx, cfg, &Ipv4Header(&header)).is_some() {
+    let ports = ctx.load::<[u8; 4]>(ETH_HLEN + IPV4_HLEN).ok()?;
+    // the stack answers what would expire or not fit, and sends what it
+    // would route elsewhere
+    if header[8] <= 1
+        || too_big::exceeds(ctx, cfg, &Ipv4Header(&header)).is_some()
+        || !routed_into(ctx, &header, ports, cfg.vtep_ifindex)
+    {
         stats::add(Counter::FastPathStackOther, 1);
         return None;
     }

@@ -242,3 +242,42 @@ fn cleanup_removes_the_direct_routes() -> Result<()> {
     assert!(h1.ns.ip(&["link", "show", "flannel.1"]).is_err(), "flannel.1 is still there");
     Ok(())
 }
+
+/// With the fast path taking node1's flows (conntrack on, as kube-proxy's
+/// INVALID drop turns it on), the on-link peer's traffic still leaves
+/// plain: a flow's proof that the stack carried it is written by the encap
+/// on `flannel.1`, which a direct-routed flow never reaches, and the send
+/// side encapsulates only what the kernel's FIB routes into `flannel.1`
+/// (a route that changes under a recorded flow: prog_test_run_fast_send).
+/// The far peer's flows are fast-pathed (where the kernel offers the
+/// kfuncs), so the send side was on.
+#[test]
+fn the_fast_paths_send_side_leaves_an_on_link_peers_flows_to_direct_routing() -> Result<()> {
+    let s = site()?;
+    let c = &s.cluster;
+    let n1 = &c.host(1).ns;
+    n1.run(&["iptables", "-w", "-A", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"])?;
+    let wire = WireCounters::new(c)?;
+    wire.count("vxlan_1_to_2", "ip saddr 198.18.0.1 ip daddr 198.18.0.2 udp dport 8472")?;
+    wire.count("plain_1_to_2", "ip saddr 10.244.1.2 ip daddr 10.244.2.2")?;
+    let peer_bin = testpeer();
+    for j in [2, 3] {
+        let (p1, pj) = (&c.host(1).pod, &c.host(j).pod);
+        peer_bin.tcp_transfer(p1, pj, pod_ip(j), 16 * MIB).with_context(|| format!("TCP pod1 -> pod{j}"))?;
+        peer_bin.tcp_transfer(pj, p1, pod_ip(1), 16 * MIB).with_context(|| format!("TCP pod{j} -> pod1"))?;
+    }
+    let st = s.agent.status()?;
+    let sent = st["counters"]["fast_path_sent_packets"].as_u64().context("no fast_path_sent_packets")?;
+    ensure!(wire.packets("vxlan_1_to_2")? == 0, "the fast path encapsulated to the on-link peer ({sent} sent fast)");
+    ensure!(wire.packets("plain_1_to_2")? > 0, "no plain packet to the on-link peer");
+    if st["fast_path"] == "on" {
+        ensure!(sent > 0, "the fast path is on but sent nothing to the far peer: {:#}", st["counters"]);
+    } else {
+        ensure!(
+            !edgevx_tests::ct_kfuncs::offered(),
+            "the kernel offers the kfuncs, yet fast_path is {}",
+            st["fast_path"]
+        );
+    }
+    Ok(())
+}

@@ -11,6 +11,7 @@ use aya::maps::{Array, HashMap};
 use edgevx_common::{
     counters::Counter,
     fastpath::{FP_CONFIG, FP_ON, FP_SEEN, FP_TEST_IGNORE_LIBERAL, FastPathConfig, FlowKey, Seen},
+    maps::{self as names, DataplaneConfig},
 };
 use edgevx_tests::{
     ct_kfuncs,
@@ -98,15 +99,46 @@ fn passes(l: &Loaded, what: &str, frame: &[u8], counter: Option<Counter>) -> Res
     Ok(())
 }
 
+/// The routes the stack would take, as a flannel node has them: the peer's
+/// subnet via `flannel.1`, forwarding on; and a part of that subnet routed
+/// elsewhere (as DirectRouting routes a peer on the underlay's subnet).
+fn node_routes(ns: &Netns) -> Result<u32> {
+    ns.batch(&[
+        "link add flannel.1 type vxlan id 1 local 198.18.0.1 dstport 8472 nolearning".into(),
+        "link set flannel.1 up".into(),
+        "addr add 10.244.1.0/32 dev flannel.1".into(),
+        "route add 10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink".into(),
+        "link add evxd0 type veth peer name evxd1".into(),
+        "link set evxd0 up".into(),
+        "link set evxd1 up".into(),
+        "addr add 198.19.0.1/24 dev evxd0".into(),
+        "route add 10.244.2.128/25 via 198.19.0.2 dev evxd0".into(),
+    ])?;
+    ns.sysctl("net.ipv4.ip_forward", "1")?;
+    let index = ns.run(&["cat", "/sys/class/net/flannel.1/ifindex"])?;
+    index.trim().parse().with_context(|| format!("flannel.1's ifindex: {index:?}"))
+}
+
+/// The VTEP in the config is `flannel.1` at `vtep_ifindex`.
+fn set_vtep(l: &mut Loaded, vtep_ifindex: u32) -> Result<()> {
+    let mut cfg: Array<_, DataplaneConfig> = Array::try_from(l.ebpf.map_mut(names::CONFIG).context("config")?)?;
+    let mut value = cfg.get(&0, 0)?;
+    value.vtep_ifindex = vtep_ifindex;
+    cfg.set(0, &value, 0)?;
+    Ok(())
+}
+
 #[test]
 fn a_pods_established_flow_leaves_the_pod_guard_encapsulated_as_the_stack_would_send_it() -> Result<()> {
     let ns = Netns::new(&unique("fps"))?;
-    in_netns(&ns, send_side)
+    let vtep = node_routes(&ns)?;
+    in_netns(&ns, move || send_side(vtep))
 }
 
-fn send_side() -> Result<()> {
+fn send_side(vtep: u32) -> Result<()> {
     ct_kfuncs::like_a_node()?;
     let mut l = load(0)?;
+    set_vtep(&mut l, vtep)?;
     let offered = ct_kfuncs::offered();
     set_config(&mut l, FP_ON | FP_TEST_IGNORE_LIBERAL, 7, 60_000_000_000)?;
     let stack_frame = eth(OUR_MAC, OUR_MAC, 0x0800, &segment(DPORT, TCP_ACK, 62));
@@ -165,6 +197,13 @@ fn send_side() -> Result<()> {
     passes(&l, "a TTL about to expire", &from_pod(&segment(DPORT, TCP_ACK, 1)), Some(Counter::FastPathStackOther))?;
     passes(&l, "another pod's MAC", &eth(HOST_MAC, OUR_MAC, 0x0800, &segment(DPORT, TCP_ACK, 63)), None)?;
     passes(&l, "not to the gateway", &eth(POD_MAC, POD_MAC, 0x0800, &segment(DPORT, TCP_ACK, 63)), None)?;
+    // a destination the kernel routes elsewhere (not into flannel.1), whatever the peer map says
+    let mut elsewhere = segment(DPORT, TCP_ACK, 63);
+    elsewhere[16..20].copy_from_slice(&[10, 244, 2, 200]);
+    elsewhere[10..12].copy_from_slice(&[0, 0]);
+    let c = checksum(&elsewhere[..20]);
+    elsewhere[10..12].copy_from_slice(&c);
+    passes(&l, "routed elsewhere", &from_pod(&elsewhere), Some(Counter::FastPathStackOther))?;
     // a flow the stack carried but conntrack does not know (its entry gone: `conntrack -D`)
     l.run(l.encap, &eth(OUR_MAC, OUR_MAC, 0x0800, &segment(DPORT + 1, TCP_ACK, 62)))?;
     passes(&l, "no entry", &from_pod(&segment(DPORT + 1, TCP_ACK, 63)), Some(Counter::FastPathStackNoEntry))?;
@@ -180,5 +219,14 @@ fn send_side() -> Result<()> {
     // and on again: the flow goes on as before
     set_config(&mut l, FP_ON | FP_TEST_IGNORE_LIBERAL, 7, 60_000_000_000)?;
     ensure!(l.run("edgevx_pod_guard", &pods_frame)?.0 == TC_ACT_REDIRECT, "the flow did not come back");
+    // a route change moves no epoch: the FIB says where the packet goes. A
+    // route for the peer's pod on the underlay (as DirectRouting adds one)
+    // sends the recorded flow back to the stack at once
+    let out = std::process::Command::new("ip")
+        .args(["route", "add", "10.244.2.2/32", "via", "198.19.0.2", "dev", "evxd0"])
+        .output()
+        .context("cannot run ip")?;
+    ensure!(out.status.success(), "ip route add: {}", String::from_utf8_lossy(&out.stderr));
+    passes(&l, "a recorded flow now routed elsewhere", &pods_frame, Some(Counter::FastPathStackOther))?;
     Ok(())
 }

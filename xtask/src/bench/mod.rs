@@ -69,14 +69,29 @@ struct Result3 {
     rr_us: f64,
 }
 
-/// How many of the bytes node2 decapsulated for its pod (every measurement
-/// sends to node2's pod) the fast path then carried past the stack, from
-/// its agent's counters; `None` where no agent runs there.
-pub(crate) fn fast_share(agents: &[Agent]) -> Result<Option<f64>> {
-    let Some(node2) = agents.get(1) else { return Ok(None) };
-    let c = &node2.status()?["counters"];
-    let (fast, decapped) = (c["fast_path_bytes"].as_f64().unwrap_or(0.0), c["rx_stack_bytes"].as_f64().unwrap_or(0.0));
-    Ok((decapped > 0.0).then(|| (fast / decapped).min(1.0)))
+/// The fast path's share of a measurement (every measurement sends from
+/// node1's pod to node2's), from the agents' counters: of the bytes node2
+/// decapsulated for its pod, how many its receive side carried past the
+/// stack; of the bytes node1 encapsulated, how many its send side did.
+/// `None` where no agents run.
+pub(crate) fn fast_share(agents: &[Agent]) -> Result<Option<Share>> {
+    let [node1, node2, ..] = agents else { return Ok(None) };
+    let ratio = |agent: &Agent, part: &str, whole: &str| -> Result<f64> {
+        let c = &agent.status()?["counters"];
+        let (part, whole) = (c[part].as_f64().unwrap_or(0.0), c[whole].as_f64().unwrap_or(0.0));
+        Ok(if whole > 0.0 { (part / whole).min(1.0) } else { 0.0 })
+    };
+    Ok(Some(Share {
+        received: ratio(node2, "fast_path_bytes", "rx_stack_bytes")?,
+        sent: ratio(node1, "fast_path_sent_bytes", "tx_bytes")?,
+    }))
+}
+
+/// See [`fast_share`].
+#[derive(Clone, Copy)]
+pub(crate) struct Share {
+    pub received: f64,
+    pub sent: f64,
 }
 
 /// Brings up `setup` on a fresh cluster; returns it and the agents keeping it alive.
@@ -274,7 +289,7 @@ pub fn run(seconds: u32, rounds: u32, kernel: Option<&str>) -> Result<()> {
         [Setup::EdgevxDefault, Setup::EdgevxHostStack, Setup::EdgevxBypass, Setup::KernelVxlan, Setup::PlainRouting];
     // rounds interleave the setups, so drift on the machine hits all of them alike
     let mut samples: Vec<Vec<Result3>> = setups.iter().map(|_| Vec::new()).collect();
-    let mut shares: Vec<Vec<f64>> = setups.iter().map(|_| Vec::new()).collect();
+    let mut shares: Vec<Vec<Share>> = setups.iter().map(|_| Vec::new()).collect();
     for round in 1..=rounds.max(1) {
         for (i, s) in setups.iter().enumerate() {
             eprintln!("bench: round {round}: {} ...", s.name());
@@ -335,11 +350,13 @@ pub fn run(seconds: u32, rounds: u32, kernel: Option<&str>) -> Result<()> {
     );
     for (s, share) in setups.iter().zip(&shares) {
         if matches!(s, Setup::EdgevxDefault) && !share.is_empty() {
-            let mean = share.iter().sum::<f64>() / share.len() as f64;
+            let mean = |f: fn(&Share) -> f64| share.iter().map(f).sum::<f64>() / share.len() as f64 * 100.0;
             println!(
-                "{}: the fast path carried {:.0}% of the receiving node's bytes (mean of {} rounds; 0% where the kernel keeps it off)",
+                "{}: the fast path carried {:.0}% of the receiving node's bytes and {:.0}% of the sending node's \
+                 (mean of {} rounds; 0% where the kernel keeps it off)",
                 s.name(),
-                mean * 100.0,
+                mean(|s| s.received),
+                mean(|s| s.sent),
                 share.len()
             );
         }

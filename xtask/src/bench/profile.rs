@@ -18,7 +18,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    bench::{Setup, bring_up, fast_share, iperf},
+    bench::{Setup, Share, bring_up, fast_share, iperf},
     build,
     deps::{packages, toolchain},
     exec,
@@ -151,7 +151,7 @@ fn flat(data: &Path) -> Result<Flat> {
 }
 
 /// One TCP stream for `seconds` under `perf record -a -g` into `data`.
-fn record(setup: Setup, seconds: u32, data: &Path) -> Result<Option<f64>> {
+fn record(setup: Setup, seconds: u32, data: &Path) -> Result<Option<Share>> {
     let (c, agents) = bring_up(setup)?;
     let mut perf = Command::new("perf")
         .args(["record", "-a", "-g", "-F", "999", "-o"])
@@ -174,7 +174,13 @@ fn record(setup: Setup, seconds: u32, data: &Path) -> Result<Option<f64>> {
     eprintln!(
         "bench --profile: {}: {gbps:.2} Gbit/s{}",
         setup.name(),
-        share.map(|s| format!(", the fast path carried {:.0}% of node2's bytes", s * 100.0)).unwrap_or_default()
+        share
+            .map(|s| format!(
+                ", the fast path carried {:.0}% of node2's received bytes and {:.0}% of node1's sent",
+                s.received * 100.0,
+                s.sent * 100.0
+            ))
+            .unwrap_or_default()
     );
     Ok(share)
 }

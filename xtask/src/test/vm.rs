@@ -83,6 +83,7 @@ pub const EDGE_TESTS: &[&str] = &[
     "prog_test_run_vtep_guard::",
     "prog_test_run_xdp::",
     "prog_test_run_monitor::",
+    "prog_test_run_fast_send::",
     "kernel::",
     // interop with a kernel flannel node both ways, TCP under GSO
     "interop::",

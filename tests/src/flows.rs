@@ -254,14 +254,21 @@ fn connect(spec: &Spec) -> Result<Vec<(TcpStream, TcpStream)>> {
             })
             .collect::<Result<Vec<_>>>()
     })?;
+    // the listen queue holds them in the order their handshakes completed,
+    // which under load need not be the order of the connects (a SYN
+    // retransmitted): each accepted connection is matched by its port
+    let mut accepted = Vec::new();
+    for _ in 0..n {
+        accepted.push(listener.accept().context("accept")?);
+    }
     let mut pairs = Vec::new();
     for client in clients {
         let local = client.local_addr()?;
-        // the accepted connection of this client (its port tells)
-        let (server, peer) = listener.accept().context("accept")?;
-        if peer.port() != local.port() {
-            bail!("accepted {peer}, expected the connection from {local}");
-        }
+        let at = accepted
+            .iter()
+            .position(|(_, peer)| peer.port() == local.port())
+            .with_context(|| format!("no accepted connection from {local} among {accepted:?}"))?;
+        let (server, _) = accepted.swap_remove(at);
         pairs.push((client, server));
     }
     Ok(pairs)

@@ -96,6 +96,13 @@ pub const FLAG_REQUIRE_JUDGED: u32 = 8;
 /// 0x0f00, Istio 0x539, Calico the upper 16 bits, Weave 0x20000 and 0x40000.
 pub const MARK_JUDGED: u32 = 0x1000;
 
+/// The `skb->mark` bit the fast path's send side sets on a local pod's
+/// packet it hands straight to `flannel.<VNI>`'s egress (past routing and
+/// netfilter); the encap there clears it and does not record the flow as
+/// carried by the stack (only the stack's own packets prove that). Free in
+/// the same neighbours' schemes as [`MARK_JUDGED`].
+pub const MARK_FAST_SENT: u32 = 0x2000;
+
 /// What the agent configured; read by both programs on every packet.
 ///
 /// Addresses are in network byte order as bytes, the way they sit in a

@@ -14,7 +14,7 @@ use aya_ebpf::{
 use edgevx_common::{
     counters::Counter,
     headers::Ipv4Header,
-    maps::{DataplaneConfig, FLAG_ENCAP_NO_L2_ETH, IP_ID_BUCKETS, Peer},
+    maps::{DataplaneConfig, FLAG_ENCAP_NO_L2_ETH, IP_ID_BUCKETS, MARK_FAST_SENT, Peer},
     vxlan::{
         ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, EncapParams, INNER_ETH_OFF, IPV4_HLEN, OUTER_IP_OFF, UDP_OFF, inner_eth,
         outer_ip, source_port, udp_vxlan,
@@ -73,16 +73,24 @@ pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
     if check_mtu && let Some(mtu) = too_big::exceeds(ctx, cfg, &inner) {
         return too_big::handle(ctx, cfg, &inner, &peer, mtu);
     }
-    // the stack carried this flow here under the current ruleset: a local
-    // pod's later packets of it may take the send side's fast path
-    fastpath::record_if(ctx, |key| EDGEVX_LOCAL_PODS.get_ptr(&key.saddr).is_some());
+    // SAFETY: a read of the context's own field.
+    let mark = unsafe { (*skb::raw(ctx)).mark };
+    if mark & MARK_FAST_SENT != 0 {
+        // the fast path's send side handed it here: cleared before the
+        // underlay, and no proof of the stack's (fastpath_send.rs)
+        ctx.set_mark(mark & !MARK_FAST_SENT);
+    } else {
+        // the stack carried this flow here under the current ruleset: a
+        // local pod's later packets of it may take the send side
+        fastpath::record_if(ctx, |key| EDGEVX_LOCAL_PODS.get_ptr(&key.saddr).is_some());
+    }
     encapsulate(ctx, cfg, &peer, header[1], check_mtu)
 }
 
 /// Wraps the frame for `peer` and sends it out of the underlay; `ecn`: the
 /// inner header's TOS byte. Routing's work (the peer, the MTU) is done.
 #[inline(always)]
-pub fn encapsulate(ctx: &TcContext, cfg: &DataplaneConfig, peer: &Peer, ecn: u8, check_mtu: bool) -> i32 {
+fn encapsulate(ctx: &TcContext, cfg: &DataplaneConfig, peer: &Peer, ecn: u8, check_mtu: bool) -> i32 {
     let peer_stats = stats::peer(&peer.public_ip);
 
     let len = ctx.len();

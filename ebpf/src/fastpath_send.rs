@@ -1,39 +1,48 @@
 //! The fast path's send side, on the pod bridge's ingress after the pod
 //! guard: a local pod's packet of an established, plain TCP or UDP flow to
-//! a peer's pod is encapsulated here and sent out of the underlay, past
-//! the host's routing, netfilter and `flannel.<VNI>`, once the kernel's own
-//! conntrack entry says the flow may (the same rules as the receive side,
-//! fastpath.rs; the proof that the stack carried the flow under the
-//! current ruleset is written by the encap, after POSTROUTING).
+//! a peer's pod goes straight to `flannel.<VNI>`'s egress, where the encap
+//! program wraps it, past the host's routing and netfilter, once the
+//! kernel's own conntrack entry says the flow may (the same rules as the
+//! receive side, fastpath.rs; the proof that the stack carried the flow
+//! under the current ruleset is written by the encap, after POSTROUTING,
+//! for the stack's packets only: these carry [`MARK_FAST_SENT`]).
+//!
+//! Why not encapsulate here: the encap's variants are chosen per kernel
+//! (5.10's verifier refuses the shared IP ID counter's atomic anywhere in
+//! a program, dead or not), and the outer IP IDs to a peer must come from
+//! one counter, whichever path a packet took.
 //!
 //! Packet order: from the bridge's ingress on, the stack's path (routing,
 //! netfilter, `flannel.<VNI>`'s transmit, which has no queue, and the
 //! encap) runs synchronously in the same call as this program, so a
-//! flow's fast and stack packets reach the underlay's queue in the order
-//! they came.
+//! flow's fast and stack packets reach the encap in the order they came.
 //!
 //! What the stack would have done and this does too: the TTL decrement,
-//! the timeout refresh, the encapsulation the encap program does. What it
-//! leaves to the stack: a TTL about to expire (ICMP time exceeded), a
-//! frame too big for the underlay (the encap's frag-needed answer), and
-//! anything not from a learned pod's own MAC to the bridge's.
+//! the timeout refresh. What it leaves to the stack: a TTL about to expire
+//! (ICMP time exceeded), and anything not from a learned pod's own MAC to
+//! the bridge's. A frame too big for the underlay meets the encap's
+//! frag-needed answer either way.
 //!
 //! Where the stack would send the packet is the kernel's FIB's to say, not
 //! the peer map's: a DirectRouting peer's subnet, or any route an operator
 //! put ahead of `flannel.<VNI>`'s, sends it elsewhere, and so does the
 //! stack, so only a packet the FIB routes into `flannel.<VNI>` from the
 //! bridge (forwarding on, its MTU fitting) is encapsulated here.
-use aya_ebpf::{helpers::generated::bpf_fib_lookup, maps::lpm_trie::Key, programs::TcContext};
+use aya_ebpf::{
+    bindings::TC_ACT_SHOT,
+    helpers::generated::{bpf_fib_lookup, bpf_redirect},
+    programs::TcContext,
+};
 use edgevx_common::{
     counters::Counter,
-    headers::Ipv4Header,
+    maps::MARK_FAST_SENT,
     vxlan::{ETH_HLEN, IPV4_HLEN},
 };
 
 use crate::{
-    encap, fastpath,
-    maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS, EDGEVX_PEER_SUBNETS},
-    skb, stats, too_big,
+    fastpath,
+    maps::{EDGEVX_CONFIG, EDGEVX_LOCAL_PODS},
+    skb, stats,
 };
 
 /// `bpf_fib_lookup`'s result: found, and the next hop's neighbour too.
@@ -92,19 +101,14 @@ pub fn run(ctx: &TcContext) -> Option<i32> {
     if eth[..6] != pod.host_mac || eth[6..] != pod.pod_mac {
         return None;
     }
-    let peer = *EDGEVX_PEER_SUBNETS.get(&Key::new(32, key.daddr))?;
     let cfg = EDGEVX_CONFIG.get(0)?;
     if cfg.vni == 0 {
         return None;
     }
     let header = ctx.load::<[u8; IPV4_HLEN]>(ETH_HLEN).ok()?;
     let ports = ctx.load::<[u8; 4]>(ETH_HLEN + IPV4_HLEN).ok()?;
-    // the stack answers what would expire or not fit, and sends what it
-    // would route elsewhere
-    if header[8] <= 1
-        || too_big::exceeds(ctx, cfg, &Ipv4Header(&header)).is_some()
-        || !routed_into(ctx, &header, ports, cfg.vtep_ifindex)
-    {
+    // the stack answers what would expire, and sends what it would route elsewhere
+    if header[8] <= 1 || !routed_into(ctx, &header, ports, cfg.vtep_ifindex) {
         stats::add(Counter::FastPathStackOther, 1);
         return None;
     }
@@ -112,8 +116,13 @@ pub fn run(ctx: &TcContext) -> Option<i32> {
         return None;
     }
     if fastpath::ttl_down(ctx).is_err() {
-        return Some(encap::drop(ctx, Counter::DropAdjustRoom, None));
+        stats::add(Counter::DropAdjustRoom, 1);
+        return Some(TC_ACT_SHOT);
     }
+    // SAFETY: a read of the context's own field.
+    let mark = unsafe { (*skb::raw(ctx)).mark };
+    ctx.set_mark(mark | MARK_FAST_SENT);
     stats::count(Counter::FastPathSentPackets, Counter::FastPathSentBytes, ctx.len() - ETH_HLEN as u32);
-    Some(encap::encapsulate(ctx, cfg, &peer, header[1], true))
+    // SAFETY: plain helper call; the kernel checks the ifindex.
+    Some(unsafe { bpf_redirect(cfg.vtep_ifindex, 0) as i32 })
 }

@@ -409,6 +409,30 @@ mod tests {
         assert!(found.is_empty(), "BPF-to-BPF calls at {found:?}");
     }
 
+    /// 5.10's verifier refuses a program that holds an atomic with
+    /// `BPF_FETCH` (any `BPF_STX` with a non-zero immediate) anywhere in it,
+    /// walked or not ("BPF_STX uses reserved fields", checked on every
+    /// instruction before the walk): only the full encap, which the agent
+    /// loads where the kernel takes it, may hold one.
+    #[test]
+    fn only_the_full_encap_holds_an_atomic_fetch() {
+        let file = object::File::parse(super::object()).expect("the embedded object parses");
+        let mut holders = Vec::new();
+        for sym in file.symbols().filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0) {
+            let Some(section) = sym.section_index().and_then(|i| file.section_by_index(i).ok()) else { continue };
+            let code = section.data().expect("program bytes");
+            let start = (sym.address() - section.address()) as usize;
+            let body = &code[start..start + sym.size() as usize];
+            // BPF_STX (3) | BPF_ATOMIC (0xc0), imm != 0
+            let fetch =
+                body.as_chunks::<8>().0.iter().any(|i| i[0] & 0x07 == 0x03 && i[0] & 0xe0 == 0xc0 && i[4..] != [0; 4]);
+            if fetch {
+                holders.push(sym.name().unwrap_or("?").to_string());
+            }
+        }
+        assert_eq!(holders, [super::ENCAP], "programs holding an atomic fetch");
+    }
+
     /// Cleanup and status know the pinned maps by [`edgevx_common::maps::ALL`]:
     /// a map the programs declare and the list lacks is a pin left behind.
     #[test]

@@ -2,16 +2,17 @@
 //! guard, with BPF_PROG_TEST_RUN in a namespace of its own whose conntrack
 //! holds one established entry (made with `conntrack -I`, as the stack
 //! would have made it): a local pod's TCP segment of that flow leaves the
-//! pod guard encapsulated, byte for byte what the encap makes of the same
-//! segment routed into `flannel.<VNI>` (TTL one lower), but only once the
-//! encap recorded the flow under the current ruleset; everything else
-//! passes untouched, each with its reason counted.
+//! pod guard for `flannel.<VNI>`'s egress with its TTL one lower and a mark,
+//! and the encap there makes of it byte for byte what it makes of the same
+//! segment routed through the stack, but only once the encap recorded the
+//! flow under the current ruleset; everything else passes untouched, each
+//! with its reason counted.
 use anyhow::{Context, Result, ensure};
 use aya::maps::{Array, HashMap};
 use edgevx_common::{
     counters::Counter,
     fastpath::{FP_CONFIG, FP_ON, FP_SEEN, FP_TEST_IGNORE_LIBERAL, FastPathConfig, FlowKey, Seen},
-    maps::{self as names, DataplaneConfig},
+    maps::{self as names, DataplaneConfig, MARK_FAST_SENT},
 };
 use edgevx_tests::{
     ct_kfuncs,
@@ -22,6 +23,7 @@ use edgevx_tests::{
 use crate::prog_test_run::{
     HOST_MAC, Loaded, NEXT, OUR_MAC, POD_MAC, TC_ACT_REDIRECT, checksum, eth, ipv4, load, run_counted,
 };
+use crate::prog_test_run_vtep_guard::run_marked;
 
 const POD: [u8; 4] = [10, 244, 1, 2];
 const REMOTE_POD: [u8; 4] = [10, 244, 2, 2];
@@ -168,15 +170,27 @@ fn send_side(vtep: u32) -> Result<()> {
     ensure!(seen_epoch(&l, &key())? == Some(7), "the encap did not record the flow");
 
     let sent = l.counter(Counter::FastPathSentPackets)?;
-    let tx = l.counter(Counter::TxPackets)?;
-    let (rc, fast_out) = l.run("edgevx_pod_guard", &pods_frame)?;
+    let (rc, fast_frame, mark) = run_marked(&l, "edgevx_pod_guard", &pods_frame, 0)?;
     ensure!(rc == TC_ACT_REDIRECT, "the established flow was not sent from the pod guard: {rc}");
+    ensure!(mark & MARK_FAST_SENT != 0, "the fast-sent frame carries no mark for the encap: {mark:#x}");
     ensure!(l.counter(Counter::FastPathSentPackets)? == sent + 1, "fast_path_sent_packets did not count it");
-    ensure!(l.counter(Counter::TxPackets)? == tx + 1, "tx_packets did not count it");
     ensure!(
         l.counter(Counter::FastPathSentBytes)? >= (pods_frame.len() - 14) as u64,
         "fast_path_sent_bytes did not count it"
     );
+    let inner_ip = &fast_frame[14..34];
+    ensure!(inner_ip[8] == 62 && checksum(inner_ip) == [0, 0], "the TTL was not lowered with its checksum");
+    ensure!(fast_frame[34..] == pods_frame[34..], "the fast path changed more than the TTL");
+    // the encap on flannel.1's egress wraps it as it wraps the stack's, clears
+    // the mark, and records nothing: only the stack's packets prove a flow (a
+    // record here, after the epoch moved, would skip the new ruleset)
+    set_config(&mut l, FP_ON | FP_TEST_IGNORE_LIBERAL, 9, 60_000_000_000)?;
+    let tx = l.counter(Counter::TxPackets)?;
+    let (rc, fast_out, mark) = run_marked(&l, l.encap, &fast_frame, MARK_FAST_SENT)?;
+    ensure!(rc == TC_ACT_REDIRECT && mark == 0, "the encap did not send it clean: rc {rc}, mark {mark:#x}");
+    ensure!(seen_epoch(&l, &key())? == Some(7), "the encap recorded a fast-sent packet as the stack's proof");
+    ensure!(l.counter(Counter::TxPackets)? == tx + 1, "tx_packets did not count it");
+    set_config(&mut l, FP_ON | FP_TEST_IGNORE_LIBERAL, 7, 60_000_000_000)?;
     // the same bytes as the stack's path from the outer IP header on (the
     // outer Ethernet header is redirect_neigh's to write), but for the
     // outer IP ID, one later, and the header checksum with it
@@ -189,8 +203,6 @@ fn send_side(vtep: u32) -> Result<()> {
     };
     ensure!(masked(&fast_out) == masked(&stack_out), "the fast path's frame differs from the stack's");
     ensure!(checksum(&fast_out[14..34]) == [0, 0], "the outer IP header checksum is wrong");
-    let inner_ip = &fast_out[14 + 50..14 + 50 + 20];
-    ensure!(inner_ip[8] == 62 && checksum(inner_ip) == [0, 0], "the inner TTL was not lowered with its checksum");
 
     // what stays with the stack, each counted
     passes(&l, "a SYN", &from_pod(&segment(DPORT, TCP_SYN, 63)), Some(Counter::FastPathStackTcpFlags))?;

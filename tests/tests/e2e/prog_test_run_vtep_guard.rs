@@ -20,7 +20,7 @@ const MARK_AT: usize = 8;
 
 /// Runs `prog` on `input` with `skb->mark` = `mark`: its verdict, the
 /// packet it leaves and the mark it leaves.
-fn run_marked(l: &Loaded, prog: &str, input: &[u8], mark: u32) -> Result<(u32, Vec<u8>, u32)> {
+pub(crate) fn run_marked(l: &Loaded, prog: &str, input: &[u8], mark: u32) -> Result<(u32, Vec<u8>, u32)> {
     // the VTEP guard may be the one program loaded by hand (a module's kfuncs)
     let p: &SchedClassifier = l.ebpf.classifier_ref(prog)?;
     let mut ctx_in = [0u8; MARK_AT + 4];

@@ -66,10 +66,12 @@ pub fn attach(prog: &mut SchedClassifier, name: &str, iface: &str, kind: TcAttac
 /// the whole name where aya loaded the program, the kernel's name, cut to
 /// 15 bytes (`BPF_OBJ_NAME_LEN`), where it was loaded by hand and taken
 /// back from a pin (the guards that call a module's kfuncs,
-/// kfunc/by_hand.rs), so both are asked for.
+/// kfunc/by_hand.rs), so both are asked for, for every variant of it.
 pub fn detach(name: &str, iface: &str, kind: TcAttachType) -> Result<bool> {
     let mut found = false;
-    for name in filter_names(name) {
+    // and under each variant's name (the compat encap's filter is named after it)
+    let variants = std::iter::once(name).chain(crate::dataplane::loader::other_variants(name).iter().copied());
+    for name in variants.flat_map(filter_names) {
         match tc::qdisc_detach_program(&device::c_name(iface)?, kind.into(), name) {
             Ok(()) => found = true,
             Err(TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => {}

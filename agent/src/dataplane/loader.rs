@@ -141,6 +141,14 @@ pub fn variant(features: &Features, name: &'static str) -> &'static str {
     }
 }
 
+/// The other variants of program `name`, which may be loaded in its place.
+pub fn other_variants(name: &str) -> &'static [&'static str] {
+    match name {
+        ENCAP => &[ENCAP_COMPAT],
+        _ => &[],
+    }
+}
+
 /// Program `name` as it was loaded: its variant, if that is what `load` loaded.
 fn loaded<'a>(ebpf: &'a mut Loaded, name: &str) -> Result<&'a mut SchedClassifier> {
     let name = program_of(name);

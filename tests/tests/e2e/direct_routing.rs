@@ -253,6 +253,8 @@ fn cleanup_removes_the_direct_routes() -> Result<()> {
 /// kfuncs), so the send side was on.
 #[test]
 fn the_fast_paths_send_side_leaves_an_on_link_peers_flows_to_direct_routing() -> Result<()> {
+    // conntrack's module loaded before the agent starts, as kube-proxy has it on a node
+    edgevx_tests::ct_kfuncs::like_a_node()?;
     let s = site()?;
     let c = &s.cluster;
     let n1 = &c.host(1).ns;

@@ -88,15 +88,12 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
                 && crate::dataplane::clsact::place(&handle, iface, kind).await?
                     != crate::dataplane::order::Place::Absent
             {
+                let dir = if matches!(kind, Ingress) { "ingress" } else { "egress" };
+                let (pref, handle) = (crate::dataplane::clsact::PRIORITY, u32::from(crate::dataplane::clsact::HANDLE));
                 anyhow::bail!(
                     "cleanup could not remove {name}'s clsact filter from {iface} ({kind:?}): `tc filter show dev \
-                     {iface} {}` shows it at pref {} handle {:#x}; remove it with `tc filter del dev {iface} {} pref \
-                     {}`",
-                    if matches!(kind, Ingress) { "ingress" } else { "egress" },
-                    crate::dataplane::clsact::PRIORITY,
-                    u32::from(crate::dataplane::clsact::HANDLE),
-                    if matches!(kind, Ingress) { "ingress" } else { "egress" },
-                    crate::dataplane::clsact::PRIORITY,
+                     {iface} {dir}` shows it at pref {pref} handle {handle:#x}; remove it with `tc filter del dev \
+                     {iface} {dir} pref {pref}`"
                 );
             }
         }

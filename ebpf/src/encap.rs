@@ -14,7 +14,7 @@ use aya_ebpf::{
 use edgevx_common::{
     counters::Counter,
     headers::Ipv4Header,
-    maps::{DataplaneConfig, FLAG_ENCAP_NO_L2_ETH, IP_ID_BUCKETS, MARK_FAST_SENT, Peer},
+    maps::{FLAG_ENCAP_NO_L2_ETH, IP_ID_BUCKETS, MARK_FAST_SENT},
     vxlan::{
         ENCAP_OVERHEAD, ETH_HLEN, ETH_P_IP, EncapParams, INNER_ETH_OFF, IPV4_HLEN, OUTER_IP_OFF, UDP_OFF, inner_eth,
         outer_ip, source_port, udp_vxlan,
@@ -84,13 +84,6 @@ pub fn run(ctx: &TcContext, check_mtu: bool) -> i32 {
         // local pod's later packets of it may take the send side
         fastpath::record_if(ctx, |key| EDGEVX_LOCAL_PODS.get_ptr(&key.saddr).is_some());
     }
-    encapsulate(ctx, cfg, &peer, header[1], check_mtu)
-}
-
-/// Wraps the frame for `peer` and sends it out of the underlay; `ecn`: the
-/// inner header's TOS byte. Routing's work (the peer, the MTU) is done.
-#[inline(always)]
-fn encapsulate(ctx: &TcContext, cfg: &DataplaneConfig, peer: &Peer, ecn: u8, check_mtu: bool) -> i32 {
     let peer_stats = stats::peer(&peer.public_ip);
 
     let len = ctx.len();
@@ -105,7 +98,7 @@ fn encapsulate(ctx: &TcContext, cfg: &DataplaneConfig, peer: &Peer, ecn: u8, che
         vni: cfg.vni,
         src_port: source_port(hash),
         dst_port: cfg.port,
-        ecn,
+        ecn: header[1],
         ip_id: next_ip_id(ctx, check_mtu, peer.public_ip),
     };
     let grown = inner_ip_len + ENCAP_OVERHEAD as u32 <= u16::MAX as u32 && grow(ctx, cfg.flags);

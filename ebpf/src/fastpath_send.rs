@@ -27,7 +27,7 @@
 //! the peer map's: a DirectRouting peer's subnet, or any route an operator
 //! put ahead of `flannel.<VNI>`'s, sends it elsewhere, and so does the
 //! stack, so only a packet the FIB routes into `flannel.<VNI>` from the
-//! bridge (forwarding on, its MTU fitting) is encapsulated here.
+//! bridge (forwarding on, its MTU fitting) is handed to the encap.
 use aya_ebpf::{
     bindings::TC_ACT_SHOT,
     helpers::generated::{bpf_fib_lookup, bpf_redirect},

@@ -16,6 +16,7 @@ use rtnetlink::{
 };
 use tracing::{info, warn};
 
+use crate::gone;
 use crate::{
     UsageError,
     cli::CleanupArgs,
@@ -158,12 +159,10 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
             if removed > 0 {
                 info!(routes = removed, iface = %rec.iface, "removed the DirectRouting routes");
             }
-            match fs::remove_file(&rec.subnet_file) {
-                Ok(()) => info!(path = %rec.subnet_file.display(), "removed"),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(e).with_context(|| format!("cannot remove {}", rec.subnet_file.display()));
-                }
+            let removed = gone::absent(fs::remove_file(&rec.subnet_file))
+                .with_context(|| format!("cannot remove {}", rec.subnet_file.display()))?;
+            if removed.is_some() {
+                info!(path = %rec.subnet_file.display(), "removed");
             }
         }
         (None, _) => {}

@@ -16,6 +16,7 @@ pub mod dataplane;
 pub mod events;
 pub mod exempt;
 pub mod family;
+pub mod gone;
 pub mod mac;
 pub mod metrics;
 pub mod monitor;

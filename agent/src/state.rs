@@ -23,6 +23,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
+use crate::gone::Gone;
 use crate::{mac::VtepMac, peer::Peer};
 
 pub const MAC_FILE: &str = "vtep-mac";
@@ -67,7 +68,7 @@ pub fn check_target(path: &Path) -> Result<(), StateError> {
         Ok(m) if m.file_type().is_symlink() => Err(StateError::Symlink(path.to_path_buf())),
         Ok(m) if !m.is_file() => Err(StateError::NotAFile(path.to_path_buf())),
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.is_gone() => Ok(()),
         Err(e) => Err(io_err("inspect", path)(e)),
     }
 }
@@ -97,7 +98,7 @@ pub fn check_dir(dir: &Path) -> Result<(), StateError> {
 /// then checks it with [`check_dir`].
 pub fn ensure_dir(dir: &Path, mode: u32) -> Result<(), StateError> {
     match fs::symlink_metadata(dir) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        Err(e) if e.is_gone() => {
             DirBuilder::new().recursive(true).mode(mode).create(dir).map_err(io_err("create", dir))?;
             // the umask may have taken bits away; this sets exactly `mode`
             fs::set_permissions(dir, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", dir))?;
@@ -156,7 +157,7 @@ pub fn read_nofollow(path: &Path) -> Result<Option<Vec<u8>>, StateError> {
     let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
     let mut f = match OpenOptions::new().read(true).custom_flags(flags).open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.is_gone() => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(StateError::Symlink(path.to_path_buf())),
         Err(e) => return Err(io_err("open", path)(e)),
     };
@@ -250,7 +251,7 @@ impl StateDir {
     /// is created or changed here; [`StateDir::ensure`] does that later.
     pub fn check(&self) -> Result<(), StateError> {
         match fs::symlink_metadata(&self.0) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) if e.is_gone() => Ok(()),
             Err(e) => Err(io_err("inspect", &self.0)(e)),
             Ok(m) if m.file_type().is_symlink() => Err(StateError::SymlinkedDir(self.0.clone())),
             Ok(m) if !m.is_dir() => Err(StateError::NotADir(self.0.clone())),

@@ -126,7 +126,7 @@ enum Job {
         /// Instead: 1,000 ADD/DEL cycles of edgevx-ipam against the real host-local.
         #[arg(long)]
         ipam: bool,
-        /// Instead: perf profiles of one TCP stream per setup (host stack, fast path, kernel VXLAN, plain),
+        /// Instead: perf profiles of one TCP stream and of a 64-byte UDP flood per setup (host stack, fast path, kernel VXLAN, plain),
         /// summed by kernel area, to say where the gap to plain routing goes.
         #[arg(long, conflicts_with_all = ["ipam", "scale", "kernel", "xdp"])]
         profile: bool,

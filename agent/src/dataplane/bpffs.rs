@@ -3,10 +3,11 @@
 //! cannot read. The bpffs itself belongs to the host (see [`NotBpffs`]).
 use std::{
     ffi::CString,
-    fs, io,
+    fs,
     path::{Path, PathBuf},
 };
 
+use crate::gone;
 use anyhow::{Context, Result};
 use edgevx_common::SCHEMA_VERSION;
 
@@ -134,11 +135,7 @@ pub fn ensure_dir_on_bpffs(path: &Path) -> Result<()> {
 
 /// Removes a pin; one that is already gone is fine.
 pub fn remove_pin(path: &Path) -> Result<()> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("cannot remove pin {}", path.display())),
-    }
+    gone::removed(fs::remove_file(path)).with_context(|| format!("cannot remove pin {}", path.display()))
 }
 
 #[cfg(test)]

@@ -7,12 +7,11 @@
 //! without a pin. A restarted or upgraded agent replaces the filter at the
 //! same priority and handle in one netlink request, which cls_bpf swaps
 //! atomically: traffic never runs without a program, as with TCX.
-use std::io;
 
 use anyhow::{Context, Result};
 use aya::programs::{
     SchedClassifier, TcAttachType,
-    tc::{self, NlOptions, SchedClassifierLink, TcAttach, TcError, TcHandle},
+    tc::{self, NlOptions, SchedClassifierLink, TcAttach, TcHandle},
 };
 use futures::TryStreamExt;
 use rtnetlink::{
@@ -25,6 +24,7 @@ use crate::dataplane::{
     device,
     order::{Foreign, Place},
 };
+use crate::gone::Gone;
 
 /// First in line, like the TCX links (`LinkOrder::first`).
 pub const PRIORITY: u16 = 1;
@@ -74,7 +74,7 @@ pub fn detach(name: &str, iface: &str, kind: TcAttachType) -> Result<bool> {
     for name in variants.flat_map(filter_names) {
         match tc::qdisc_detach_program(&device::c_name(iface)?, kind.into(), name) {
             Ok(()) => found = true,
-            Err(TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) if e.is_gone() => {}
             // the interface itself is gone: so is every filter on it
             Err(_) if matches!(device::ifindex(iface), Ok(None)) => return Ok(found),
             Err(e) => return Err(e).with_context(|| format!("cannot remove {name} from {iface} ({kind:?})")),
@@ -165,7 +165,7 @@ pub async fn place(handle: &Handle, iface: &str, kind: TcAttachType) -> Result<P
     let filters = match req.execute().try_collect::<Vec<_>>().await {
         Ok(filters) => filters,
         // gone between the lookup and the dump
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => return Ok(Place::Absent),
+        Err(e) if e.is_gone() => return Ok(Place::Absent),
         Err(e) => return Err(e).with_context(|| format!("cannot list the filters of {iface}")),
     };
     let mut ahead = Vec::new();

@@ -7,6 +7,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
+use crate::gone;
 use anyhow::{Context, Result, anyhow};
 use futures::TryStreamExt;
 use rtnetlink::{
@@ -60,11 +61,7 @@ pub struct Underlay {
 /// `ip link show NAME`, or `None` if it does not exist.
 pub async fn link_by_name(handle: &Handle, name: &str) -> Result<Option<LinkMessage>> {
     let mut links = handle.link().get().match_name(name.to_string()).execute();
-    match links.try_next().await {
-        Ok(link) => Ok(link),
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("cannot look up link {name}")),
-    }
+    Ok(gone::absent(links.try_next().await).with_context(|| format!("cannot look up link {name}"))?.flatten())
 }
 
 pub async fn underlay(handle: &Handle, name: &str) -> Result<Underlay> {

@@ -15,16 +15,15 @@
 //! The link is pinned like the TC links, so it outlives the agent; a new
 //! agent attaches its own first, then unpins the old one, so the namespace
 //! is never unguarded.
-use std::{fs::File, io};
+use std::fs::File;
 
 use anyhow::{Context, Result};
 use aya::{
     Ebpf,
     programs::{
         SkLookup,
-        links::{FdLink, LinkError, PinnedLink},
+        links::{FdLink, PinnedLink},
     },
-    sys::SyscallError,
 };
 use tracing::{debug, info, warn};
 
@@ -32,6 +31,7 @@ use crate::dataplane::{
     bpffs::{PinDir, remove_pin},
     refused,
 };
+use crate::gone;
 
 /// The guard's name in the eBPF object, and of its link and program pins
 /// whichever variant is loaded.
@@ -89,10 +89,10 @@ pub fn attach(ebpf: &mut Ebpf, pins: &PinDir) -> Result<()> {
     let id = prog.attach(&netns).context("cannot attach the socket-lookup guard to this network namespace")?;
     let link: FdLink = prog.take_link(id).context("cannot take the guard link")?.into();
     let link_pin = pins.link(GUARD);
-    match PinnedLink::from_pin(&link_pin) {
-        Ok(old) => drop(old.unpin().with_context(|| format!("cannot unpin {}", link_pin.display()))?),
-        Err(LinkError::SyscallError(SyscallError { io_error, .. })) if io_error.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("cannot open pinned link {}", link_pin.display())),
+    let old = gone::absent(PinnedLink::from_pin(&link_pin))
+        .with_context(|| format!("cannot open pinned link {}", link_pin.display()))?;
+    if let Some(old) = old {
+        drop(old.unpin().with_context(|| format!("cannot unpin {}", link_pin.display()))?);
     }
     remove_pin(&link_pin)?;
     link.pin(&link_pin).with_context(|| format!("cannot pin link at {}", link_pin.display()))?;

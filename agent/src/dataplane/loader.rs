@@ -2,17 +2,16 @@
 //! pinned in bpffs. A restarted or upgraded agent finds the pinned links
 //! and swaps its programs in atomically (`bpf_link_update`), so traffic
 //! never runs without a program; maps are pinned by name and reused.
-use std::{fs, io, path::Path};
+use std::{fs, path::Path};
 
 use anyhow::{Context, Result, bail};
 use aya::{
     EbpfLoader,
     programs::{
         LinkOrder, SchedClassifier, TcAttachType,
-        links::{FdLink, LinkError, PinnedLink},
+        links::{FdLink, PinnedLink},
         tc::{SchedClassifierLink, TcAttach},
     },
-    sys::SyscallError,
 };
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
@@ -28,6 +27,7 @@ use crate::dataplane::{
     order::{self, Place},
     refused,
 };
+use crate::gone;
 
 /// How the programs sit on their interfaces.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -173,8 +173,10 @@ pub fn attached_here(path: &Path, iface: &str, kind: TcAttachType) -> Result<boo
 pub fn attach(ebpf: &mut Loaded, pins: &PinDir, name: &str, iface: &str, kind: TcAttachType) -> Result<()> {
     let link_pin = pins.link(name);
     let prog = loaded(ebpf, name)?;
-    let adopted = match PinnedLink::from_pin(&link_pin) {
-        Ok(pinned) => {
+    let pinned = gone::absent(PinnedLink::from_pin(&link_pin))
+        .with_context(|| format!("cannot open pinned link {}", link_pin.display()))?;
+    let adopted = match pinned {
+        Some(pinned) => {
             let fd = FdLink::from(pinned);
             if attached_here(&link_pin, iface, kind)? {
                 let link = SchedClassifierLink::try_from(fd).context("pinned link is not a TC link")?;
@@ -191,12 +193,7 @@ pub fn attach(ebpf: &mut Loaded, pins: &PinDir, name: &str, iface: &str, kind: T
                 false
             }
         }
-        Err(LinkError::SyscallError(SyscallError { io_error, .. })) if io_error.kind() == io::ErrorKind::NotFound => {
-            false
-        }
-        Err(e) => {
-            return Err(e).with_context(|| format!("cannot open pinned link {}", link_pin.display()));
-        }
+        None => false,
     };
     if !adopted {
         let id = prog
@@ -363,16 +360,13 @@ pub fn retire(old: &Path) -> Result<()> {
 /// Detaches by unpinning: a TCX link with no pin and no fd goes away.
 pub fn detach_pinned(pins: &PinDir, name: &str) -> Result<bool> {
     let path = pins.link(name);
-    match PinnedLink::from_pin(&path) {
-        Ok(pinned) => {
-            drop(pinned.unpin().with_context(|| format!("cannot unpin {}", path.display()))?);
-            Ok(true)
-        }
-        Err(LinkError::SyscallError(SyscallError { io_error, .. })) if io_error.kind() == io::ErrorKind::NotFound => {
-            Ok(false)
-        }
-        Err(e) => Err(e).with_context(|| format!("cannot open pinned link {}", path.display())),
-    }
+    let Some(pinned) = gone::absent(PinnedLink::from_pin(&path))
+        .with_context(|| format!("cannot open pinned link {}", path.display()))?
+    else {
+        return Ok(false);
+    };
+    drop(pinned.unpin().with_context(|| format!("cannot unpin {}", path.display()))?);
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 
 use tracing::warn;
 
+use crate::gone;
 use crate::{dataplane::bpffs::PinDir, family::Family, reconcile::Accept};
 
 /// BPF_NOEXIST: insert only if absent (keeps counters across re-adds).
@@ -169,19 +170,12 @@ impl Maps {
     }
 
     pub fn remove_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
-        match self.subnets.remove(&lpm_key(subnet)) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("cannot remove peer subnet {subnet}")),
-        }
+        gone::removed(self.subnets.remove(&lpm_key(subnet)))
+            .with_context(|| format!("cannot remove peer subnet {subnet}"))
     }
 
     fn remove_stats(&mut self, ip: Ipv4Addr) -> Result<()> {
-        match self.stats.remove(&ip.octets()) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("cannot remove counters for {ip}")),
-        }
+        gone::removed(self.stats.remove(&ip.octets())).with_context(|| format!("cannot remove counters for {ip}"))
     }
 
     /// Every programmed subnet with its entry (what the programs see).
@@ -275,11 +269,8 @@ impl Maps {
 
     /// Stops accepting VXLAN from `ip` and drops its counters.
     pub fn remove_accept(&mut self, ip: Ipv4Addr) -> Result<()> {
-        match self.accept.remove(&ip.octets()) {
-            Ok(()) | Err(MapError::KeyNotFound) => {}
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => return Err(e).with_context(|| format!("cannot stop accepting VXLAN from {ip}")),
-        }
+        gone::removed(self.accept.remove(&ip.octets()))
+            .with_context(|| format!("cannot stop accepting VXLAN from {ip}"))?;
         self.remove_stats(ip)
     }
 }
@@ -310,11 +301,8 @@ impl Maps {
 
     /// Stops accepting VXLAN over IPv6 from `ip`; a peer not there is fine.
     pub fn accept6_del(&mut self, ip: Ipv6Addr) -> Result<()> {
-        match self.accept6.remove(&ip.octets()) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("cannot stop accepting IPv6 VXLAN from {ip}")),
-        }
+        gone::removed(self.accept6.remove(&ip.octets()))
+            .with_context(|| format!("cannot stop accepting IPv6 VXLAN from {ip}"))
     }
 }
 
@@ -351,11 +339,7 @@ impl Maps {
     /// Forgets `subnet`; one not there is fine.
     pub fn subnet6_del(&mut self, subnet: Ipv6Net) -> Result<()> {
         let key = Key::new(subnet.prefix_len() as u32, subnet.network().octets());
-        match self.subnets6()?.remove(&key) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("cannot remove IPv6 peer subnet {subnet}")),
-        }
+        gone::removed(self.subnets6()?.remove(&key)).with_context(|| format!("cannot remove IPv6 peer subnet {subnet}"))
     }
 }
 

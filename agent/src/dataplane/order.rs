@@ -13,6 +13,7 @@
 //!   at the head of its list): `tc filter show dev IFACE ingress`.
 use std::{fmt, io, path::Path};
 
+use crate::gone::Gone;
 use aya::programs::TcAttachType;
 use serde::Serialize;
 
@@ -106,7 +107,7 @@ pub fn pinned_tcx(path: &Path) -> io::Result<Option<TcxLink>> {
     if fd < 0 {
         // no pin is an answer (the link is gone); EMFILE, ENOMEM and the like are not
         return match io::Error::last_os_error() {
-            e if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            e if e.is_gone() => Ok(None),
             e => Err(e),
         };
     }

@@ -30,6 +30,7 @@ use rtnetlink::{
     },
 };
 
+use crate::gone;
 use crate::{
     dataplane::routes,
     mac::VtepMac,
@@ -269,10 +270,6 @@ fn neigh_message(index: u32, ip: Ipv6Addr) -> NeighbourMessage {
     m
 }
 
-fn gone(e: &rtnetlink::Error) -> bool {
-    matches!(e, rtnetlink::Error::NetlinkError(e) if [-libc::ENOENT, -libc::ESRCH].contains(&e.raw_code()))
-}
-
 /// How many entries a pass wrote and removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Applied6 {
@@ -347,24 +344,18 @@ async fn write_tables(handle: &Handle, at: Devices6, have: &Tables6, want: &Tabl
         note(routes::direct_route_del(handle, at.underlay, *net, *gw).await, &mut done.removed);
     }
     for (net, gw) in have.routes.iter().filter(|(net, _)| !want.routes.contains_key(net)) {
-        let r = match handle.route().del(onlink_route(index, *net, *gw)).execute().await {
-            Err(e) if !gone(&e) => Err(e).with_context(|| format!("cannot delete the route {net} via {gw}")),
-            _ => Ok(()),
-        };
+        let r = gone::removed(handle.route().del(onlink_route(index, *net, *gw)).execute().await)
+            .with_context(|| format!("cannot delete the route {net} via {gw}"));
         note(r, &mut done.removed);
     }
     for (mac, dst) in have.fdb.difference(&want.fdb) {
-        let r = match handle.neighbours().del(fdb_message(index, *mac, *dst)).execute().await {
-            Err(e) if !gone(&e) => Err(e).with_context(|| format!("cannot delete the fdb entry {mac} dst {dst}")),
-            _ => Ok(()),
-        };
+        let r = gone::removed(handle.neighbours().del(fdb_message(index, *mac, *dst)).execute().await)
+            .with_context(|| format!("cannot delete the fdb entry {mac} dst {dst}"));
         note(r, &mut done.removed);
     }
     for ip in have.neigh.keys().filter(|ip| !want.neigh.contains_key(ip)) {
-        let r = match handle.neighbours().del(neigh_message(index, *ip)).execute().await {
-            Err(e) if !gone(&e) => Err(e).with_context(|| format!("cannot delete the neighbour {ip}")),
-            _ => Ok(()),
-        };
+        let r = gone::removed(handle.neighbours().del(neigh_message(index, *ip)).execute().await)
+            .with_context(|| format!("cannot delete the neighbour {ip}"));
         note(r, &mut done.removed);
     }
     match first_err {

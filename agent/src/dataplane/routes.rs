@@ -16,6 +16,7 @@ use rtnetlink::{
     },
 };
 
+use crate::gone;
 use crate::{dataplane::device::link_by_name, family::Family, reconcile::Hop};
 
 fn route_message(index: u32, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> RouteMessage {
@@ -48,11 +49,8 @@ pub async fn route_replace(handle: &Handle, index: u32, subnet: Ipv4Net) -> Resu
 
 /// `ip route del DST [via GATEWAY] dev flannel.<VNI>`; a route already gone is fine.
 pub async fn route_del(handle: &Handle, index: u32, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> Result<()> {
-    match handle.route().del(route_message(index, dst, gateway)).execute().await {
-        Ok(()) => Ok(()),
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("cannot delete route {dst}")),
-    }
+    gone::removed(handle.route().del(route_message(index, dst, gateway)).execute().await)
+        .with_context(|| format!("cannot delete route {dst}"))
 }
 
 /// A route of the main table, as far as edgevx reads routes.
@@ -184,11 +182,8 @@ pub async fn direct_route_del<N: Family>(handle: &Handle, underlay: u32, subnet:
     let mut msg = direct_route(underlay, subnet, public_ip)?;
     msg.header.protocol = RouteProtocol::Unspec;
     msg.header.scope = RouteScope::NoWhere;
-    match handle.route().del(msg).execute().await {
-        Ok(()) => Ok(()),
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("cannot delete the direct route {subnet} via {public_ip}")),
-    }
+    gone::removed(handle.route().del(msg).execute().await)
+        .with_context(|| format!("cannot delete the direct route {subnet} via {public_ip}"))
 }
 
 /// The interface of the main table's default route of family `N`, if

@@ -12,14 +12,14 @@ use aya::{
     Ebpf,
     programs::{
         Xdp, XdpMode,
-        links::{FdLink, LinkError, PinnedLink},
+        links::{FdLink, PinnedLink},
         xdp::XdpLink,
     },
-    sys::SyscallError,
 };
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use crate::gone;
 use crate::{
     dataplane::{
         bpffs::{PinDir, remove_pin},
@@ -130,8 +130,10 @@ fn attach(ebpf: &mut Ebpf, pins: &PinDir, iface: &str) -> Result<()> {
     if prog.fd().is_err() {
         prog.load().map_err(|e| refused::refused(XDP_JUDGE, e))?;
     }
-    let adopted = match PinnedLink::from_pin(&link_pin) {
-        Ok(pinned) => {
+    let pinned = gone::absent(PinnedLink::from_pin(&link_pin))
+        .with_context(|| format!("cannot open pinned link {}", link_pin.display()))?;
+    let adopted = match pinned {
+        Some(pinned) => {
             let here = device::ifindex(iface)?.is_some_and(|i| pinned_ifindex(&link_pin).ok().flatten() == Some(i));
             if here {
                 let link = XdpLink::try_from(FdLink::from(pinned)).context("pinned link is not an XDP link")?;
@@ -148,10 +150,7 @@ fn attach(ebpf: &mut Ebpf, pins: &PinDir, iface: &str) -> Result<()> {
                 false
             }
         }
-        Err(LinkError::SyscallError(SyscallError { io_error, .. })) if io_error.kind() == io::ErrorKind::NotFound => {
-            false
-        }
-        Err(e) => return Err(e).with_context(|| format!("cannot open pinned link {}", link_pin.display())),
+        None => false,
     };
     if !adopted {
         // driver mode only: EOPNOTSUPP is a driver without native XDP

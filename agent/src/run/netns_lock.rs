@@ -49,6 +49,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, info};
 
 use crate::UsageError;
+use crate::gone::Gone;
 
 /// Where the locks live: one file per network namespace.
 pub const DIR: &str = "/run/edgevx/netns";
@@ -355,7 +356,7 @@ fn holder_in(dir: &Path, key: u64) -> Result<Option<Holder>> {
     let path = lock_path(dir, key);
     let mut file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.is_gone() => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("cannot open the agent lock {}", path.display())),
     };
     let Some(pid) = lock_holder(&file).with_context(|| format!("cannot ask who holds {}", path.display()))? else {

@@ -1,8 +1,9 @@
-//! `cargo xtask bench --profile`: where the cycles of one TCP stream go,
-//! per setup, so the gap between the host stack path, the fast path (the
+//! `cargo xtask bench --profile`: where the cycles of one TCP stream, and
+//! of a 64-byte UDP flood, go, per setup, so the gap between the host stack path, the fast path (the
 //! default) and plain routing is read from a profile rather than guessed. For each of those
-//! setups (the bench's own topology and rules) it runs one iperf3 stream
-//! from node1's pod to node2's and, meanwhile, `perf record -a -g` on every
+//! setups (the bench's own topology and rules) it runs one iperf3 TCP
+//! stream from node1's pod to node2's, then the bench's UDP flood, and,
+//! meanwhile, `perf record -a -g` on every
 //! CPU; then it prints the hottest kernel symbols and a sum by area
 //! (netfilter, conntrack, routing, the bridge, VXLAN, BPF, TCP, the copy to
 //! user space, ...). Both nodes and both pods share the one kernel, so the
@@ -18,7 +19,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    bench::{Setup, Share, bring_up, fast_share, iperf},
+    bench::{Setup, Share, UDP_WARMUP_SECS, bring_up, fast_share, iperf, udp_flood_args},
     build,
     deps::{packages, toolchain},
     exec,
@@ -150,33 +151,92 @@ fn flat(data: &Path) -> Result<Flat> {
         .collect())
 }
 
-/// One TCP stream for `seconds` under `perf record -a -g` into `data`.
-fn record(setup: Setup, seconds: u32, data: &Path) -> Result<Option<Share>> {
+/// What a profile runs: the bench's single TCP stream, or its UDP flood of
+/// 64-byte datagrams (the packet rate, the figure furthest from plain
+/// routing).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Load {
+    Tcp,
+    Udp64,
+}
+
+impl Load {
+    fn slug(self) -> &'static str {
+        match self {
+            Load::Tcp => "tcp",
+            Load::Udp64 => "udp64",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Load::Tcp => "one TCP stream",
+            Load::Udp64 => "a 64-byte UDP flood",
+        }
+    }
+
+    /// Seconds the load runs before perf samples it.
+    fn warmup(self) -> u32 {
+        match self {
+            Load::Tcp => 0,
+            Load::Udp64 => UDP_WARMUP_SECS,
+        }
+    }
+
+    fn iperf_args(self, seconds: u32) -> Vec<String> {
+        let t = seconds.to_string();
+        match self {
+            Load::Tcp => vec!["-t".into(), t],
+            Load::Udp64 => udp_flood_args(seconds),
+        }
+    }
+
+    /// What the iperf3 run carried, as the bench states it.
+    fn rate(self, result: &serde_json::Value) -> String {
+        match self {
+            Load::Tcp => {
+                format!("{:.2} Gbit/s", result["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9)
+            }
+            Load::Udp64 => {
+                let sum = &result["end"]["sum"];
+                let received = sum["packets"].as_f64().unwrap_or(0.0) - sum["lost_packets"].as_f64().unwrap_or(0.0);
+                let secs = sum["seconds"].as_f64().filter(|s| *s > 0.0).unwrap_or(1.0);
+                format!("{:.1} kpps received", received / secs / 1e3)
+            }
+        }
+    }
+}
+
+/// `load` for `seconds` under `perf record -a -g` into `data`.
+fn record(setup: Setup, load: Load, seconds: u32, data: &Path) -> Result<Option<Share>> {
     let (c, agents) = bring_up(setup)?;
+    let warmup = load.warmup();
     let mut perf = Command::new("perf")
-        .args(["record", "-a", "-g", "-F", "999", "-o"])
+        .args(["record", "-a", "-g", "-F", "999", "-D", &(warmup * 1000).to_string(), "-o"])
         .arg(data)
-        .args(["--", "sleep", &(seconds.saturating_sub(1).max(1)).to_string()])
+        .args(["--", "sleep", &(warmup + seconds.saturating_sub(1).max(1)).to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .context("cannot start perf record")?;
-    // perf record sets up before it samples; the stream outlasts it
+    // perf record sets up before it samples; the load outlasts it
     sleep(Duration::from_millis(300));
     let (p1, p2) = (&c.host(1).pod, &c.host(2).pod);
-    let stream = iperf(p1, p2, &["-t", &seconds.to_string()]);
+    let args = load.iperf_args(seconds);
+    let result = iperf(p1, p2, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let status = perf.wait().context("perf record")?;
-    let gbps = stream?["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9;
+    let rate = load.rate(&result?);
     if !status.success() {
         bail!("perf record failed ({status}); is perf allowed here (kernel.perf_event_paranoid)?");
     }
     let share = fast_share(&agents)?;
     eprintln!(
-        "bench --profile: {}: {gbps:.2} Gbit/s{}",
+        "bench --profile: {}, {}: {rate}{}",
         setup.name(),
+        load.title(),
         share
             .map(|s| format!(
-                ", the fast path carried {:.0}% of node2's received bytes and {:.0}% of node1's sent",
+                ", the fast path carried {:.0}% of node2's received packets and {:.0}% of node1's sent",
                 s.received * 100.0,
                 s.sent * 100.0
             ))
@@ -200,36 +260,44 @@ pub fn run(seconds: u32) -> Result<()> {
         (Setup::KernelVxlan, "kernel-vxlan"),
         (Setup::PlainRouting, "plain"),
     ];
-    let mut profiles: Vec<(Setup, PathBuf, Flat)> = Vec::new();
-    for (setup, slug) in setups {
-        let data = dir.join(format!("perf-{slug}.data"));
-        record(setup, seconds, &data)?;
-        profiles.push((setup, data.clone(), flat(&data)?));
+    for load in [Load::Tcp, Load::Udp64] {
+        let mut profiles: Vec<(Setup, PathBuf, Flat)> = Vec::new();
+        for (setup, slug) in setups {
+            let data = dir.join(format!("perf-{}-{slug}.data", load.slug()));
+            record(setup, load, seconds, &data)?;
+            profiles.push((setup, data.clone(), flat(&data)?));
+        }
+        print_areas(load, seconds, &profiles);
     }
-    println!("\nWhere one TCP stream's cycles go (perf record -a -g, {seconds} s, % of all samples):\n");
+    Ok(())
+}
+
+/// The sums by area, side by side, then each setup's hottest symbols.
+fn print_areas(load: Load, seconds: u32, profiles: &[(Setup, PathBuf, Flat)]) {
+    println!("\nWhere {}'s cycles go (perf record -a -g, {seconds} s, % of all samples):\n", load.title());
     let mut names: Vec<&str> = AREAS.iter().map(|(n, _)| *n).collect();
     names.push("other");
     print!("| area |");
-    for (s, _, _) in &profiles {
+    for (s, _, _) in profiles {
         print!(" {} |", s.name());
     }
     println!();
     println!("|---|{}", "---:|".repeat(profiles.len()));
     for name in &names {
         print!("| {name} |");
-        for (_, _, flat) in &profiles {
+        for (_, _, flat) in profiles {
             let sum: f64 = flat.iter().filter(|(_, s)| area(s) == *name).map(|(p, _)| p).sum();
-            print!(" {sum:.1}% |");
+            // an empty f64 sum is -0.0; adding 0.0 prints it as 0.0
+            print!(" {:.1}% |", sum + 0.0);
         }
         println!();
     }
-    for (s, data, flat) in &profiles {
-        println!("\n{} ({}): the 15 hottest symbols", s.name(), data.display());
+    for (s, data, flat) in profiles {
+        println!("\n{}, {} ({}): the 15 hottest symbols", s.name(), load.title(), data.display());
         for (pct, sym) in flat.iter().take(15) {
             println!("  {pct:6.2}%  {sym}  [{}]", area(sym));
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

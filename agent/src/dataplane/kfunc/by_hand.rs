@@ -29,6 +29,7 @@ use aya::{
 use aya_obj::generated::bpf_insn;
 
 use crate::dataplane::refused;
+use crate::gone::Gone;
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
@@ -229,7 +230,7 @@ pub fn load(
 /// `path`'s name must have no dot: bpffs refuses those (EPERM).
 fn through_pin(fd: OwnedFd, path: &Path, name: &str) -> Result<SchedClassifier> {
     match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+        Err(e) if !e.is_gone() => {
             return Err(e).with_context(|| format!("cannot remove {}", path.display()));
         }
         _ => {}

@@ -211,8 +211,14 @@ impl Load {
 fn record(setup: Setup, load: Load, seconds: u32, data: &Path) -> Result<Option<Share>> {
     let (c, agents) = bring_up(setup)?;
     let warmup = load.warmup();
-    let mut perf = Command::new("perf")
-        .args(["record", "-a", "-g", "-F", "999", "-D", &(warmup * 1000).to_string(), "-o"])
+    let mut perf = Command::new("perf");
+    perf.args(["record", "-a", "-g", "-F", "999"]);
+    // perf refuses -D 0
+    if warmup > 0 {
+        perf.args(["-D", &(warmup * 1000).to_string()]);
+    }
+    let mut perf = perf
+        .arg("-o")
         .arg(data)
         .args(["--", "sleep", &(warmup + seconds.saturating_sub(1).max(1)).to_string()])
         .stdout(Stdio::null())

@@ -27,7 +27,15 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{deps::toolchain::Tools, exec};
+use crate::{
+    deps::toolchain::{self, Tools},
+    exec,
+};
+
+/// The toolchain the previous release's build script builds its eBPF
+/// object with: aya-build's default, `cargo +nightly`, with rust-src for
+/// `-Z build-std=core`. A fresh machine's nightly has no rust-src.
+const PREVIOUS_EBPF_TOOLCHAIN: &str = "nightly";
 
 /// The previous release: the tree the upgrade tests upgrade from and
 /// downgrade to. The one place it is named.
@@ -130,6 +138,8 @@ fn unpack(root: &Path, src: &Path) -> Result<()> {
 /// Builds the agent in `src` with the workspace's target directory; the
 /// agent and the eBPF object its build script embedded, where cargo left them.
 fn build(tools: &Tools, root: &Path, src: &Path) -> Result<Previous> {
+    toolchain::ensure_rust_src(PREVIOUS_EBPF_TOOLCHAIN)
+        .context("the previous release's eBPF object is built with the nightly toolchain")?;
     let out = exec::output(
         Command::new("cargo")
             .args(["build", "--release", "--locked", "--package", "edgevx", "--message-format", "json"])

@@ -51,20 +51,21 @@ impl Tools {
 }
 
 pub fn ensure() -> Result<Tools> {
-    ensure_rust_src()?;
+    ensure_rust_src(&ebpf_toolchain()?)?;
     let bpf_linker_dir = ensure_bpf_linker()?;
     Ok(Tools { bpf_linker_dir })
 }
 
-fn ensure_rust_src() -> Result<()> {
-    let tc = ebpf_toolchain()?;
-    let installed = exec::output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", &tc]))
+/// rust-src for toolchain `tc` (`-Z build-std=core` builds core from it),
+/// installed if it is missing.
+pub fn ensure_rust_src(tc: &str) -> Result<()> {
+    let installed = exec::output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", tc]))
         .with_context(|| format!("missing: the Rust toolchain `{tc}` (rustup toolchain install {tc})"))?;
     if installed.lines().any(|l| l.starts_with("rust-src")) {
         return Ok(());
     }
     eprintln!("xtask: installing rust-src for {tc}");
-    exec::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", &tc]))
+    exec::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", tc]))
         .context("missing: rust-src, and `rustup component add rust-src` could not install it")
 }
 

@@ -122,9 +122,7 @@ pub async fn run(args: CleanupArgs) -> Result<()> {
     for name in edgevx_common::maps::ALL {
         bpffs::remove_pin(&pins.map(name))?;
     }
-    for dir in [pins.root.join("links"), pins.root.join("progs"), pins.maps(), pins.root.clone()] {
-        let _ = fs::remove_dir(&dir);
-    }
+    pins.remove_empty_dirs();
     // an older release's pins, left by an upgrade that did not get to retire them
     for old in pins.other_versions() {
         loader::retire(&old)?;

@@ -13,26 +13,48 @@ use edgevx_common::SCHEMA_VERSION;
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
+/// The one bpffs layout: `<bpffs>/v<layout version>/` holding `links/`,
+/// `progs/` and `maps/`, each pin named after its program or map. Every
+/// other place (cleanup, retiring an older layout, status) reads it from
+/// here.
 #[derive(Clone, Debug)]
 pub struct PinDir {
     pub root: PathBuf,
 }
 
 impl PinDir {
+    /// Our layout version's directory under `bpffs`.
     pub fn new(bpffs: &Path) -> Self {
         PinDir { root: bpffs.join(format!("v{SCHEMA_VERSION}")) }
+    }
+    /// Another version's directory (`<bpffs>/v<N>`), read with the same layout.
+    pub fn at(root: &Path) -> Self {
+        PinDir { root: root.to_path_buf() }
     }
     pub fn maps(&self) -> PathBuf {
         self.root.join("maps")
     }
+    pub fn links(&self) -> PathBuf {
+        self.root.join("links")
+    }
+    pub fn progs(&self) -> PathBuf {
+        self.root.join("progs")
+    }
     pub fn link(&self, name: &str) -> PathBuf {
-        self.root.join("links").join(name)
+        self.links().join(name)
     }
     pub fn prog(&self, name: &str) -> PathBuf {
-        self.root.join("progs").join(name)
+        self.progs().join(name)
     }
     pub fn map(&self, name: &str) -> PathBuf {
         self.maps().join(name)
+    }
+    /// Removes the layout's directories once they are empty (a directory
+    /// with a pin left in it stays, and says so to whoever looks).
+    pub fn remove_empty_dirs(&self) {
+        for dir in [self.links(), self.progs(), self.maps(), self.root.clone()] {
+            let _ = fs::remove_dir(&dir);
+        }
     }
     /// The layout versions pinned beside ours (`v<N>` directories), with their paths.
     fn versions(&self) -> Vec<(u32, PathBuf)> {
@@ -62,7 +84,7 @@ impl PinDir {
     }
 
     pub fn create(&self) -> Result<()> {
-        for d in [self.maps(), self.root.join("links"), self.root.join("progs")] {
+        for d in [self.maps(), self.links(), self.progs()] {
             fs::create_dir_all(&d).with_context(|| format!("cannot create {}", d.display()))?;
         }
         Ok(())

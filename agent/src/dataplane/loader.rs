@@ -337,22 +337,20 @@ pub fn retire(old: &Path) -> Result<()> {
             bail!("refusing to retire {}: not the pins of an older edgevx (ours are v{SCHEMA_VERSION})", old.display())
         }
     }
-    let links = old.join("links");
-    for entry in fs::read_dir(&links).into_iter().flatten().flatten() {
+    let pins = PinDir::at(old);
+    for entry in fs::read_dir(pins.links()).into_iter().flatten().flatten() {
         let path = entry.path();
         if let Ok(pinned) = PinnedLink::from_pin(&path) {
             drop(pinned.unpin().with_context(|| format!("cannot unpin {}", path.display()))?);
         }
         remove_pin(&path)?;
     }
-    for sub in ["progs", "maps"] {
-        for entry in fs::read_dir(old.join(sub)).into_iter().flatten().flatten() {
+    for dir in [pins.progs(), pins.maps()] {
+        for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
             remove_pin(&entry.path())?;
         }
     }
-    for dir in [links, old.join("progs"), old.join("maps"), old.to_path_buf()] {
-        let _ = fs::remove_dir(&dir);
-    }
+    pins.remove_empty_dirs();
     info!(dir = %old.display(), "retired the pins of another edgevx version");
     Ok(())
 }

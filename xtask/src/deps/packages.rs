@@ -60,6 +60,8 @@ const RUN: &[(Probe, &str)] = &[
     (Probe::Command("iptables"), "iptables"),
     // kube-proxy's `conntrack -F`/`-D`, and the fast path's flush test
     (Probe::Command("conntrack"), "conntrack"),
+    // the uninstall test asks the kernel what is still attached (`bpftool net show`)
+    (Probe::Command("bpftool"), "bpftool"),
     // the real CNI plugins that the real-node tests wire pods with
     (Probe::File("/usr/lib/cni/bridge"), "containernetworking-plugins"),
     (Probe::File("/usr/lib/cni/host-local"), "containernetworking-plugins"),

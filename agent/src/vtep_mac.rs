@@ -16,7 +16,7 @@
 //! dual-stack the IPv6 VTEP's MAC is chosen the same way from
 //! `backend-v6-data` and its own file.
 //!
-//! The choice is made once, at bring-up ([`choose`], from `run/plan.rs`).
+//! The choice is made once, at bring-up ([`choose`], from `run/vtep_plan.rs`).
 //! The etcd source must write a MAC into a new lease before that, as
 //! flannel's `AcquireLease` carries the device's: it publishes a
 //! [`candidate`], read without writing, which bring-up then finds as our

@@ -14,8 +14,8 @@ use prometheus_client::{
 };
 
 use super::{
-    families::{EGRESS, INGRESS, PeerSample, Series, cap_peers, series},
     report::{LoopReport, Readiness},
+    series::{EGRESS, INGRESS, PeerSample, Series, cap_peers, series},
     snapshot::Snapshot,
 };
 
@@ -269,7 +269,7 @@ mod tests {
     use edgevx_common::{counters::Counter, maps::PeerStats};
 
     use super::*;
-    use crate::metrics::{families::MAX_PEER_SERIES, snapshot::MapFill};
+    use crate::metrics::{series::MAX_PEER_SERIES, snapshot::MapFill};
 
     fn snapshot(peers: usize) -> Snapshot {
         Snapshot {

@@ -10,9 +10,9 @@
 //! - `server`: binding the address (as soon as the host lets it) and serving it off the run loop's thread;
 //! - `startup`: the time from process start to each step of the first bring-up.
 mod exposition;
-mod families;
 mod probe;
 mod report;
+mod series;
 mod server;
 mod snapshot;
 pub mod startup;

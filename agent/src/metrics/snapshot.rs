@@ -8,7 +8,7 @@ use edgevx_common::{
     maps::{self as names, MAX_LOCAL_PODS, PeerStats},
 };
 
-use super::{families::PeerSample, report::PeerKey};
+use super::{report::PeerKey, series::PeerSample};
 use crate::dataplane::{bpffs::PinDir, maps::Maps};
 
 /// How full one map is (`edgevx_map_entries{map}`, `edgevx_map_fill_ratio{map}`).

@@ -14,8 +14,8 @@ use anyhow::{Context, Result, anyhow};
 use tracing::{info, warn};
 
 use super::{
-    plan::{ALL, RuleSet},
     restore::{Listing, Printed, batch},
+    rules::{ALL, RuleSet},
 };
 use crate::family::Family;
 

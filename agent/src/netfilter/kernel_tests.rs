@@ -4,7 +4,7 @@
 //! fails changes nothing at all.
 use ipnet::Ipv4Net;
 
-use super::{Firewall, Settings, plan, plan::RuleSet};
+use super::{Firewall, Settings, plan, rules::RuleSet};
 use crate::testns::TestNs;
 
 fn settings() -> Settings {

@@ -23,8 +23,8 @@
 mod iptables;
 #[cfg(test)]
 mod kernel_tests;
-mod plan;
 mod restore;
+mod rules;
 
 pub use iptables::{Firewall, check_backend, check_binary, kube_proxy_present};
-pub use plan::{Settings, plan};
+pub use rules::{Settings, plan};

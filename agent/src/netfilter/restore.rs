@@ -10,7 +10,7 @@
 //! it and the chains wanted ([`batch`]); `iptables.rs` runs it.
 use std::fmt::Write as _;
 
-use super::plan::{ALL, Chain};
+use super::rules::{ALL, Chain};
 
 /// One table as `iptables -S` prints it: each chain's rules, in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -136,7 +136,7 @@ pub struct Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::netfilter::plan::{FWD_CHAIN, INPUT_CHAIN, MASQ_CHAIN, jump_rule};
+    use crate::netfilter::rules::{FWD_CHAIN, INPUT_CHAIN, MASQ_CHAIN, jump_rule};
 
     fn chain(table: &'static str, name: &'static str, parent: &'static str, first: bool, rules: &[&str]) -> Chain {
         Chain { table, name, parent, jump_first: first, rules: rules.iter().map(|r| r.to_string()).collect() }

@@ -37,8 +37,8 @@ pub mod netns_lock;
 mod node;
 pub mod node6;
 mod notify;
-mod plan;
 mod schedule;
+mod vtep_plan;
 mod wait_host;
 mod warned;
 

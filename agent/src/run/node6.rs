@@ -10,7 +10,7 @@ use ipnet::Ipv6Net;
 use rtnetlink::Handle;
 use tracing::{info, warn};
 
-use super::{config, plan::Plan};
+use super::{config, vtep_plan::Plan};
 use crate::{
     dataplane::{
         device,

@@ -19,7 +19,7 @@ use crate::{
     netfilter,
     peer::OwnNode,
     reconcile::Nag,
-    run::{check::Checked, plan},
+    run::{check::Checked, vtep_plan},
     state::{AgentRecord, Record4, StateDir},
     subnet_env,
 };
@@ -36,8 +36,8 @@ pub(in crate::run) async fn bring_up(
     // the underlay now: its MTU (or IPv6 address) may have changed since the start-up checks
     let underlay = device::underlay(handle, &c.iface).await.unwrap_or_else(|_| c.underlay.clone());
     let underlay_mtu = underlay.mtu;
-    let plan4 = plan::prepare::<Ipv4Net>(c, conf, &own, state, others, &underlay)?;
-    let plan6 = plan::prepare::<Ipv6Net>(c, conf, &own, state, others, &underlay)?;
+    let plan4 = vtep_plan::prepare::<Ipv4Net>(c, conf, &own, state, others, &underlay)?;
+    let plan6 = vtep_plan::prepare::<Ipv6Net>(c, conf, &own, state, others, &underlay)?;
     if let Some(p4) = &plan4 {
         super::mtu::warn_if_capped(conf, underlay_mtu, p4.spec.mtu);
     }
@@ -85,7 +85,7 @@ pub(in crate::run) async fn bring_up(
             Some(index)
         }
         None => {
-            plan::remove_leftovers::<Ipv4Net>(handle, conf.vni).await?;
+            vtep_plan::remove_leftovers::<Ipv4Net>(handle, conf.vni).await?;
             None
         }
     };
@@ -110,7 +110,7 @@ pub(in crate::run) async fn bring_up(
     // not attached to yet; they come back at the first learning pass
     maps.sync_local_pods(&Default::default())?;
     if plan6.is_none() {
-        plan::remove_leftovers::<Ipv6Net>(handle, conf.vni).await?;
+        vtep_plan::remove_leftovers::<Ipv6Net>(handle, conf.vni).await?;
     }
     maps.set_config(&DataplaneConfig {
         vni: conf.vni,

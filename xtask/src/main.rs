@@ -64,13 +64,12 @@ enum Job {
     BuildPrevious,
     /// Run every test: unit tests, BPF_PROG_TEST_RUN, and namespace tests (root).
     Test {
-        /// Only run tests whose name contains this.
+        /// Only run tests whose name contains this; several, separated by spaces, run each test whose
+        /// name contains one of them, as libtest takes them.
         filter: Option<String>,
         /// Run the e2e tests inside a VM booting this Debian kernel (5.10, 6.1, 6.12, 6.1-arm64) instead;
         /// without a filter, the edge set (interop, real node, restart, injection, IPv6, MTU, ...).
         /// A comma-separated list boots them side by side, the CPUs shared out among them.
-        /// With --kernel the filter may be several, separated by spaces (a test runs when its name
-        /// contains one of them), as libtest takes them.
         #[arg(long, value_name = "NAME")]
         kernel: Option<String>,
         /// With --kernel and no filter: CI's share of the edge set (every prog test and one test per part).

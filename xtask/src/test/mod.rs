@@ -17,6 +17,9 @@ use crate::{
 pub const IMAGE_ARCHIVE_ENV: &str = "EDGEVX_IMAGE_ARCHIVE";
 
 pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
+    if let Some(f) = filter.filter(|f| f.split_whitespace().next().is_none()) {
+        bail!("the filter {f:?} names no test: give one or more, separated by spaces, or none for all");
+    }
     if let Some(kernel) = kernel {
         return in_vms(filter, kernel, ci);
     }
@@ -39,8 +42,9 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
     ])
     .current_dir(&root)
     .env("PATH", tools.path_env());
+    // several filters, separated by spaces, as libtest takes them
     if let Some(f) = filter {
-        unit.arg("--").arg(f);
+        unit.arg("--").args(f.split_whitespace());
     }
     exec::run(&mut unit)?;
 
@@ -80,7 +84,7 @@ pub fn run(filter: Option<&str>, kernel: Option<&str>, ci: bool) -> Result<()> {
         .arg("--")
         .arg("--test-threads=1");
     if let Some(f) = filter {
-        e2e.arg(f);
+        e2e.args(f.split_whitespace());
     }
     exec::run(&mut e2e)
 }
@@ -122,9 +126,6 @@ fn in_vms(filter: Option<&str>, kernels: &str, ci: bool) -> Result<()> {
     let names: Vec<&str> = kernels.split(',').map(str::trim).filter(|k| !k.is_empty()).collect();
     if names.is_empty() {
         bail!("--kernel {kernels:?} names no kernel");
-    }
-    if let Some(f) = filter.filter(|f| f.split_whitespace().next().is_none()) {
-        bail!("the filter {f:?} names no test: give one or more, separated by spaces, or none for the edge set");
     }
     let mut specs: Vec<&kernels::Spec> = Vec::new();
     for name in &names {

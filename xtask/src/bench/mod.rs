@@ -246,8 +246,8 @@ fn tcp_rr(client: &Netns, server: &Netns, seconds: u32) -> Result<f64> {
 }
 
 /// Seconds a UDP flood runs before it is measured. Conntrack assures a UDP
-/// flow only once it is still active 2 s after its first reply
-/// (nf_conntrack_proto_udp.c, `stream_ts`), and the fast path takes only
+/// flow only once it has seen a reply and is still active 2 s after it was
+/// created (nf_conntrack_proto_udp.c, `stream_ts`), and the fast path takes only
 /// assured flows; a flood measured from its first packet would mix 2 s
 /// of the stack path into every setup's figure. TCP needs no warm-up: its
 /// flows are assured at the handshake and made liberal within

@@ -19,6 +19,12 @@ fn source_line(src: &Map<String, Value>) -> String {
 }
 
 /// What is pinned under the bpffs, when nothing else can be said.
+/// Field `k` of the status document as text: a string as it is, anything
+/// else as JSON.
+fn field(v: &Value, k: &str) -> String {
+    v[k].as_str().map(str::to_string).unwrap_or_else(|| v[k].to_string())
+}
+
 fn print_pinned(v: &Value) {
     if let Some(p) = v["pinned"].as_array().filter(|p| !p.is_empty()) {
         let names: Vec<&str> = p.iter().filter_map(Value::as_str).collect();
@@ -27,7 +33,6 @@ fn print_pinned(v: &Value) {
 }
 
 pub(super) fn print(v: &Value) {
-    let s = |k: &str| v[k].as_str().map(str::to_string).unwrap_or_else(|| v[k].to_string());
     let agent = match (&v["agent_running"], v["agent_pid"].as_u64(), v["agent_phase"].as_str()) {
         (Value::Bool(true), pid, phase) => format!(
             "running{}{}",
@@ -51,7 +56,7 @@ pub(super) fn print(v: &Value) {
     }
     println!(
         "node {}  agent {agent}  dataplane {}",
-        s("node"),
+        field(v, "node"),
         if v["dataplane_attached"] == true { "attached" } else { "NOT attached" }
     );
     if let Some(ahead) = v["ahead_of_decap"].as_array().filter(|a| !a.is_empty()) {
@@ -59,24 +64,31 @@ pub(super) fn print(v: &Value) {
         println!(
             "NOT first on {}'s ingress: {} run ahead of edgevx's decap (the agent puts it back first at its next \
              check; meanwhile VXLAN they pass on unjudged is dropped on the VTEP)",
-            s("iface"),
+            field(v, "iface"),
             names.join("; ")
         );
     }
+    print_vteps(v);
+    print_features(v);
+    print_peers(v);
+}
+
+/// The VTEP lines: IPv4 (or the IPv6-only line), then the IPv6 VTEP.
+fn print_vteps(v: &Value) {
     if v["vtep_device"].is_null() {
         // IPv6-only: the IPv6 VTEP below is the only one
-        println!("vni {} port {} mtu {} (IPv6-only)", s("vni"), s("port"), s("mtu"));
+        println!("vni {} port {} mtu {} (IPv6-only)", field(v, "vni"), field(v, "port"), field(v, "mtu"));
     } else {
         println!(
             "vtep {} mac {} vni {} port {} public-ip {} subnet {} mtu {} delivery {}",
-            s("vtep_device"),
-            s("vtep_mac"),
-            s("vni"),
-            s("port"),
-            s("public_ip"),
-            s("subnet"),
-            s("mtu"),
-            s("delivery")
+            field(v, "vtep_device"),
+            field(v, "vtep_mac"),
+            field(v, "vni"),
+            field(v, "port"),
+            field(v, "public_ip"),
+            field(v, "subnet"),
+            field(v, "mtu"),
+            field(v, "delivery")
         );
     }
     if let Some(v6) = v["vtep6"].as_object() {
@@ -90,6 +102,10 @@ pub(super) fn print(v: &Value) {
             f("mtu").unwrap_or_default()
         );
     }
+}
+
+/// Bring-up timings, the XDP judge and the fast path.
+fn print_features(v: &Value) {
     if let Some(t) = v["startup"].as_object() {
         let step = |k: &str| t.get(k).and_then(Value::as_f64).map_or("-".to_string(), |ms| format!("{ms:.0} ms"));
         println!(
@@ -103,7 +119,7 @@ pub(super) fn print(v: &Value) {
     }
     if let Some(x) = v["xdp_judge"].as_object() {
         match (x.get("attached"), x.get("reason").and_then(Value::as_str)) {
-            (Some(Value::Bool(true)), _) => println!("xdp judge on {} (native)", s("iface")),
+            (Some(Value::Bool(true)), _) => println!("xdp judge on {} (native)", field(v, "iface")),
             (_, Some(why)) => println!("xdp judge not attached: {why}"),
             _ => println!("xdp judge not attached"),
         }
@@ -111,12 +127,16 @@ pub(super) fn print(v: &Value) {
     if let Some(fp) = v["fast_path"].as_str() {
         println!("fast path {fp}");
     }
+}
+
+/// The peer table (a dual-stack peer's IPv6 half on a line of its own), then the counters.
+fn print_peers(v: &Value) {
     let programmed = v["peers"].as_array().map_or(0, |p| p.len());
-    println!("peers {programmed}  capacity {}", s("peer_capacity"));
+    println!("peers {programmed}  capacity {}", field(v, "peer_capacity"));
     if let Some(n) = v["peers_not_programmed"].as_u64().filter(|n| *n > 0) {
         println!(
             "{n} of the {} peers in the view NOT programmed: beyond the capacity (see the agent's log)",
-            s("peers_in_view")
+            field(v, "peers_in_view")
         );
     }
     println!(

@@ -94,6 +94,9 @@ pub(crate) fn fast_share(agents: &[Agent]) -> Result<Option<Share>> {
 /// `fast_path_stack_*` counters that are not zero; `None` where no agents
 /// run or the fast path is off.
 fn stack_reasons(agents: &[Agent]) -> Result<Option<String>> {
+    if agents.is_empty() {
+        return Ok(None);
+    }
     let mut sums: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     for agent in agents {
         let status = agent.status()?;
@@ -105,9 +108,6 @@ fn stack_reasons(agents: &[Agent]) -> Result<Option<String>> {
                 *sums.entry(reason.to_string()).or_default() += v;
             }
         }
-    }
-    if agents.is_empty() {
-        return Ok(None);
     }
     let parts: Vec<String> = sums.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k}={v}")).collect();
     Ok(Some(if parts.is_empty() { String::from("none") } else { parts.join(" ") }))
@@ -261,17 +261,29 @@ pub(crate) fn udp_flood_args(seconds: u32) -> Vec<String> {
     ["-u", "-b", "0", "-l", "64", "-t", &t, "-O", &omit].map(String::from).to_vec()
 }
 
+/// An iperf3 TCP run's received rate, in Gbit/s.
+pub(crate) fn tcp_gbps(result: &Value) -> Result<f64> {
+    result["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .map(|b| b / 1e9)
+        .context("no received rate in iperf3's result")
+}
+
+/// An iperf3 UDP run's datagrams received per second, in thousands, over
+/// the seconds it measured (`seconds` if it says none).
+pub(crate) fn udp_kpps(result: &Value, seconds: u32) -> f64 {
+    let sum = &result["end"]["sum"];
+    let received = sum["packets"].as_f64().unwrap_or(0.0) - sum["lost_packets"].as_f64().unwrap_or(0.0);
+    received / sum["seconds"].as_f64().filter(|s| *s > 0.0).unwrap_or(f64::from(seconds)) / 1e3
+}
+
 fn measure(c: &Cluster, seconds: u32) -> Result<Result3> {
     let (p1, p2) = (&c.host(1).pod, &c.host(2).pod);
     let t = seconds.to_string();
-    let tcp = iperf(p1, p2, &["-t", &t])?;
-    let tcp_gbps = tcp["end"]["sum_received"]["bits_per_second"].as_f64().context("tcp result")? / 1e9;
-    let tcp8 = iperf(p1, p2, &["-t", &t, "-P", "8"])?;
-    let tcp8_gbps = tcp8["end"]["sum_received"]["bits_per_second"].as_f64().context("tcp -P 8 result")? / 1e9;
+    let tcp = tcp_gbps(&iperf(p1, p2, &["-t", &t])?).context("tcp result")?;
+    let tcp8 = tcp_gbps(&iperf(p1, p2, &["-t", &t, "-P", "8"])?).context("tcp -P 8 result")?;
     let udp = iperf(p1, p2, &udp_flood_args(seconds).iter().map(String::as_str).collect::<Vec<_>>())?;
-    let sum = &udp["end"]["sum"];
-    let received = sum["packets"].as_f64().unwrap_or(0.0) - sum["lost_packets"].as_f64().unwrap_or(0.0);
-    let udp_kpps = received / sum["seconds"].as_f64().filter(|s| *s > 0.0).unwrap_or(seconds as f64) / 1e3;
+    let udp = udp_kpps(&udp, seconds);
     let ping = p1.run(&["ping", "-n", "-q", "-c", "500", "-i", "0.002", &pod_ip(2).to_string()])?;
     let line = ping.lines().find(|l| l.contains("min/avg/max")).context("ping summary")?;
     let avg_ms: f64 = line
@@ -281,7 +293,7 @@ fn measure(c: &Cluster, seconds: u32) -> Result<Result3> {
         .and_then(|v| v.parse().ok())
         .context("ping avg")?;
     let rr_us = tcp_rr(p1, p2, seconds)?;
-    Ok(Result3 { tcp_gbps, tcp8_gbps, udp_kpps, rtt_us: avg_ms * 1000.0, rr_us })
+    Ok(Result3 { tcp_gbps: tcp, tcp8_gbps: tcp8, udp_kpps: udp, rtt_us: avg_ms * 1000.0, rr_us })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

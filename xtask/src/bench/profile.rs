@@ -19,7 +19,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    bench::{Setup, Share, UDP_WARMUP_SECS, bring_up, fast_share, iperf, udp_flood_args},
+    bench::{Setup, Share, UDP_WARMUP_SECS, bring_up, fast_share, iperf, tcp_gbps, udp_flood_args, udp_kpps},
     build,
     deps::{packages, toolchain},
     exec,
@@ -192,17 +192,10 @@ impl Load {
     }
 
     /// What the iperf3 run carried, as the bench states it.
-    fn rate(self, result: &serde_json::Value) -> String {
+    fn rate(self, result: &serde_json::Value, seconds: u32) -> String {
         match self {
-            Load::Tcp => {
-                format!("{:.2} Gbit/s", result["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9)
-            }
-            Load::Udp64 => {
-                let sum = &result["end"]["sum"];
-                let received = sum["packets"].as_f64().unwrap_or(0.0) - sum["lost_packets"].as_f64().unwrap_or(0.0);
-                let secs = sum["seconds"].as_f64().filter(|s| *s > 0.0).unwrap_or(1.0);
-                format!("{:.1} kpps received", received / secs / 1e3)
-            }
+            Load::Tcp => format!("{:.2} Gbit/s", tcp_gbps(result).unwrap_or(0.0)),
+            Load::Udp64 => format!("{:.1} kpps received", udp_kpps(result, seconds)),
         }
     }
 }
@@ -231,7 +224,7 @@ fn record(setup: Setup, load: Load, seconds: u32, data: &Path) -> Result<Option<
     let args = load.iperf_args(seconds);
     let result = iperf(p1, p2, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let status = perf.wait().context("perf record")?;
-    let rate = load.rate(&result?);
+    let rate = load.rate(&result?, seconds);
     if !status.success() {
         bail!("perf record failed ({status}); is perf allowed here (kernel.perf_event_paranoid)?");
     }

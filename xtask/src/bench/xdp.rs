@@ -130,7 +130,7 @@ fn iperf(client: &Netns, server: &Netns, seconds: u32) -> Result<f64> {
     let _ = srv.kill();
     let _ = srv.wait();
     let v: Value = serde_json::from_str(&out?).context("iperf3 JSON")?;
-    v["end"]["sum_received"]["bits_per_second"].as_f64().map(|b| b / 1e9).context("iperf3 result")
+    crate::bench::tcp_gbps(&v)
 }
 
 /// Goodput pod 2 -> pod 1 while node 1 is flooded at `pps`.

@@ -171,17 +171,22 @@ struct Share {
 }
 
 impl Share {
+    /// From one status read; every `fast_path_stack_*` reason but the
+    /// promotion's counts as "otherwise", a reason added later included.
     fn read(rc: &RealCluster, i: u8) -> Result<Share> {
-        let c = |name: &str| rc.counter(i, name);
-        let mut stack_otherwise = 0;
-        for reason in ["new_ruleset", "no_entry", "no_keeper", "not_established", "not_plain", "other", "tcp_flags"] {
-            stack_otherwise += c(&format!("fast_path_stack_{reason}"))?;
-        }
+        let status = rc.agents[usize::from(i) - 1].as_ref().context("an edgevx node")?.status()?;
+        let counters = status["counters"].as_object().context("no counters in the status")?;
+        let c = |name: &str| counters.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
+        let stack_otherwise = counters
+            .iter()
+            .filter(|(k, _)| k.starts_with("fast_path_stack_") && *k != "fast_path_stack_not_liberal")
+            .filter_map(|(_, v)| v.as_u64())
+            .sum();
         Ok(Share {
-            received_bytes: c("fast_path_bytes")?,
-            sent_bytes: c("fast_path_sent_bytes")?,
-            fast_packets: c("fast_path_packets")? + c("fast_path_sent_packets")?,
-            waiting: c("fast_path_stack_not_liberal")?,
+            received_bytes: c("fast_path_bytes"),
+            sent_bytes: c("fast_path_sent_bytes"),
+            fast_packets: c("fast_path_packets") + c("fast_path_sent_packets"),
+            waiting: c("fast_path_stack_not_liberal"),
             stack_otherwise,
         })
     }

@@ -12,7 +12,7 @@
 //!   (`noudp6zerocsumtx noudp6zerocsumrx`: a flannel peer drops a zero
 //!   checksum) and `<v6 subnet base>/128`. The kernel encapsulates and
 //!   decapsulates IPv6 pod traffic from the neighbour, fdb and route
-//!   entries [`super::peers6`] keeps per peer: BPF cannot give an IPv6 GSO
+//!   entries [`super::ipv6_table`] keeps per peer: BPF cannot give an IPv6 GSO
 //!   packet its outer UDP checksum (docs: "IPv6 dual-stack"), so the
 //!   programs only judge what arrives (the socket guard and the underlay's
 //!   IPv6 judge).

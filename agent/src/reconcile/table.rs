@@ -1,14 +1,14 @@
-//! One family's peers in the kernel, behind one trait. A pass reads the
+//! One family's peers in the kernel, behind one trait ([`sync`](super::sync()) runs a pass over it). A pass reads the
 //! table back (or takes what the last pass left, see [`Known`]), plans
 //! what the chosen peers need, and writes the difference; the kernel is the
 //! truth.
 //!
 //! The two tables differ in what holds the peers, as edgevx's two halves do:
-//! - IPv4 (`dataplane::peers`): the BPF maps the programs encapsulate and
+//! - IPv4 (`dataplane::ipv4_table`): the BPF maps the programs encapsulate and
 //!   judge by, and one route for the Network through the VTEP.
-//! - IPv6 (`dataplane::peers6`): flannel's own kernel entries on
-//!   `flannel-v6.<VNI>` (neighbour, fdb entry and route per peer); the
-//!   kernel encapsulates.
+//! - IPv6 (`dataplane::ipv6_table`): flannel's own kernel entries on
+//!   `flannel-v6.<VNI>` (neighbour, fdb entry and route per peer; the
+//!   kernel encapsulates) and the IPv6 maps decap judges by.
 //!
 //! Both take DirectRouting's plain routes through the underlay for the
 //! peers on its link.
@@ -27,6 +27,9 @@ pub trait PeerTable {
     /// What the kernel holds, and with `direct_routing` which public IPs
     /// are on the underlay's link (else none), read back.
     async fn read(&mut self, direct_routing: bool) -> anyhow::Result<(Self::Contents, OnLink<Self::Family>)>;
+    /// Whether `have` already holds `peer`: over the capacity, such a peer
+    /// stays ahead of one not in yet.
+    fn holds(&self, have: &Self::Contents, peer: &Peer) -> bool;
     /// What `peers` need (pure), and the peers left out, with the reason.
     fn plan(&self, peers: &[Peer], on_link: &OnLink<Self::Family>) -> (Self::Contents, Vec<Rejection>);
     /// Writes where `have` differs from `want`: every write is tried, and
@@ -102,6 +105,9 @@ mod tests {
         async fn read(&mut self, _: bool) -> anyhow::Result<(usize, OnLink)> {
             self.reads += 1;
             Ok((100 + self.reads, OnLink::default()))
+        }
+        fn holds(&self, _: &usize, _: &Peer) -> bool {
+            false
         }
         fn plan(&self, peers: &[Peer], _: &OnLink) -> (usize, Vec<Rejection>) {
             (peers.len(), Vec::new())

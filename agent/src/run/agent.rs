@@ -123,7 +123,7 @@ impl<'a> Agent<'a> {
                 n.forget_kernel();
                 Asks::run(Job::Pass, SETTLE)
             }
-            KernelEvent::Neighbour { index } if n.is_vtep6(index) => {
+            KernelEvent::Neighbour { index } if n.holds_entries(index) => {
                 n.forget_kernel();
                 Asks::run(Job::Pass, SETTLE)
             }
@@ -292,7 +292,7 @@ impl<'a> Agent<'a> {
             }
         };
         // the IPv6 kernel entries after the attach: the first IPv4 packet does not wait for them
-        let peers_ok = n.reconcile6(d.conf.direct_routing).await && peers_ok;
+        let peers_ok = n.reconcile_follower(d.conf.direct_routing).await && peers_ok;
         if attached {
             n.learn_pods().await;
         }

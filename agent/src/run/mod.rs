@@ -35,7 +35,6 @@ mod kernel;
 pub mod lock;
 pub mod netns_lock;
 mod node;
-pub mod node6;
 mod notify;
 mod schedule;
 mod vtep_plan;

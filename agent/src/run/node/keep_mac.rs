@@ -2,22 +2,24 @@
 //! arp and fdb entries hold it. It is observed like the VTEP's MTU, and a
 //! MAC changed by hand (`ip link set flannel.1 address …`) is put back.
 use anyhow::{Context, Result};
+use ipnet::{Ipv4Net, Ipv6Net};
 use rtnetlink::{Handle, LinkUnspec};
 use tracing::warn;
 
-use super::Node;
+use super::{Node, side::SideFamily};
 use crate::{dataplane::device, mac::VtepMac};
 
 impl Node {
     /// Puts the recorded MAC back on each VTEP whose MAC differs.
     pub(in crate::run) async fn keep_macs(&self) -> Result<()> {
-        if let (Some(v4), Some(index)) = (&self.record.v4, self.vtep_index) {
-            put_back(&self.handle, &v4.vtep_device, index, v4.vtep_mac).await?;
-        }
-        if let Some(v6) = &self.v6 {
-            put_back(&self.handle, &v6.record.device, v6.index, v6.record.mac).await?;
-        }
-        Ok(())
+        self.keep_mac::<Ipv4Net>().await?;
+        self.keep_mac::<Ipv6Net>().await
+    }
+
+    /// The family's VTEP, if on, gets its recorded MAC back.
+    async fn keep_mac<N: SideFamily>(&self) -> Result<()> {
+        let (Some(side), Some(vtep)) = (N::side(&self.sides), N::vtep(&self.record)) else { return Ok(()) };
+        put_back(&self.handle, vtep.device, side.index, vtep.mac).await
     }
 }
 

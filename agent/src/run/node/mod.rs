@@ -1,13 +1,14 @@
-//! The dataplane of a running agent: brought up once (`bring_up.rs`), then
-//! kept equal to the desired view by passes (`pass.rs`: peers; `pods.rs`:
-//! local pods) and checked against the kernel (here: intact, rules,
-//! readdress).
+//! The dataplane of a running agent: brought up once (`bring_up.rs`), one
+//! side per family (`side.rs`), then kept equal to the desired view by
+//! passes (`pass.rs`: peers; `pods.rs`: local pods) and checked against the
+//! kernel (here: intact, rules, readdress).
 mod bring_up;
 mod keep_mac;
 mod mtu;
 mod off_underlay;
 mod pass;
 mod pods;
+mod side;
 mod xdp;
 
 pub(super) use bring_up::bring_up;
@@ -16,20 +17,22 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use aya::programs::TcAttachType;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use rtnetlink::Handle;
-use tracing::{info, warn};
+use tracing::info;
+
+use side::{Side, SideFamily, Sides};
 
 use crate::{
     dataplane::{
         bpffs, device, loader,
         maps::Maps,
         order::{Foreign, Place},
-        own_addrs, vtep,
+        own_addrs,
     },
     netfilter,
     peer::{OwnNode, Peer},
-    reconcile::{self, Fill, Nag},
+    reconcile::{Fill, Nag},
     source::LocalVtep,
     state::{AgentRecord, StateDir},
     subnet_env,
@@ -48,15 +51,14 @@ pub(super) struct Node {
     _fast_path: Option<crate::run::fast_path::FastPathTasks>,
     /// The pod bridge's ifindex while our program is attached to it.
     bridge: Option<u32>,
-    /// The IPv4 firewall chains (`None` in an IPv6-only network).
-    firewall: Option<netfilter::Firewall>,
+    /// One side per family the network config has on: its VTEP, firewall
+    /// chains and peer table.
+    sides: Sides,
     /// What both families' firewall rules are planned with.
     rules: netfilter::Settings,
     pins: bpffs::PinDir,
     handle: Handle,
     maps: Maps,
-    /// `flannel.<VNI>`'s ifindex (`None` in an IPv6-only network).
-    vtep_index: Option<u32>,
     underlay_index: u32,
     own: OwnNode,
     record: AgentRecord,
@@ -64,15 +66,8 @@ pub(super) struct Node {
     accepted: Vec<Peer>,
     /// Whether `accepted` is saved for `edgevx status` (else the next pass tries again).
     peers_saved: bool,
-    /// What the last IPv4 pass left in the kernel. A new view is diffed
-    /// against it, so an edit costs no read back of 10,000 map entries; a
-    /// resync, a route event or a failed write drops it, and the next pass
-    /// reads the kernel again.
-    known: reconcile::Known<reconcile::Contents, Ipv4Net>,
     /// `drop_vxlan_off_underlay` when last looked at (`warn_off_underlay`).
     off_underlay_seen: Option<u64>,
-    /// `flannel-v6.<VNI>` when IPv6 is on.
-    v6: Option<super::node6::Side6>,
     /// The capacity and what the last pass left out, as last saved for
     /// `edgevx status` (`None` until the first pass saves it).
     fill: Option<Fill>,
@@ -87,12 +82,13 @@ pub(super) struct Node {
 impl Node {
     /// Whether `index` is either family's VTEP.
     pub(in crate::run) fn is_vtep(&self, index: u32) -> bool {
-        Some(index) == self.vtep_index || self.is_vtep6(index)
+        self.sides.is_vtep(index)
     }
 
-    /// Whether `index` is the IPv6 VTEP, whose neighbours are ours too.
-    pub(in crate::run) fn is_vtep6(&self, index: u32) -> bool {
-        self.v6.as_ref().is_some_and(|v6| v6.index == index)
+    /// Whether `index` is a VTEP whose neighbours are ours too (the IPv6
+    /// one: its peer table is the kernel's entries).
+    pub(in crate::run) fn holds_entries(&self, index: u32) -> bool {
+        self.sides.holds_entries(index)
     }
 
     /// What the cluster said about this node when it came up.
@@ -123,18 +119,8 @@ impl Node {
     /// A route or neighbour event, or the resync: the next pass reads both
     /// families' tables back from the kernel.
     pub(in crate::run) fn forget_kernel(&mut self) {
-        self.known.forget();
-        if let Some(v6) = &mut self.v6 {
-            v6.known.forget();
-        }
+        self.sides.forget();
     }
-}
-
-/// `selected` cut to `capacity` (see [`reconcile::fit`]), and the figures.
-fn fit(selected: Vec<Peer>, capacity: usize, established: impl Fn(&Peer) -> bool) -> (Vec<Peer>, Fill) {
-    let wanted = selected.len();
-    let (kept, left_out) = reconcile::fit(selected, capacity, established);
-    (kept, Fill { capacity, wanted, not_programmed: left_out.len() })
 }
 
 /// subnet.env as `r` says: both families' lines, or one family's.
@@ -150,36 +136,30 @@ impl Node {
     /// the VTEP: per-peer arp and fdb entries, now unused.
     pub(super) async fn attach(&mut self) -> Result<()> {
         let Some(mut ebpf) = self.pending.take() else { return Ok(()) };
-        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
-        if let Some(v4) = &r.v4 {
-            loader::attach_as(mode, &mut ebpf, pins, loader::ENCAP, &v4.vtep_device, TcAttachType::Egress)?;
-        }
+        self.attach_to_vtep::<Ipv4Net>(&mut ebpf, Ipv4Net::ENCAP, TcAttachType::Egress)?;
+        self.attach_to_vtep::<Ipv6Net>(&mut ebpf, Ipv6Net::ENCAP, TcAttachType::Egress)?;
+        let (mode, r) = (self.record.attach, &self.record);
         // IPv6-only too: it judges the IPv6 VXLAN flannel-v6.<VNI> takes in
-        loader::attach_as(mode, &mut ebpf, pins, loader::DECAP, &r.iface, TcAttachType::Ingress)?;
-        self.loaded = Some(ebpf); // the pinned links (or filters) keep the programs; the pinned maps keep their state
+        loader::attach_as(mode, &mut ebpf, &self.pins, loader::DECAP, &r.iface, TcAttachType::Ingress)?;
         for old in self.pins.other_versions() {
-            loader::retire(&old)?;
+            if let Err(e) = loader::retire(&old) {
+                // the pinned links (or filters) keep the programs; the pinned maps keep their state
+                self.loaded = Some(ebpf);
+                return Err(e);
+            }
         }
         // After decap, which marks what it judged: from here on the VTEP takes
         // nothing else. And after an older layout's guard is retired: of two
         // guards in a row the first clears the mark and the second drops.
         // Not attached (retire failed): `intact` finds it missing and rebuilds.
-        let ebpf = self.loaded.as_mut().context("the loaded programs are gone")?;
-        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
-        if let Some(v4) = &r.v4 {
-            loader::attach_as(mode, ebpf, pins, loader::VTEP_GUARD, &v4.vtep_device, TcAttachType::Ingress)?;
-        }
-        if let Some(v6) = &self.v6 {
-            let device = &v6.record.device;
-            loader::attach_as(mode, ebpf, pins, loader::VTEP_GUARD6, device, TcAttachType::Ingress)?;
-        }
-        if let Some(index) = self.vtep_index {
-            device::set_noarp(&self.handle, index).await?;
-            match device::flush_static_neighbours(&self.handle, index).await? {
-                0 => {}
-                n => info!(entries = n, "removed arp/fdb entries left on the VTEP (adopted from flanneld)"),
-            }
-        }
+        let guards = match self.attach_to_vtep::<Ipv4Net>(&mut ebpf, Some(Ipv4Net::GUARD), TcAttachType::Ingress) {
+            Ok(()) => self.attach_to_vtep::<Ipv6Net>(&mut ebpf, Some(Ipv6Net::GUARD), TcAttachType::Ingress),
+            Err(e) => Err(e),
+        };
+        self.loaded = Some(ebpf);
+        guards?;
+        self.quiet_vtep::<Ipv4Net>().await?;
+        self.quiet_vtep::<Ipv6Net>().await?;
         let r = &self.record;
         match &r.v4 {
             Some(v4) => {
@@ -192,17 +172,37 @@ impl Node {
         Ok(())
     }
 
+    /// Attaches `program` (if any) to the family's VTEP, when it is on.
+    fn attach_to_vtep<N: SideFamily>(
+        &self,
+        ebpf: &mut crate::dataplane::loaded::Loaded,
+        program: Option<&str>,
+        kind: TcAttachType,
+    ) -> Result<()> {
+        let (Some(program), Some(vtep)) = (program, N::vtep(&self.record)) else { return Ok(()) };
+        loader::attach_as(self.record.attach, ebpf, &self.pins, program, vtep.device, kind)
+    }
+
+    /// The family's VTEP sends no arp and keeps no static neighbour when
+    /// the programs encapsulate for it (the IPv6 VTEP's entries are its
+    /// peer table's).
+    async fn quiet_vtep<N: SideFamily>(&self) -> Result<()> {
+        let Some(side) = N::side(&self.sides).filter(|_| N::ENCAP.is_some()) else { return Ok(()) };
+        device::set_noarp(&self.handle, side.index).await?;
+        match device::flush_static_neighbours(&self.handle, side.index).await? {
+            0 => {}
+            n => info!(entries = n, "removed arp/fdb entries left on the VTEP (adopted from flanneld)"),
+        }
+        Ok(())
+    }
+
     /// What this node publishes about itself (annotations, etcd lease).
     pub(super) fn local_vtep(&self) -> LocalVtep {
         let r = &self.record;
         LocalVtep {
             vni: r.vni,
-            v4: r.v4.as_ref().map(|v4| crate::peer::Half {
-                vtep_mac: v4.vtep_mac,
-                public_ip: v4.public_ip,
-                subnet: v4.subnet,
-            }),
-            v6: self.v6.as_ref().map(|s| s.local()),
+            v4: Ipv4Net::vtep(r).map(|v| Side::local(&v)),
+            v6: Ipv6Net::vtep(r).map(|v| Side::local(&v)),
         }
     }
 
@@ -214,26 +214,17 @@ impl Node {
         if self.pending.is_some() {
             return Ok(true); // not attached yet
         }
-        let (mode, pins, r) = (self.record.attach, &self.pins, &self.record);
-        if let (Some(v4), Some(index)) = (&r.v4, self.vtep_index) {
-            let vtep = device::link_by_name(&self.handle, &v4.vtep_device).await?;
-            let on = |name, kind| loader::attached_as(mode, &self.handle, pins, name, &v4.vtep_device, kind);
-            if vtep.is_none_or(|l| l.header.index != index)
-                || !on(loader::ENCAP, TcAttachType::Egress).await?
-                || !on(loader::VTEP_GUARD, TcAttachType::Ingress).await?
-            {
-                return Ok(false);
-            }
+        if !self.side_intact::<Ipv4Net>().await? || !self.side_intact::<Ipv6Net>().await? {
+            return Ok(false);
         }
-        if let Some(v6) = &self.v6 {
-            let (guard6, device) = (loader::VTEP_GUARD6, &v6.record.device);
-            if !v6.intact(&self.handle).await?
-                || !loader::attached_as(mode, &self.handle, pins, guard6, device, TcAttachType::Ingress).await?
-            {
-                return Ok(false);
-            }
-        }
-        loader::attached_as(mode, &self.handle, pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await
+        let (mode, r) = (self.record.attach, &self.record);
+        loader::attached_as(mode, &self.handle, &self.pins, loader::DECAP, &r.iface, TcAttachType::Ingress).await
+    }
+
+    /// [`intact`](Self::intact) for one family's side (a family that is off is).
+    async fn side_intact<N: SideFamily>(&self) -> Result<bool> {
+        let (Some(side), Some(vtep)) = (N::side(&self.sides), N::vtep(&self.record)) else { return Ok(true) };
+        side.intact(&self.handle, &vtep, self.record.attach, &self.pins).await
     }
 
     /// Whether decap runs first on the underlay's ingress, as the kernel
@@ -254,35 +245,37 @@ impl Node {
         Ok(ahead)
     }
 
-    /// Re-asserts our firewall chains (someone may have flushed them).
+    /// Re-asserts both families' firewall chains (someone may have flushed them).
     pub(super) fn enforce_rules(&self) {
-        let r = &self.record;
-        if let (Some(fw), Some(v4)) = (&self.firewall, &r.v4)
-            && let Err(e) = fw.apply(&netfilter::plan(v4.network, v4.subnet, &self.rules))
-        {
-            warn!("cannot restore the firewall rules: {e:#}");
+        self.enforce_side_rules::<Ipv4Net>();
+        self.enforce_side_rules::<Ipv6Net>();
+    }
+
+    fn enforce_side_rules<N: SideFamily>(&self) {
+        if let (Some(side), Some(vtep)) = (N::side(&self.sides), N::vtep(&self.record)) {
+            side.enforce_rules(&vtep, &self.rules);
         }
-        if let Some(v6) = &self.v6 {
-            v6.enforce_rules(&self.rules);
+    }
+
+    /// Gives the family's VTEP `subnet`, our new pod CIDR of the family,
+    /// when it differs from the recorded one.
+    async fn readdress_side<N: SideFamily>(&mut self, subnet: Option<N>) -> Result<()> {
+        let (Some(side), Some(vtep), Some(subnet)) = (N::side(&self.sides), N::vtep(&self.record), subnet) else {
+            return Ok(());
+        };
+        if vtep.subnet != subnet {
+            side.readdress(&self.handle, &vtep, subnet, &self.rules).await?;
+            N::set_subnet(&mut self.record, subnet);
         }
+        Ok(())
     }
 }
 
+/// Our pod CIDRs changed: each family's VTEP and firewall take the new one,
+/// then subnet.env and the record.
 pub(super) async fn readdress(n: &mut Node, own: &OwnNode, state: &StateDir) -> Result<()> {
-    if let (Some(index), Some(v4), Some(subnet)) = (n.vtep_index, n.record.v4.as_mut(), own.subnet) {
-        vtep::ensure_address(&n.handle, index, subnet, v4.network).await?;
-        if let Some(fw) = &n.firewall {
-            fw.apply(&netfilter::plan(v4.network, subnet, &n.rules)).context("cannot update the firewall rules")?;
-        }
-        v4.subnet = subnet;
-    }
-    if let (Some(v6), Some(subnet6)) = (&mut n.v6, own.subnet6)
-        && v6.record.subnet != subnet6
-    {
-        vtep::ensure_address(&n.handle, v6.index, subnet6, v6.record.network).await?;
-        v6.record.subnet = subnet6;
-        n.record.v6 = Some(v6.record.clone());
-    }
+    n.readdress_side::<Ipv4Net>(own.subnet).await?;
+    n.readdress_side::<Ipv6Net>(own.subnet6).await?;
     write_subnet_env(&n.record)?;
     n.own = own.clone();
     state.save_agent(&n.record);

@@ -1,9 +1,10 @@
 //! The VTEP's MTU follows the underlay's while the agent runs.
-use anyhow::{Context, Result};
-use tracing::{info, warn};
+use anyhow::Result;
+use ipnet::{Ipv4Net, Ipv6Net};
+use tracing::warn;
 
-use super::Node;
-use crate::{dataplane::device, netconf::NetConf, state::StateDir};
+use super::{Node, side::SideFamily};
+use crate::{netconf::NetConf, state::StateDir};
 
 /// Says when `Backend.MTU` was capped to what the underlay carries (at
 /// bring-up, and whenever the VTEP's MTU is set again).
@@ -33,31 +34,9 @@ impl Node {
         underlay_mtu: u32,
         state: &StateDir,
     ) -> Result<()> {
-        if let Some(v6) = &mut self.v6 {
-            v6.follow_mtu(&self.handle, conf, underlay_mtu).await?;
-            self.record.v6 = Some(v6.record.clone());
-        }
+        let mtu6 = self.follow_side_mtu::<Ipv6Net>(conf, underlay_mtu).await?;
         // IPv6-only: subnet.env follows the IPv6 VTEP
-        let want = match (&self.record.v4, self.vtep_index) {
-            (Some(v4), Some(index)) => {
-                let want = crate::run::config::vtep_mtu::<ipnet::Ipv4Net>(conf, underlay_mtu);
-                let link = device::link_by_name(&self.handle, &v4.vtep_device)
-                    .await?
-                    .with_context(|| format!("{} is gone", v4.vtep_device))?;
-                let have = device::link_mtu(&link);
-                if have != Some(want) {
-                    warn_if_capped(conf, underlay_mtu, want);
-                    device::set_mtu(&self.handle, index, want).await?;
-                    info!(device = %v4.vtep_device, underlay_mtu, was = ?have, mtu = want,
-                        "VTEP MTU set to what the underlay carries once encapsulated");
-                }
-                want
-            }
-            _ => match &self.record.v6 {
-                Some(v6) => v6.mtu,
-                None => return Ok(()),
-            },
-        };
+        let Some(want) = self.follow_side_mtu::<Ipv4Net>(conf, underlay_mtu).await?.or(mtu6) else { return Ok(()) };
         if self.record.mtu != want {
             // recorded only once subnet.env says it, so a failed write is retried
             super::write_subnet_env(&crate::state::AgentRecord { mtu: want, ..self.record.clone() })?;
@@ -66,5 +45,14 @@ impl Node {
             state.save_agent(&self.record);
         }
         Ok(())
+    }
+
+    /// The family's VTEP MTU, set to what the underlay carries and
+    /// recorded (`None`: the family is off).
+    async fn follow_side_mtu<N: SideFamily>(&mut self, conf: &NetConf, underlay_mtu: u32) -> Result<Option<u32>> {
+        let (Some(side), Some(vtep)) = (N::side(&self.sides), N::vtep(&self.record)) else { return Ok(None) };
+        let mtu = side.follow_mtu(&self.handle, &vtep, conf, underlay_mtu).await?;
+        N::set_mtu(&mut self.record, mtu);
+        Ok(Some(mtu))
     }
 }

@@ -1,25 +1,30 @@
 //! One reconcile pass of the running dataplane: the peers of the view
-//! chosen, cut to the maps' capacity, and written where the kernel differs
-//! (the IPv4 maps and routes here, the IPv6 half through `Side6`).
+//! chosen, then each family's side synced to them ([`reconcile::sync`]).
+//! The side that leads (IPv4's, or IPv6's in an IPv6-only network) cuts
+//! them to the maps' capacity before the programs are attached; the IPv6
+//! side of a dual-stack node follows with those peers after the attach.
 use std::{borrow::Cow, collections::HashSet, time::Instant};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::{error, info, warn};
 
-use super::Node;
+use super::{
+    Node,
+    side::{SideFamily, TableAt},
+};
 use crate::{
-    dataplane::{own_addrs, peers},
+    dataplane::own_addrs,
     peer::{ClusterView, Peer},
-    reconcile::{self, CAPACITY_FILE, Fill, PeerTable, Say},
+    reconcile::{self, CAPACITY_FILE, Fill, Say, Synced},
     run::warned::Warned,
     state::StateDir,
 };
 
 impl Node {
-    /// Chooses the peers of `view` and brings the IPv4 dataplane in line
-    /// with them, starting from what the kernel really holds (the IPv6 half
-    /// is [`reconcile6`](Self::reconcile6)'s). Returns whether every write
-    /// succeeded (failures are logged and retried on the next pass).
+    /// Chooses the peers of `view` and brings the leading family's table
+    /// in line with them, starting from what the kernel really holds.
+    /// Returns whether every write succeeded (failures are logged and
+    /// retried on the next pass).
     pub(in crate::run) async fn reconcile(
         &mut self,
         view: &ClusterView,
@@ -27,43 +32,22 @@ impl Node {
         state: &StateDir,
         warned: &mut Warned,
     ) -> bool {
-        let t = std::time::Instant::now();
+        let t = Instant::now();
         // the first pass, or a resync or a route event since the last one
-        let fresh = match (self.vtep_index, &self.v6) {
-            (None, Some(v6)) => !v6.known.is_known(), // IPv6-only: its table is the one
-            _ => !self.known.is_known(),
-        };
-        if let Some(v6) = self.v6.as_mut().filter(|_| fresh) {
-            v6.known.forget(); // a resync or a route event reads both back
+        let fresh = !self.sides.lead_known();
+        if fresh {
+            self.sides.forget(); // a resync or a route event reads both back
         }
-        // no peer may claim an address of this node (read again with the kernel's contents)
-        if fresh || self.own_addrs.is_empty() {
-            match own_addrs::read(&self.handle).await {
-                Ok(addrs) => self.own_addrs = addrs,
-                Err(e) => warn!("cannot read this node's addresses; judging peers by the last read: {e:#}"),
-            }
+        let chosen = self.choose(view, fresh, warned).await;
+        let synced = match self.sides.v4.is_some() {
+            true => self.sync_side::<Ipv4Net>(chosen, direct_routing).await,
+            false => self.sync_side::<Ipv6Net>(chosen, direct_routing).await,
+        };
+        let Some(Synced { peers: accepted, fill, outcome, .. }) = synced else { return false };
+        if !accepted.is_empty() {
+            // the first write of the first pass that had peers; none written: they were in already
+            self.first_peer_at.get_or_insert(outcome.first_at.unwrap_or_else(Instant::now));
         }
-        let claims = reconcile::claiming_ours(&view.peers, &self.own_addrs);
-        warned.conflicts(&claims);
-        let candidates: Cow<'_, [Peer]> = match claims.is_empty() {
-            true => Cow::Borrowed(&view.peers),
-            false => {
-                let out: HashSet<&str> = claims.iter().map(|r| r.node.as_str()).collect();
-                Cow::Owned(view.peers.iter().filter(|p| !out.contains(p.node.as_str())).cloned().collect())
-            }
-        };
-        let chosen = match (self.vtep_index, self.record.v4.as_ref().map(|v4| v4.network)) {
-            (Some(vtep_index), Some(network)) => {
-                self.reconcile4(&candidates, direct_routing, vtep_index, network, warned).await
-            }
-            _ => {
-                // IPv6-only: the peers are their IPv6 halves
-                let (selected, rejected) = reconcile::select(None, self.own.subnet6, &candidates);
-                warned.conflicts(&rejected);
-                Some((self.fit6(selected), true))
-            }
-        };
-        let Some(((accepted, fill), ok)) = chosen else { return false };
         tracing::debug!(
             peers = accepted.len(),
             not_programmed = fill.not_programmed,
@@ -79,95 +63,54 @@ impl Node {
         }
         // after the peer list: a status that shows the new figures shows the new list
         self.report_fill(fill, state);
-        ok
+        outcome.ok()
     }
 
-    /// The IPv6 half of the pass, for the peers [`reconcile`](Self::reconcile)
-    /// chose: `flannel-v6.<VNI>`'s kernel entries and the IPv6 accept map.
-    /// Run after the programs are attached, so IPv4 forwarding never waits
-    /// for tens of thousands of IPv6 kernel entries. `true` without IPv6.
-    pub(in crate::run) async fn reconcile6(&mut self, direct_routing: bool) -> bool {
-        match &mut self.v6 {
-            Some(v6) => {
-                let ok = v6
-                    .reconcile(&self.handle, &mut self.maps, &self.accepted, direct_routing, self.underlay_index)
-                    .await;
-                if self.vtep_index.is_none() && !self.accepted.is_empty() {
-                    // IPv6-only: the peers are programmed here
-                    self.first_peer_at.get_or_insert_with(Instant::now);
-                }
-                ok
-            }
-            None => true,
+    /// The IPv6 side of a dual-stack node, for the peers
+    /// [`reconcile`](Self::reconcile) chose: run after the programs are
+    /// attached, so IPv4 forwarding never waits for tens of thousands of
+    /// IPv6 kernel entries. `true` when there is no such side.
+    pub(in crate::run) async fn reconcile_follower(&mut self, direct_routing: bool) -> bool {
+        if self.sides.v4.is_none() || self.sides.v6.is_none() {
+            return true;
         }
+        let chosen = self.accepted.clone();
+        self.sync_side::<Ipv6Net>(chosen, direct_routing).await.is_some_and(|s| s.outcome.ok())
     }
 
-    /// The IPv4 pass: chooses the peers and programs their IPv4 halves;
-    /// returns the chosen peers, how they fit in the maps, and whether every
-    /// write went through, or `None` when the dataplane could not be read.
-    /// A twin of [`reconcile6`](Self::reconcile6) because the halves run
-    /// apart: this one chooses the peers for both families (by the
-    /// candidates alone, whatever the maps hold) before the programs are
-    /// attached, and the IPv6 table is written after.
-    async fn reconcile4(
-        &mut self,
-        candidates: &[Peer],
-        direct_routing: bool,
-        vtep_index: u32,
-        network: Ipv4Net,
-        warned: &mut Warned,
-    ) -> Option<((Vec<Peer>, Fill), bool)> {
-        let t = std::time::Instant::now();
-        let capacity = self.maps.peer_capacity() as usize;
-        let mut table = peers::Programmed {
-            maps: &mut self.maps,
-            handle: &self.handle,
-            vtep_index,
-            underlay_index: self.underlay_index,
-            network,
-            hold_deletes: self.pending.is_some(),
-            held: false,
-        };
-        let (observed, on_link) = match self.known.take_or_read(&mut table, direct_routing).await {
-            Ok(read) => read,
-            Err(e) => {
-                warn!("cannot read back the dataplane: {e:#}");
-                return None;
+    /// The candidates of `view` that may be peers: none claiming an address
+    /// of this node (read again with the kernel's contents), each checked
+    /// against our own pod CIDRs and the others (see [`reconcile::select`]).
+    async fn choose(&mut self, view: &ClusterView, fresh: bool, warned: &mut Warned) -> Vec<Peer> {
+        if fresh || self.own_addrs.is_empty() {
+            match own_addrs::read(&self.handle).await {
+                Ok(addrs) => self.own_addrs = addrs,
+                Err(e) => warn!("cannot read this node's addresses; judging peers by the last read: {e:#}"),
+            }
+        }
+        let claims = reconcile::claiming_ours(&view.peers, &self.own_addrs);
+        warned.conflicts(&claims);
+        let candidates: Cow<'_, [Peer]> = match claims.is_empty() {
+            true => Cow::Borrowed(&view.peers),
+            false => {
+                let out: HashSet<&str> = claims.iter().map(|r| r.node.as_str()).collect();
+                Cow::Owned(view.peers.iter().filter(|p| !out.contains(p.node.as_str())).cloned().collect())
             }
         };
-        let (selected, rejected) = reconcile::select(self.own.subnet, self.own.subnet6, candidates);
+        // IPv6-only: the peers are their IPv6 halves
+        let own4 = self.own.subnet.filter(|_| self.sides.v4.is_some());
+        let (selected, rejected) = reconcile::select(own4, self.own.subnet6, &candidates);
         warned.conflicts(&rejected);
-        // beyond the capacity: the peers already in the LPM map stay
-        let established = |p: &Peer| {
-            p.v4.is_some_and(|v4| observed.subnets.get(&v4.subnet).is_some_and(|t| t.public_ip == v4.public_ip))
-        };
-        let (accepted, fill) = super::fit(selected, capacity, established);
-        let (want, _) = table.plan(&accepted, &on_link);
-        let planned = t.elapsed();
-        let outcome = table.write(&observed, &want).await;
-        tracing::debug!(observe_and_plan_ms = planned.as_millis() as u64, "IPv4 reconcile pass");
-        // every write went through (and none was held back): the kernel now
-        // holds `want`, until the next event or resync says otherwise
-        let held = table.held;
-        self.known.keep(want, on_link, direct_routing, outcome.ok() && !held);
-        if !accepted.is_empty() {
-            // the first write of the first pass that had peers; none written: they were in already
-            self.first_peer_at.get_or_insert(outcome.first_at.unwrap_or_else(Instant::now));
-        }
-        Some(((accepted, fill), outcome.ok()))
+        selected
     }
 
-    /// IPv6-only: the chosen peers cut to what the maps hold, those the
-    /// IPv6 accept map already has first. A twin of the IPv4 pass's cut,
-    /// where the LPM map, read with the table, says which peers are held.
-    fn fit6(&self, selected: Vec<Peer>) -> (Vec<Peer>, Fill) {
+    /// Syncs the family's side (if on) to `chosen`.
+    async fn sync_side<N: SideFamily>(&mut self, chosen: Vec<Peer>, direct_routing: bool) -> Option<Synced> {
         let capacity = self.maps.peer_capacity() as usize;
-        let held = match selected.len() > capacity {
-            // only read when it decides something; unreadable, the name alone decides
-            true => self.maps.accept6_entries().unwrap_or_default(),
-            false => Default::default(),
-        };
-        super::fit(selected, capacity, |p| p.v6.is_some_and(|v6| held.contains_key(&v6.public_ip)))
+        let Node { sides, record, handle, maps, pending, underlay_index, .. } = self;
+        let (side, vtep) = (N::side_mut(sides)?, N::vtep(record)?);
+        let at = TableAt { handle, maps, vtep: side.index, underlay: *underlay_index, hold_deletes: pending.is_some() };
+        side.sync(at, &vtep, chosen, capacity, direct_routing).await
     }
 
     /// Logs a view beyond the capacity (one line, repeated with backoff,

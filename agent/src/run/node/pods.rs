@@ -66,7 +66,7 @@ impl Node {
     /// reach its port whole), or a pod on a routed veth of its own.
     /// IPv6-only: nothing, the kernel delivers IPv6.
     pub(in crate::run) async fn learn_pods(&mut self) {
-        let Some(subnet) = self.own.subnet.filter(|_| self.pending.is_none() && self.vtep_index.is_some()) else {
+        let Some(subnet) = self.own.subnet.filter(|_| self.pending.is_none() && self.sides.v4.is_some()) else {
             return; // not attached yet, or no IPv4
         };
         let bridge = self.ensure_bridge_program().await;

@@ -1,16 +1,19 @@
 //! The IPv4 peer table's reconciliation, from desired peers to the writes:
-//! the contents the peers need ([`plan`]), the difference from what the
-//! kernel holds ([`diff`]), and the writes in the order they must run
-//! ([`apply`]) through a [`Dataplane`]: the BPF maps and routes in
-//! production (`dataplane/peers.rs`), a fake in the tests. The plan and the
-//! diff are pure; the order is tested against the fake. The IPv6 table does
-//! the same in `dataplane/peers6.rs`, its entries being the kernel's.
+//! the maps and routes the peers need ([`plan`]), the difference from what
+//! the kernel holds ([`diff`]), and the writes in the order they must run
+//! ([`apply`]) through an [`Ipv4MapWriter`]: the BPF maps and routes in
+//! production (`dataplane/ipv4_table.rs`), a fake in the tests. The plan and
+//! the diff are pure; the order is tested against the fake. The IPv6 table
+//! has the same three steps in `ipv6_entries.rs`, over the kernel's entries.
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
 use tracing::{info, warn};
 
-use super::on_link::OnLink;
+use super::{
+    on_link::OnLink,
+    outcome::{Outcome, Tally},
+};
 use crate::{family::Family, peer::Peer};
 
 /// The one next hop every route through the VTEP uses. A route without a
@@ -38,9 +41,10 @@ pub struct Accept<N: Family> {
     pub any_inner_source: bool,
 }
 
-/// What the dataplane holds for the peers (or should hold).
+/// What the IPv4 table holds for the peers (or should hold): the BPF maps
+/// the programs encapsulate and judge by, and the routes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Contents {
+pub struct Ipv4Maps {
     /// The LPM map: remote pod subnet → tunnel.
     pub subnets: BTreeMap<Ipv4Net, Tunnel>,
     /// The accepted peer addresses.
@@ -65,10 +69,10 @@ pub struct Contents {
 /// on the underlay, more specific than the Network route, so it wins and
 /// no VXLAN is sent to it. It keeps its LPM entry and accepted address: a
 /// peer without DirectRouting may still send VXLAN to us.
-pub fn plan(peers: &[Peer], network: Ipv4Net, on_link: &OnLink) -> Contents {
+pub fn plan(peers: &[Peer], network: Ipv4Net, on_link: &OnLink) -> Ipv4Maps {
     // the IPv4 halves (every peer has one unless the network is IPv6-only)
     let halves = || peers.iter().filter_map(|p| Some((p.v4?, p.any_inner_source)));
-    Contents {
+    Ipv4Maps {
         direct: halves()
             .filter(|(v4, _)| on_link.reaches(v4.public_ip))
             .map(|(v4, _)| (v4.subnet, v4.public_ip))
@@ -109,7 +113,7 @@ pub fn accept_by_public_ip<N: Family>(
 /// The writes that turn `have` into `want`, in the order they must run:
 /// every `put_*` before any `del_*`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Changes {
+pub struct MapChanges {
     pub put_accept: Vec<(Ipv4Addr, Accept<Ipv4Net>)>,
     pub put_subnets: Vec<(Ipv4Net, Tunnel)>,
     pub put_routes: Vec<(Ipv4Net, Option<Ipv4Addr>)>,
@@ -120,7 +124,7 @@ pub struct Changes {
     pub del_accept: Vec<Ipv4Addr>,
 }
 
-impl Changes {
+impl MapChanges {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -138,11 +142,14 @@ impl Changes {
 }
 
 /// Entries to put and entries to delete.
-type PutsAndDeletes<K, V> = (Vec<(K, V)>, Vec<(K, V)>);
+pub(super) type PutsAndDeletes<K, V> = (Vec<(K, V)>, Vec<(K, V)>);
 
 /// Keys whose value differs or is missing in `have` (to put), and keys of
 /// `have` that `want` lacks (to delete), each in key order.
-fn diff_map<K: Ord + Copy, V: PartialEq + Copy>(want: &BTreeMap<K, V>, have: &BTreeMap<K, V>) -> PutsAndDeletes<K, V> {
+pub(super) fn diff_map<K: Ord + Copy, V: PartialEq + Copy>(
+    want: &BTreeMap<K, V>,
+    have: &BTreeMap<K, V>,
+) -> PutsAndDeletes<K, V> {
     let put = want.iter().filter(|(k, v)| have.get(k) != Some(v)).map(|(k, v)| (*k, *v)).collect();
     let del = have.iter().filter(|(k, _)| !want.contains_key(k)).map(|(k, v)| (*k, *v)).collect();
     (put, del)
@@ -150,12 +157,12 @@ fn diff_map<K: Ord + Copy, V: PartialEq + Copy>(want: &BTreeMap<K, V>, have: &BT
 
 /// Key by key: an entry whose value changed is overwritten in place (a
 /// put), never deleted and re-added.
-pub fn diff(want: &Contents, have: &Contents) -> Changes {
+pub fn diff(want: &Ipv4Maps, have: &Ipv4Maps) -> MapChanges {
     let (put_accept, del_accept) = diff_map(&want.accept, &have.accept);
     let (put_subnets, del_subnets) = diff_map(&want.subnets, &have.subnets);
     let (put_routes, del_routes) = diff_map(&want.routes, &have.routes);
     let (put_direct, del_direct) = diff_map(&want.direct, &have.direct);
-    Changes {
+    MapChanges {
         put_accept,
         put_subnets,
         put_routes,
@@ -171,7 +178,7 @@ pub fn diff(want: &Contents, have: &Contents) -> Changes {
 /// production, a fake in the tests. Every write is idempotent (a put overwrites, a delete of
 /// something already gone succeeds).
 #[allow(async_fn_in_trait)]
-pub trait Dataplane {
+pub trait Ipv4MapWriter {
     async fn put_accept(&mut self, ip: Ipv4Addr, accept: Accept<Ipv4Net>) -> anyhow::Result<()>;
     async fn put_subnet(&mut self, subnet: Ipv4Net, tunnel: Tunnel) -> anyhow::Result<()>;
     async fn put_route(&mut self, dst: Ipv4Net, gateway: Option<Ipv4Addr>) -> anyhow::Result<()>;
@@ -180,48 +187,6 @@ pub trait Dataplane {
     async fn del_direct(&mut self, subnet: Ipv4Net, public_ip: Ipv4Addr) -> anyhow::Result<()>;
     async fn del_subnet(&mut self, subnet: Ipv4Net) -> anyhow::Result<()>;
     async fn del_accept(&mut self, ip: Ipv4Addr) -> anyhow::Result<()>;
-}
-
-/// What one [`apply`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Outcome {
-    pub written: usize,
-    pub failed: usize,
-    /// Route deletes held back because a route add failed (they run on the
-    /// next pass).
-    pub deferred: usize,
-    /// When the first write went through (`None`: nothing written).
-    pub first_at: Option<std::time::Instant>,
-}
-
-impl Outcome {
-    pub fn ok(&self) -> bool {
-        self.failed == 0 && self.deferred == 0
-    }
-}
-
-/// The writes of one pass and the first that failed: a pass logs one line
-/// about its failures, however many there are (a full map would otherwise
-/// log one per peer, every retry).
-#[derive(Default)]
-struct Tally {
-    out: Outcome,
-    first_error: Option<String>,
-}
-
-impl Tally {
-    fn note(&mut self, what: &str, key: &dyn std::fmt::Display, r: anyhow::Result<()>) {
-        match r {
-            Ok(()) => {
-                self.out.written += 1;
-                self.out.first_at.get_or_insert_with(std::time::Instant::now);
-            }
-            Err(e) => {
-                self.out.failed += 1;
-                self.first_error.get_or_insert_with(|| format!("{what} {key}: {e:#}"));
-            }
-        }
-    }
 }
 
 /// Runs `changes` against `dp`:
@@ -237,7 +202,7 @@ impl Tally {
 ///    about to go may be what traffic follows until the new one is in
 ///    (flanneld's per-peer routes on a takeover, a direct route before the
 ///    VTEP's route).
-pub async fn apply<D: Dataplane>(dp: &mut D, changes: &Changes) -> Outcome {
+pub async fn apply<D: Ipv4MapWriter>(dp: &mut D, changes: &MapChanges) -> Outcome {
     let mut t = Tally::default();
     for net in &changes.del_subnets {
         t.note("removing subnet", net, dp.del_subnet(*net).await);
@@ -417,7 +382,7 @@ mod apply_tests {
     /// with E2BIG), when one is set.
     #[derive(Default)]
     struct Fake {
-        have: Contents,
+        have: Ipv4Maps,
         log: Vec<String>,
         fail_subnet: Option<Ipv4Net>,
         fail_route: bool,
@@ -431,7 +396,7 @@ mod apply_tests {
         }
     }
 
-    impl Dataplane for Fake {
+    impl Ipv4MapWriter for Fake {
         async fn put_direct(&mut self, net: Ipv4Net, ip: Ipv4Addr) -> anyhow::Result<()> {
             self.log.push(format!("+direct {net} via {ip}"));
             self.have.direct.insert(net, ip);

@@ -1,7 +1,8 @@
 //! The IPv4 peer table ([`PeerTable`]) and its key-by-key writer
-//! ([`Dataplane`]): the pinned BPF maps plus the route through the VTEP and
-//! DirectRouting's routes through the underlay. Reading takes them all back
-//! from the kernel.
+//! ([`Ipv4MapWriter`]): the pinned BPF maps plus the route through the VTEP
+//! and DirectRouting's routes through the underlay. Reading takes them all
+//! back from the kernel; the plan and the write order are
+//! `reconcile/ipv4_maps.rs`'s.
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use anyhow::Result;
@@ -14,10 +15,14 @@ use crate::{
         routes,
     },
     peer::{Peer, Rejection},
-    reconcile::{self, Accept, Contents, Dataplane, OnLink, Outcome, PeerTable, Tunnel},
+    reconcile::{
+        Accept, OnLink, Outcome, PeerTable,
+        ipv4_maps::{self, Ipv4MapWriter, Ipv4Maps, Tunnel},
+    },
 };
 
-pub struct Programmed<'a> {
+/// The IPv4 peer table of one pass.
+pub struct Ipv4MapTable<'a> {
     pub maps: &'a mut Maps,
     pub handle: &'a Handle,
     pub vtep_index: u32,
@@ -28,15 +33,13 @@ pub struct Programmed<'a> {
     /// takeover) still carry traffic through the kernel's fdb, so they stay
     /// until the first pass after the programs are on.
     pub hold_deletes: bool,
-    /// The last write held deletes back.
-    pub held: bool,
 }
 
-impl PeerTable for Programmed<'_> {
+impl PeerTable for Ipv4MapTable<'_> {
     type Family = Ipv4Net;
-    type Contents = Contents;
+    type Contents = Ipv4Maps;
 
-    async fn read(&mut self, direct_routing: bool) -> Result<(Contents, OnLink)> {
+    async fn read(&mut self, direct_routing: bool) -> Result<(Ipv4Maps, OnLink)> {
         let table = routes::MainTable::read(self.handle).await?;
         let subnets: BTreeMap<Ipv4Net, Tunnel> = self
             .maps
@@ -58,26 +61,31 @@ impl PeerTable for Programmed<'_> {
             true => OnLink::new(table.hops(self.underlay_index), self.network),
             false => OnLink::default(),
         };
-        Ok((Contents { routes: table.via(self.vtep_index).collect(), direct, subnets, accept }, on_link))
+        Ok((Ipv4Maps { routes: table.via(self.vtep_index).collect(), direct, subnets, accept }, on_link))
     }
 
-    fn plan(&self, peers: &[Peer], on_link: &OnLink) -> (Contents, Vec<Rejection>) {
-        (reconcile::plan(peers, self.network, on_link), Vec::new())
+    /// The peer's IPv4 subnet is in the LPM map, to its public IP.
+    fn holds(&self, have: &Ipv4Maps, p: &Peer) -> bool {
+        p.v4.is_some_and(|v4| have.subnets.get(&v4.subnet).is_some_and(|t| t.public_ip == v4.public_ip))
     }
 
-    async fn write(&mut self, have: &Contents, want: &Contents) -> Outcome {
-        let mut changes = reconcile::diff(want, have);
-        self.held = self.hold_deletes && !(changes.del_routes.is_empty() && changes.del_direct.is_empty());
-        if self.held {
+    fn plan(&self, peers: &[Peer], on_link: &OnLink) -> (Ipv4Maps, Vec<Rejection>) {
+        (ipv4_maps::plan(peers, self.network, on_link), Vec::new())
+    }
+
+    async fn write(&mut self, have: &Ipv4Maps, want: &Ipv4Maps) -> Outcome {
+        let mut changes = ipv4_maps::diff(want, have);
+        let held = self.hold_deletes && !(changes.del_routes.is_empty() && changes.del_direct.is_empty());
+        if held {
             changes.del_routes.clear();
             changes.del_direct.clear();
         }
         tracing::debug!(changes = changes.len(), "IPv4 peer writes");
-        reconcile::apply(self, &changes).await
+        Outcome { held, ..ipv4_maps::apply(self, &changes).await }
     }
 }
 
-impl Dataplane for Programmed<'_> {
+impl Ipv4MapWriter for Ipv4MapTable<'_> {
     async fn put_direct(&mut self, subnet: Ipv4Net, public_ip: Ipv4Addr) -> Result<()> {
         routes::direct_route_put(self.handle, self.underlay_index, subnet, public_ip).await
     }

@@ -8,7 +8,7 @@
 //!
 //! This runs on the raw arguments of `edgevx run`, before clap: it turns
 //! Go's spellings into ours (`-flag` as `--flag`, `--bool=true`, minutes).
-use std::ffi::OsString;
+use std::{ffi::OsString, slice};
 
 /// What edgevx does with one flanneld flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,51 +186,95 @@ pub fn translate(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> R
     if !is_run {
         return Ok(args);
     }
-    let mut out: Vec<OsString> = args[..2].to_vec();
-    // the edgevx long names given on the command line
-    let mut given: Vec<&'static str> = Vec::new();
-    let mut healthz = HealthzAddr::default();
+    let mut line = Rewritten { out: args[..2].to_vec(), given: Vec::new(), healthz: HealthzAddr::default() };
     let mut rest = args[2..].iter();
     while let Some(arg) = rest.next() {
-        let Some(text) = arg.to_str() else {
-            out.push(arg.clone());
-            continue;
-        };
-        // Go accepts -flag and --flag, with =value or (not for bools) a separate value
-        let body = text.strip_prefix("--").or_else(|| text.strip_prefix('-').filter(|b| !b.starts_with('-')));
-        let Some(body) = body.filter(|b| !b.is_empty()) else {
-            out.push(arg.clone());
-            continue;
-        };
-        let (name, inline) = match body.split_once('=') {
-            Some((n, v)) => (n, Some(v.to_string())),
-            None => (body, None),
+        line.take(arg, &mut rest)?;
+    }
+    let healthz_env = line.fill_from_env(env)?;
+    line.finish(healthz_env, env)
+}
+
+/// The arguments as rewritten so far, and what the command line gave.
+struct Rewritten {
+    out: Vec<OsString>,
+    /// The edgevx long names given on the command line.
+    given: Vec<&'static str>,
+    /// flanneld's healthz flags on the command line.
+    healthz: HealthzAddr,
+}
+
+/// A flag as Go spells it: its name and its `=value`, if any. Go accepts
+/// `-flag` and `--flag`; `None` for anything else (a value, `-`, `--`).
+fn go_flag(text: &str) -> Option<(&str, Option<String>)> {
+    // Go accepts -flag and --flag, with =value or (not for bools) a separate value
+    let body = text.strip_prefix("--").or_else(|| text.strip_prefix('-').filter(|b| !b.starts_with('-')));
+    let body = body.filter(|b| !b.is_empty())?;
+    Some(match body.split_once('=') {
+        Some((n, v)) => (n, Some(v.to_string())),
+        None => (body, None),
+    })
+}
+
+/// A flag's value: its `=value`, else the next argument (empty when there
+/// is none).
+fn value_of(inline: Option<String>, rest: &mut slice::Iter<'_, OsString>) -> String {
+    match inline {
+        Some(v) => v,
+        None => rest.next().and_then(|v| v.to_str()).unwrap_or_default().to_string(),
+    }
+}
+
+impl Rewritten {
+    /// Takes one argument of the command line (and the value after it, for
+    /// a flanneld flag that takes one); anything not flanneld's passes as is.
+    fn take(&mut self, arg: &OsString, rest: &mut slice::Iter<'_, OsString>) -> Result<(), FlanneldError> {
+        let Some((name, inline)) = arg.to_str().and_then(go_flag) else {
+            self.out.push(arg.clone());
+            return Ok(());
         };
         let Some(meaning) = lookup(name) else {
-            if name == "metrics-addr" {
-                given.push("metrics-addr");
-            }
-            // one of our own names for a setting flanneld has too: the command line wins over FLANNELD_*
-            if let Some(ours) = FLAGS.iter().find_map(|(_, m)| match m {
-                Value { edgevx } | Switch { edgevx } if *edgevx == name => Some(*edgevx),
-                Minutes { edgevx_secs } if *edgevx_secs == name => Some(*edgevx_secs),
-                _ => None,
-            }) {
-                given.push(ours);
-            }
-            out.push(arg.clone());
-            continue;
+            self.note_ours(name);
+            self.out.push(arg.clone());
+            return Ok(());
         };
+        self.flanneld_flag(name, meaning, inline, rest)
+    }
+
+    /// Notes `name` as given when it is our `--metrics-addr` or our name
+    /// for a setting flanneld has too.
+    fn note_ours(&mut self, name: &str) {
+        if name == "metrics-addr" {
+            self.given.push("metrics-addr");
+        }
+        // one of our own names for a setting flanneld has too: the command line wins over FLANNELD_*
+        if let Some(ours) = FLAGS.iter().find_map(|(_, m)| match m {
+            Value { edgevx } | Switch { edgevx } if *edgevx == name => Some(*edgevx),
+            Minutes { edgevx_secs } if *edgevx_secs == name => Some(*edgevx_secs),
+            _ => None,
+        }) {
+            self.given.push(ours);
+        }
+    }
+
+    /// Rewrites the flanneld flag `name` as its [`Meaning`] says, or refuses it.
+    fn flanneld_flag(
+        &mut self,
+        name: &str,
+        meaning: Meaning,
+        inline: Option<String>,
+        rest: &mut slice::Iter<'_, OsString>,
+    ) -> Result<(), FlanneldError> {
         match meaning {
             Value { edgevx } => {
-                given.push(edgevx);
-                out.push(match inline {
+                self.given.push(edgevx);
+                self.out.push(match inline {
                     Some(v) => format!("--{name}={v}").into(),
                     None => format!("--{name}").into(),
                 });
             }
             Switch { edgevx } => {
-                given.push(edgevx);
+                self.given.push(edgevx);
                 let on = match &inline {
                     None => true,
                     Some(v) => go_bool(v).ok_or_else(|| FlanneldError::BadValue {
@@ -240,16 +284,13 @@ pub fn translate(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> R
                     })?,
                 };
                 if on {
-                    out.push(format!("--{edgevx}").into());
+                    self.out.push(format!("--{edgevx}").into());
                 }
             }
             Minutes { edgevx_secs } => {
-                given.push(edgevx_secs);
-                let value = match inline {
-                    Some(v) => v,
-                    None => rest.next().and_then(|v| v.to_str()).unwrap_or_default().to_string(),
-                };
-                out.push(format!("--{edgevx_secs}={}", minutes_to_secs(name, &value)?).into());
+                self.given.push(edgevx_secs);
+                let value = value_of(inline, rest);
+                self.out.push(format!("--{edgevx_secs}={}", minutes_to_secs(name, &value)?).into());
             }
             Refused { reason, bool_default_false } => {
                 let harmless = bool_default_false && inline.as_deref().and_then(go_bool) == Some(false);
@@ -257,60 +298,79 @@ pub fn translate(args: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> R
                     return Err(FlanneldError::Refused { flag: name.into(), reason });
                 }
             }
-            Healthz { port } => {
-                let value = match inline {
-                    Some(v) => v,
-                    None => rest.next().and_then(|v| v.to_str()).unwrap_or_default().to_string(),
-                };
-                healthz.set(port, value);
-            }
+            Healthz { port } => self.healthz.set(port, value_of(inline, rest)),
         }
+        Ok(())
     }
-    let mut healthz_env = HealthzAddr::default();
-    for (flag, meaning) in FLAGS {
-        let var = env_name(flag);
-        let Some(value) = env(&var) else { continue };
-        let edgevx = match meaning {
-            Healthz { port } => {
-                healthz_env.set(*port, value);
-                continue;
-            }
-            Value { edgevx } | Switch { edgevx } => *edgevx,
-            Minutes { edgevx_secs } => *edgevx_secs,
-            Refused { reason, bool_default_false } => {
-                if *bool_default_false && go_bool(&value) == Some(false) {
+
+    /// Appends the `FLANNELD_*` settings that neither the command line nor
+    /// an `EDGEVX_*` variable gives, refusing those with no edgevx meaning.
+    /// Returns the healthz ones, for [`Rewritten::finish`].
+    fn fill_from_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<HealthzAddr, FlanneldError> {
+        let mut healthz_env = HealthzAddr::default();
+        for (flag, meaning) in FLAGS {
+            let var = env_name(flag);
+            let Some(value) = env(&var) else { continue };
+            let edgevx = match meaning {
+                Healthz { port } => {
+                    healthz_env.set(*port, value);
                     continue;
                 }
-                return Err(FlanneldError::RefusedEnv { from: var, flag: format!("--{flag}"), reason });
+                Value { edgevx } | Switch { edgevx } => *edgevx,
+                Minutes { edgevx_secs } => *edgevx_secs,
+                Refused { reason, bool_default_false } => {
+                    if *bool_default_false && go_bool(&value) == Some(false) {
+                        continue;
+                    }
+                    return Err(FlanneldError::RefusedEnv { from: var, flag: format!("--{flag}"), reason });
+                }
+            };
+            if self.given.contains(&edgevx) || env(&edgevx_env(edgevx)).is_some() {
+                continue;
             }
-        };
-        if given.contains(&edgevx) || env(&edgevx_env(edgevx)).is_some() {
-            continue;
+            self.push_env(meaning, edgevx, &var, &value)?;
         }
+        Ok(healthz_env)
+    }
+
+    /// Appends the variable `var`'s `value` as our flag `--edgevx`.
+    fn push_env(&mut self, meaning: &Meaning, edgevx: &str, var: &str, value: &str) -> Result<(), FlanneldError> {
         match meaning {
             Switch { .. } => {
-                let on = go_bool(&value).ok_or_else(|| FlanneldError::BadValue {
-                    flag: var.clone(),
-                    value: value.clone(),
+                let on = go_bool(value).ok_or_else(|| FlanneldError::BadValue {
+                    flag: var.into(),
+                    value: value.into(),
                     why: "want true or false".into(),
                 })?;
                 if on {
-                    out.push(format!("--{edgevx}").into());
+                    self.out.push(format!("--{edgevx}").into());
                 }
             }
-            Minutes { .. } => out.push(format!("--{edgevx}={}", minutes_to_secs(&var, &value)?).into()),
-            _ => out.push(format!("--{edgevx}={value}").into()),
+            Minutes { .. } => self.out.push(format!("--{edgevx}={}", minutes_to_secs(var, value)?).into()),
+            _ => self.out.push(format!("--{edgevx}={value}").into()),
         }
+        Ok(())
     }
-    // the command line's healthz settings, each filled from FLANNELD_* where not given
-    let healthz = HealthzAddr { ip: healthz.ip.or(healthz_env.ip), port: healthz.port.or(healthz_env.port) };
-    if let Some(addr) = healthz.metrics_addr()?
-        && !given.contains(&"metrics-addr")
-        && env(&edgevx_env("metrics-addr")).is_none()
-    {
-        out.push(addr.into());
+
+    /// The arguments, with `--metrics-addr` from flanneld's healthz settings
+    /// appended unless ours is given on the command line or in the
+    /// environment.
+    fn finish(
+        mut self,
+        healthz_env: HealthzAddr,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Vec<OsString>, FlanneldError> {
+        // the command line's healthz settings, each filled from FLANNELD_* where not given
+        let healthz =
+            HealthzAddr { ip: self.healthz.ip.or(healthz_env.ip), port: self.healthz.port.or(healthz_env.port) };
+        if let Some(addr) = healthz.metrics_addr()?
+            && !self.given.contains(&"metrics-addr")
+            && env(&edgevx_env("metrics-addr")).is_none()
+        {
+            self.out.push(addr.into());
+        }
+        Ok(self.out)
     }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -141,7 +141,18 @@ fn peers(reg: &mut Registry, all: &[PeerSample]) {
     );
 }
 
+/// The loop's own metrics, in the order they are exposed: its passes, its
+/// source, its readiness and decap's place, its startup.
 fn run_loop(reg: &mut Registry, report: &LoopReport) {
+    passes(reg, report);
+    source_state(reg, report);
+    readiness(reg, report);
+    startup_times(reg, report);
+}
+
+/// The reconcile passes: how many, how many failed, how long they took,
+/// and the rebuilds.
+fn passes(reg: &mut Registry, report: &LoopReport) {
     let p = &report.pass;
     reg.register("reconcile_passes", "Passes that applied a view to the dataplane", p.passes.clone());
     reg.register("reconcile_errors", "Passes that failed, by the step that failed", p.errors.clone());
@@ -156,6 +167,11 @@ fn run_loop(reg: &mut Registry, report: &LoopReport) {
         "Times the VTEP device or an attached program vanished and the dataplane was rebuilt",
         p.rebuilds.clone(),
     );
+}
+
+/// The source: whether it delivered a view, whether its watch is open,
+/// and the age of the view in use.
+fn source_state(reg: &mut Registry, report: &LoopReport) {
     let source = SourceLabels { source: report.source };
     let connected = Family::<SourceLabels, Gauge>::default();
     connected.get_or_create(&source).set(report.connected().into());
@@ -182,6 +198,12 @@ fn run_loop(reg: &mut Registry, report: &LoopReport) {
             g,
         );
     }
+}
+
+/// `/readyz` as a gauge, and decap's place on the underlay's ingress: the
+/// times it was put back first, the last check's verdict, and the
+/// programs found ahead of it.
+fn readiness(reg: &mut Registry, report: &LoopReport) {
     let ahead = report.ahead_of_decap();
     reg.register(
         "ready",
@@ -191,7 +213,7 @@ fn run_loop(reg: &mut Registry, report: &LoopReport) {
     reg.register(
         "decap_displaced",
         "Times a check found another program ahead of decap on the underlay's ingress and put decap back first",
-        p.decap_displaced.clone(),
+        report.pass.decap_displaced.clone(),
     );
     if let Some(first) = report.decap_first() {
         reg.register(
@@ -210,6 +232,10 @@ fn run_loop(reg: &mut Registry, report: &LoopReport) {
         "A program the last check found running ahead of decap on the underlay's ingress (by id, name or filter)",
         named,
     );
+}
+
+/// The time from process start to each step of the first bring-up reached so far.
+fn startup_times(reg: &mut Registry, report: &LoopReport) {
     let startup = Family::<MilestoneLabels, FloatGauge>::default();
     for (m, d) in report.startup.times() {
         startup.get_or_create(&MilestoneLabels { milestone: m.label() }).set(d.as_secs_f64());

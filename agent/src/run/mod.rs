@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, Result};
 use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::{
-    signal::unix::{SignalKind, signal},
+    signal::unix::{Signal, SignalKind, signal},
     sync::{mpsc, watch},
     task::JoinHandle,
     time::sleep_until,
@@ -107,13 +107,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let pending = check(args, &state).await?;
     let (me, verdict) = pending.owner();
     let (me, verdict) = (me.clone(), verdict.clone());
-    // one agent per node: a second one is refused here, naming the first
-    let early = lock::acquire_existing(&state.0)?;
-    // the first thing that touches the host (the checks only read)
-    let _lock = match early {
-        Some(l) => l,
-        None => lock::acquire(&state.0)?,
-    };
+    let _lock = agent_lock(&state)?;
     // another node's state dir (a copied image) is moved aside before anything reads it
     let state = crate::owner::settle(state, &me, verdict);
     let report = Arc::new(LoopReport::new(pending.source_name()));
@@ -129,36 +123,44 @@ pub async fn run(args: RunArgs) -> Result<()> {
         return Ok(());
     };
     notifier.bringing_up();
+    run_until_stopped(&c, handle, &state, &report, &mut notifier, (&mut term, &mut int)).await
+}
+
+/// Takes the agent lock on the state dir: a second agent is refused,
+/// naming the first; the lock file is created only if there is none yet.
+fn agent_lock(state: &StateDir) -> Result<lock::AgentLock> {
+    // one agent per node: a second one is refused here, naming the first
+    let early = lock::acquire_existing(&state.0)?;
+    // the first thing that touches the host (the checks only read)
+    match early {
+        Some(l) => Ok(l),
+        None => lock::acquire(&state.0),
+    }
+}
+
+/// Runs the agent until SIGTERM or SIGINT: the dataplane restored from the
+/// cached view first, if there is one, then the source started, and each
+/// job run when it is due. Then stops the source; the dataplane stays.
+async fn run_until_stopped(
+    c: &Checked,
+    handle: rtnetlink::Handle,
+    state: &StateDir,
+    report: &Arc<LoopReport>,
+    notifier: &mut notify::Notifier,
+    stop: (&mut Signal, &mut Signal),
+) -> Result<()> {
+    let (term, int) = stop;
     let mut kernel = crate::events::kernel::subscribe()?;
 
     let (tx, mut rx) = mpsc::channel::<Desired>(8);
     let (local_tx, local_rx) = watch::channel::<Option<LocalVtep>>(None);
     info!(source = c.source.name(), node = %c.node, "agent starting");
-
-    // restore first: with a cached view, the dataplane comes back from it
-    // before the control plane is asked anything, so a node that starts cut
-    // off (or slow to reach it) forwards at once; the source's view is then
-    // reconciled against the kernel like any other, quietly when it agrees
-    let mut restored = None;
-    if !matches!(c.source, Source::File(_)) {
-        match state.load_view() {
-            Ok(Some(cached)) => {
-                report.view_from_cache(&state);
-                info!(
-                    source = c.source.name(),
-                    "restoring the dataplane from the cached view first; asking the control plane meanwhile"
-                );
-                restored = Some(cached);
-            }
-            Ok(None) => info!(source = c.source.name(), "no cached view; waiting for the control plane"),
-            Err(e) => warn!("cannot read the cached view, so waiting for the control plane: {e:#}"),
-        }
-    }
+    let restored = cached_view(c, state, report);
     let mut due = Due::default();
     if restored.is_some() {
         due.ask(Asks::run(Job::Pass, Duration::ZERO), Instant::now());
     }
-    let mut agent = Agent::new(&c, handle, state.clone(), report.clone(), local_tx, restored);
+    let mut agent = Agent::new(c, handle, state.clone(), report.clone(), local_tx, restored);
     // the source starts once the restore has been tried, or now without one
     let mut waiting = Some((tx, local_rx));
     let mut tasks = Vec::new();
@@ -169,32 +171,77 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     loop {
         if let Some((tx, local_rx)) = waiting.take_if(|_| agent.restore_tried) {
-            tasks = start_source(&c, &state, tx, local_rx, report.watching.clone());
+            tasks = start_source(c, state, tx, local_rx, report.watching.clone());
         }
         report.tick();
         let next = due.next();
         let asks = tokio::select! {
             Some(d) = rx.recv() => agent.on_view(d),
             Some(ev) = kernel.recv() => agent.on_kernel(ev),
-            _ = async { if let Some(t) = next { sleep_until(t.into()).await } else { std::future::pending::<()>().await } } => Asks::nothing(),
+            _ = until(next) => Asks::nothing(),
             _ = heartbeat.tick() => Asks::nothing(),
             _ = resync.tick() => agent.resync(),
             _ = term.recv() => break,
             _ = int.recv() => break,
         };
-        let now = Instant::now();
-        due.ask(asks, now);
-        for job in JOBS {
-            if due.take(job, now) {
-                due.ask(agent.run(job).await?, now);
-            }
-        }
-        notifier.ready_if(&report);
+        run_due(&mut agent, &mut due, asks).await?;
+        notifier.ready_if(report);
     }
     notifier.stopping();
     for t in tasks {
         t.abort();
     }
     info!("stopping; the dataplane stays in place (edgevx cleanup removes it)");
+    Ok(())
+}
+
+/// The cached view to bring the dataplane back from before the control
+/// plane is asked anything, if there is one; none for the nodes file.
+fn cached_view(c: &Checked, state: &StateDir, report: &LoopReport) -> Option<Desired> {
+    // restore first: with a cached view, the dataplane comes back from it
+    // before the control plane is asked anything, so a node that starts cut
+    // off (or slow to reach it) forwards at once; the source's view is then
+    // reconciled against the kernel like any other, quietly when it agrees
+    if matches!(c.source, Source::File(_)) {
+        return None;
+    }
+    match state.load_view() {
+        Ok(Some(cached)) => {
+            report.view_from_cache(state);
+            info!(
+                source = c.source.name(),
+                "restoring the dataplane from the cached view first; asking the control plane meanwhile"
+            );
+            Some(cached)
+        }
+        Ok(None) => {
+            info!(source = c.source.name(), "no cached view; waiting for the control plane");
+            None
+        }
+        Err(e) => {
+            warn!("cannot read the cached view, so waiting for the control plane: {e:#}");
+            None
+        }
+    }
+}
+
+/// Sleeps until `at`, or for ever when no job is due.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(t) => sleep_until(t.into()).await,
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// Takes what the loop's wake-up `asks` for, then runs each job due now,
+/// in [`JOBS`]' order, taking what each one asks for in turn.
+async fn run_due(agent: &mut Agent<'_>, due: &mut Due, asks: Asks) -> Result<()> {
+    let now = Instant::now();
+    due.ask(asks, now);
+    for job in JOBS {
+        if due.take(job, now) {
+            due.ask(agent.run(job).await?, now);
+        }
+    }
     Ok(())
 }

@@ -10,10 +10,7 @@ use ipnet::Ipv4Net;
 use rtnetlink::Handle;
 
 use crate::{
-    dataplane::{
-        maps::{self, Maps},
-        routes,
-    },
+    dataplane::{maps::Maps, routes},
     peer::{Peer, Rejection},
     reconcile::{
         Accept, OnLink, Outcome, PeerTable,
@@ -49,7 +46,7 @@ impl PeerTable for Ipv4MapTable<'_> {
             .collect();
         // an entry with a bad prefix (written by hand) reads as 0.0.0.0/0, which no
         // plan contains: the diff overwrites it
-        let accept = self.maps.accepted()?;
+        let accept = self.maps.accepted::<Ipv4Net>()?;
         // a direct route is ours only through a programmed peer's address or
         // to a programmed peer's subnet: anyone else's route into the Network
         // through the underlay (an appliance's, written by hand) is left alone
@@ -95,7 +92,7 @@ impl Ipv4MapWriter for Ipv4MapTable<'_> {
     }
 
     async fn put_accept(&mut self, ip: Ipv4Addr, a: Accept<Ipv4Net>) -> Result<()> {
-        self.maps.put_accept(ip, maps::accept_entry(a.subnet, a.any_inner_source))
+        self.maps.put_accept(ip, &a)
     }
 
     async fn put_subnet(&mut self, subnet: Ipv4Net, t: Tunnel) -> Result<()> {
@@ -115,6 +112,6 @@ impl Ipv4MapWriter for Ipv4MapTable<'_> {
     }
 
     async fn del_accept(&mut self, ip: Ipv4Addr) -> Result<()> {
-        self.maps.remove_accept(ip)
+        self.maps.remove_accept::<Ipv4Net>(ip)
     }
 }

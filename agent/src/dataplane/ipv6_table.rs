@@ -52,11 +52,8 @@ impl PeerTable for Ipv6EntryTable<'_> {
     /// The maps, the device's tables and, with `direct_routing`, which
     /// public IPv6 addresses are on-link, from one read of the main table.
     async fn read(&mut self, direct_routing: bool) -> Result<(Ipv6Entries, OnLink<Ipv6Net>)> {
-        let mut have = Ipv6Entries {
-            accept: self.maps.accept6_entries()?,
-            owners: self.maps.subnets6_entries()?,
-            ..Ipv6Entries::default()
-        };
+        let mut have =
+            Ipv6Entries { accept: self.maps.accepted()?, owners: self.maps.ipv6_owners()?, ..Ipv6Entries::default() };
         let table = routes::MainTable::<Ipv6Net>::read(self.handle).await?;
         read_device(self.handle, self.vtep, &mut have).await?;
         // the kernel's own fe80::/64 has no gateway: never ours
@@ -113,19 +110,19 @@ async fn read_device(handle: &Handle, index: u32, t: &mut Ipv6Entries) -> Result
 
 impl Ipv6EntryWriter for Ipv6EntryTable<'_> {
     async fn put_owner(&mut self, subnet: Ipv6Net, public_ip: Ipv6Addr) -> Result<()> {
-        self.maps.subnet6_put(subnet, public_ip)
+        self.maps.put_ipv6_owner(subnet, public_ip)
     }
 
     async fn del_owner(&mut self, subnet: Ipv6Net) -> Result<()> {
-        self.maps.subnet6_del(subnet)
+        self.maps.remove_ipv6_owner(subnet)
     }
 
     async fn put_accept(&mut self, ip: Ipv6Addr, accept: Accept<Ipv6Net>) -> Result<()> {
-        self.maps.accept6_put(ip, &accept)
+        self.maps.put_accept(ip, &accept)
     }
 
     async fn del_accept(&mut self, ip: Ipv6Addr) -> Result<()> {
-        self.maps.accept6_del(ip)
+        self.maps.remove_accept::<Ipv6Net>(ip)
     }
 
     async fn put_neigh(&mut self, base: Ipv6Addr, mac: VtepMac) -> Result<()> {

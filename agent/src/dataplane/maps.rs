@@ -60,27 +60,6 @@ fn lpm_key(subnet: Ipv4Net) -> Key<[u8; 4]> {
     Key::new(subnet.prefix_len() as u32, subnet.network().octets())
 }
 
-/// What decap needs to accept a peer and bind its inner sources.
-pub fn accept_entry(subnet: Ipv4Net, any_inner_source: bool) -> PeerAccept {
-    PeerAccept {
-        pod_subnet: subnet.network().octets(),
-        prefix_len: subnet.prefix_len(),
-        flags: if any_inner_source { ACCEPT_ANY_INNER_SOURCE } else { 0 },
-        _pad: [0; 2],
-    }
-}
-
-impl From<&Accept<Ipv6Net>> for PeerAccept6 {
-    fn from(a: &Accept<Ipv6Net>) -> Self {
-        PeerAccept6 {
-            pod_subnet: a.subnet.network().octets(),
-            prefix_len: a.subnet.prefix_len(),
-            flags: if a.any_inner_source { ACCEPT_ANY_INNER_SOURCE } else { 0 },
-            _pad: [0; 2],
-        }
-    }
-}
-
 /// A peer's accept entry as the programs hold it (its subnet's network
 /// address, prefix length and flags), read the same way for both
 /// families. An impossible prefix length (only a hand-written entry has
@@ -158,17 +137,6 @@ impl Maps {
         self.config.set(0, cfg, 0).context("cannot write the dataplane config map")
     }
 
-    /// Every peer we accept VXLAN from, with its binding (what decap sees).
-    pub fn accepted(&self) -> Result<BTreeMap<Ipv4Addr, Accept<Ipv4Net>>> {
-        let mut out = BTreeMap::new();
-        for item in self.accept.iter() {
-            let (key, e) = item.context("cannot read the peer accept map")?;
-            let peer = Ipv4Addr::from(key);
-            out.insert(peer, accept_of(peer, e.pod_subnet.into(), e.prefix_len, e.flags));
-        }
-        Ok(out)
-    }
-
     pub fn remove_subnet(&mut self, subnet: Ipv4Net) -> Result<()> {
         gone::removed(self.subnets.remove(&lpm_key(subnet)))
             .with_context(|| format!("cannot remove peer subnet {subnet}"))
@@ -241,7 +209,7 @@ impl Maps {
     }
 }
 
-/// Key-by-key writes for the reconciler (`crate::reconcile::Dataplane`).
+/// Key-by-key writes for the IPv4 table (`crate::reconcile::ipv4_maps::Ipv4MapWriter`).
 impl Maps {
     /// `subnet` → the peer at `public_ip` with `vtep_mac` (overwrites in place).
     pub fn put_subnet(&mut self, subnet: Ipv4Net, public_ip: Ipv4Addr, vtep_mac: [u8; 6]) -> Result<()> {
@@ -249,60 +217,150 @@ impl Maps {
         self.subnets.insert(&lpm_key(subnet), &entry, 0).with_context(|| format!("cannot add peer subnet {subnet}"))
     }
 
-    /// Accepts VXLAN from `ip`, bound as `entry` says; gives it a zeroed
-    /// counter set if it has none (existing counters stay).
-    pub fn put_accept(&mut self, ip: Ipv4Addr, entry: PeerAccept) -> Result<()> {
-        if self.stats.get(&ip.octets(), 0).is_err() {
-            let zeros = PerCpuValues::try_from(vec![
-                PeerStats::default();
-                aya::util::nr_cpus().map_err(|(_, e)| e)?.get() as usize
-            ])
-            .context("cannot size per-CPU counters")?;
-            match self.stats.insert(&ip.octets(), zeros, NOEXIST) {
-                Ok(()) => {}
-                Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
-                Err(e) => return Err(e).with_context(|| format!("cannot add counters for {ip}")),
-            }
+    /// Gives the IPv4 peer at `ip` a zeroed counter set if it has none
+    /// (existing counters stay).
+    fn add_stats(&mut self, ip: Ipv4Addr) -> Result<()> {
+        if self.stats.get(&ip.octets(), 0).is_ok() {
+            return Ok(());
         }
-        self.accept.insert(&ip.octets(), &entry, 0).with_context(|| format!("cannot accept VXLAN from peer {ip}"))
-    }
-
-    /// Stops accepting VXLAN from `ip` and drops its counters.
-    pub fn remove_accept(&mut self, ip: Ipv4Addr) -> Result<()> {
-        gone::removed(self.accept.remove(&ip.octets()))
-            .with_context(|| format!("cannot stop accepting VXLAN from {ip}"))?;
-        self.remove_stats(ip)
+        let zeros = PerCpuValues::try_from(vec![
+            PeerStats::default();
+            aya::util::nr_cpus().map_err(|(_, e)| e)?.get() as usize
+        ])
+        .context("cannot size per-CPU counters")?;
+        match self.stats.insert(&ip.octets(), zeros, NOEXIST) {
+            Ok(()) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("cannot add counters for {ip}")),
+        }
     }
 }
 
-/// The IPv6 accept map (`EDGEVX_PEER_ACCEPT6`): which IPv6 peers may send
-/// VXLAN over the IPv6 underlay, judged by decap and the socket guard. Our
-/// own public IPv6 goes in [`DataplaneConfig::public_ip6`]; while it is all
-/// zero, IPv6 VXLAN is not judged and this map is not read.
+/// Both families' accept maps (`EDGEVX_PEER_ACCEPT`, `EDGEVX_PEER_ACCEPT6`):
+/// which peers may send VXLAN, and the pod CIDR their inner sources are
+/// bound to, judged by decap (and, for IPv6, the socket guard). Our own
+/// public IPv6 goes in [`DataplaneConfig::public_ip6`]; while it is all
+/// zero, IPv6 VXLAN is not judged and the IPv6 map is not read.
 impl Maps {
-    /// Every IPv6 peer we accept VXLAN from, with its binding (what the programs see).
-    pub fn accept6_entries(&self) -> Result<BTreeMap<Ipv6Addr, Accept<Ipv6Net>>> {
+    /// Every peer of family `N` we accept VXLAN from, with its binding (what decap sees).
+    pub fn accepted<N: AcceptFamily>(&self) -> Result<BTreeMap<N::Addr, Accept<N>>> {
         let mut out = BTreeMap::new();
-        for item in self.accept6.iter() {
-            let (key, e) = item.context("cannot read the IPv6 peer accept map")?;
-            let peer = Ipv6Addr::from(key);
-            out.insert(peer, accept_of(peer, e.pod_subnet.into(), e.prefix_len, e.flags));
+        for item in N::map(self).iter() {
+            let (key, e) = item.with_context(|| format!("cannot read the {} accept map", N::PEER))?;
+            let peer = N::addr(key);
+            out.insert(peer, N::read(peer, &e));
         }
         Ok(out)
     }
 
-    /// Accepts VXLAN over IPv6 from `ip`, its inner sources bound as `a`
-    /// says (overwrites in place).
-    pub fn accept6_put(&mut self, ip: Ipv6Addr, a: &Accept<Ipv6Net>) -> Result<()> {
-        self.accept6
-            .insert(&ip.octets(), &PeerAccept6::from(a), 0)
-            .with_context(|| format!("cannot accept IPv6 VXLAN from peer {ip}"))
+    /// Accepts VXLAN from `ip`, its inner sources bound as `a` says
+    /// (overwrites in place), with the peer's counters when the family
+    /// keeps some.
+    pub fn put_accept<N: AcceptFamily>(&mut self, ip: N::Addr, a: &Accept<N>) -> Result<()> {
+        N::counted(self, ip, true)?;
+        N::map_mut(self)
+            .insert(&N::key(ip), &N::entry(a), 0)
+            .with_context(|| format!("cannot accept {} from peer {ip}", N::VXLAN))
     }
 
-    /// Stops accepting VXLAN over IPv6 from `ip`; a peer not there is fine.
-    pub fn accept6_del(&mut self, ip: Ipv6Addr) -> Result<()> {
-        gone::removed(self.accept6.remove(&ip.octets()))
-            .with_context(|| format!("cannot stop accepting IPv6 VXLAN from {ip}"))
+    /// Stops accepting VXLAN from `ip` (a peer not there is fine) and drops
+    /// its counters.
+    pub fn remove_accept<N: AcceptFamily>(&mut self, ip: N::Addr) -> Result<()> {
+        gone::removed(N::map_mut(self).remove(&N::key(ip)))
+            .with_context(|| format!("cannot stop accepting {} from {ip}", N::VXLAN))?;
+        N::counted(self, ip, false)
+    }
+}
+
+/// Where a family's accept map is in [`Maps`] and how its entries are laid
+/// out: the rest of the accept path is one for both families.
+pub trait AcceptFamily: Family {
+    /// The map's key: the public IP's bytes.
+    type Key: aya::Pod + Ord;
+    /// The map's value.
+    type Entry: aya::Pod;
+    /// How the map is named in messages.
+    const PEER: &'static str;
+    /// What the map lets in, in messages.
+    const VXLAN: &'static str;
+    fn map(m: &Maps) -> &HashMap<MapData, Self::Key, Self::Entry>;
+    fn map_mut(m: &mut Maps) -> &mut HashMap<MapData, Self::Key, Self::Entry>;
+    fn key(ip: Self::Addr) -> Self::Key;
+    fn addr(key: Self::Key) -> Self::Addr;
+    fn entry(a: &Accept<Self>) -> Self::Entry;
+    fn read(peer: Self::Addr, e: &Self::Entry) -> Accept<Self>;
+    /// Adds (`true`) or drops the peer's counters. Encap and decap count
+    /// per IPv4 peer; the IPv6 peers' packets are the kernel's (its VXLAN
+    /// device carries them), so there are none to keep.
+    fn counted(m: &mut Maps, ip: Self::Addr, add: bool) -> Result<()>;
+}
+
+impl AcceptFamily for Ipv4Net {
+    type Key = [u8; 4];
+    type Entry = PeerAccept;
+    const PEER: &'static str = "peer";
+    const VXLAN: &'static str = "VXLAN";
+    fn map(m: &Maps) -> &HashMap<MapData, [u8; 4], PeerAccept> {
+        &m.accept
+    }
+    fn map_mut(m: &mut Maps) -> &mut HashMap<MapData, [u8; 4], PeerAccept> {
+        &mut m.accept
+    }
+    fn key(ip: Ipv4Addr) -> [u8; 4] {
+        ip.octets()
+    }
+    fn addr(key: [u8; 4]) -> Ipv4Addr {
+        key.into()
+    }
+    fn entry(a: &Accept<Self>) -> PeerAccept {
+        PeerAccept {
+            pod_subnet: a.subnet.network().octets(),
+            prefix_len: a.subnet.prefix_len(),
+            flags: if a.any_inner_source { ACCEPT_ANY_INNER_SOURCE } else { 0 },
+            _pad: [0; 2],
+        }
+    }
+    fn read(peer: Ipv4Addr, e: &PeerAccept) -> Accept<Self> {
+        accept_of(peer, e.pod_subnet.into(), e.prefix_len, e.flags)
+    }
+    fn counted(m: &mut Maps, ip: Ipv4Addr, add: bool) -> Result<()> {
+        match add {
+            true => m.add_stats(ip),
+            false => m.remove_stats(ip),
+        }
+    }
+}
+
+impl AcceptFamily for Ipv6Net {
+    type Key = [u8; 16];
+    type Entry = PeerAccept6;
+    const PEER: &'static str = "IPv6 peer";
+    const VXLAN: &'static str = "IPv6 VXLAN";
+    fn map(m: &Maps) -> &HashMap<MapData, [u8; 16], PeerAccept6> {
+        &m.accept6
+    }
+    fn map_mut(m: &mut Maps) -> &mut HashMap<MapData, [u8; 16], PeerAccept6> {
+        &mut m.accept6
+    }
+    fn key(ip: Ipv6Addr) -> [u8; 16] {
+        ip.octets()
+    }
+    fn addr(key: [u8; 16]) -> Ipv6Addr {
+        key.into()
+    }
+    fn entry(a: &Accept<Self>) -> PeerAccept6 {
+        PeerAccept6 {
+            pod_subnet: a.subnet.network().octets(),
+            prefix_len: a.subnet.prefix_len(),
+            flags: if a.any_inner_source { ACCEPT_ANY_INNER_SOURCE } else { 0 },
+            _pad: [0; 2],
+        }
+    }
+    fn read(peer: Ipv6Addr, e: &PeerAccept6) -> Accept<Self> {
+        accept_of(peer, e.pod_subnet.into(), e.prefix_len, e.flags)
+    }
+    fn counted(_: &mut Maps, _: Ipv6Addr, _: bool) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -310,16 +368,16 @@ impl Maps {
 /// source is, for the judge. The kernel's routes on `flannel-v6.<VNI>`
 /// carry the traffic; this map only mirrors which peer owns which prefix.
 impl Maps {
-    fn subnets6(&mut self) -> Result<&mut LpmTrie<MapData, [u8; 16], [u8; 16]>> {
+    fn owner_map(&mut self) -> Result<&mut LpmTrie<MapData, [u8; 16], [u8; 16]>> {
         self.subnets6.as_mut().with_context(|| {
             format!("map {} is not pinned: the programs loaded are an earlier edgevx's", names::PEER_SUBNETS6)
         })
     }
 
     /// Every IPv6 pod CIDR with its owner, as the programs see them.
-    pub fn subnets6_entries(&mut self) -> Result<BTreeMap<Ipv6Net, Ipv6Addr>> {
+    pub fn ipv6_owners(&mut self) -> Result<BTreeMap<Ipv6Net, Ipv6Addr>> {
         let mut out = BTreeMap::new();
-        for item in self.subnets6()?.iter() {
+        for item in self.owner_map()?.iter() {
             let (key, owner) = item.context("cannot read the IPv6 peer subnet map")?;
             let net = Ipv6Net::new(Ipv6Addr::from(key.data()), key.prefix_len() as u8)
                 .context("bad key in the IPv6 peer subnet map")?;
@@ -329,27 +387,24 @@ impl Maps {
     }
 
     /// `subnet` is `owner`'s (overwrites in place).
-    pub fn subnet6_put(&mut self, subnet: Ipv6Net, owner: Ipv6Addr) -> Result<()> {
+    pub fn put_ipv6_owner(&mut self, subnet: Ipv6Net, owner: Ipv6Addr) -> Result<()> {
         let key = Key::new(subnet.prefix_len() as u32, subnet.network().octets());
-        self.subnets6()?
+        self.owner_map()?
             .insert(&key, &owner.octets(), 0)
             .with_context(|| format!("cannot add IPv6 peer subnet {subnet}"))
     }
 
     /// Forgets `subnet`; one not there is fine.
-    pub fn subnet6_del(&mut self, subnet: Ipv6Net) -> Result<()> {
+    pub fn remove_ipv6_owner(&mut self, subnet: Ipv6Net) -> Result<()> {
         let key = Key::new(subnet.prefix_len() as u32, subnet.network().octets());
-        gone::removed(self.subnets6()?.remove(&key)).with_context(|| format!("cannot remove IPv6 peer subnet {subnet}"))
+        gone::removed(self.owner_map()?.remove(&key))
+            .with_context(|| format!("cannot remove IPv6 peer subnet {subnet}"))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn read6(peer: Ipv6Addr, e: &PeerAccept6) -> Accept<Ipv6Net> {
-        accept_of(peer, e.pod_subnet.into(), e.prefix_len, e.flags)
-    }
 
     #[test]
     fn an_ipv6_accept_entry_round_trips() {
@@ -359,7 +414,7 @@ mod tests {
             Accept { subnet: "fd00::7/128".parse().unwrap(), any_inner_source: false },
         ] {
             let peer: Ipv6Addr = "fd00:198:18::2".parse().unwrap();
-            assert_eq!(read6(peer, &PeerAccept6::from(&a)), a);
+            assert_eq!(Ipv6Net::read(peer, &Ipv6Net::entry(&a)), a);
         }
     }
 
@@ -367,8 +422,8 @@ mod tests {
     fn an_ipv4_accept_entry_round_trips() {
         let peer: Ipv4Addr = "198.18.0.2".parse().unwrap();
         for (net, any) in [("10.244.2.0/24", false), ("10.244.0.0/16", true), ("10.244.2.7/32", false)] {
-            let e = accept_entry(net.parse().unwrap(), any);
-            let a: Accept<Ipv4Net> = accept_of(peer, e.pod_subnet.into(), e.prefix_len, e.flags);
+            let e = Ipv4Net::entry(&Accept { subnet: net.parse().unwrap(), any_inner_source: any });
+            let a = Ipv4Net::read(peer, &e);
             assert_eq!((a.subnet, a.any_inner_source), (net.parse().unwrap(), any));
         }
     }
@@ -376,7 +431,7 @@ mod tests {
     #[test]
     fn the_entry_holds_the_network_address_and_the_flag() {
         let a = Accept { subnet: "fd00:10:244:2::9/64".parse().unwrap(), any_inner_source: true };
-        let e = PeerAccept6::from(&a);
+        let e = Ipv6Net::entry(&a);
         assert_eq!(Ipv6Addr::from(e.pod_subnet), "fd00:10:244:2::".parse::<Ipv6Addr>().unwrap());
         assert_eq!((e.prefix_len, e.flags), (64, ACCEPT_ANY_INNER_SOURCE));
     }
@@ -386,7 +441,7 @@ mod tests {
         // the whole space is in no plan (a peer's subnet lies inside the
         // Network), so the pass's diff rewrites or deletes the entry
         let e6 = PeerAccept6 { prefix_len: 129, flags: ACCEPT_ANY_INNER_SOURCE, ..Default::default() };
-        let a6 = read6("fd00:198:18::2".parse().unwrap(), &e6);
+        let a6 = Ipv6Net::read("fd00:198:18::2".parse().unwrap(), &e6);
         assert_eq!((a6.subnet, a6.any_inner_source), ("::/0".parse().unwrap(), true));
         let a4: Accept<Ipv4Net> = accept_of("198.18.0.2".parse().unwrap(), [10, 244, 2, 0].into(), 33, 0);
         assert_eq!((a4.subnet, a4.any_inner_source), ("0.0.0.0/0".parse().unwrap(), false));

@@ -138,9 +138,9 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
         None => Value::Null,
     };
     let programmed = maps.as_ref().map(|m| m.subnets()).transpose()?.unwrap_or_default();
-    let accepted = maps.as_ref().map(|m| m.accepted()).transpose()?.unwrap_or_default();
+    let accepted = maps.as_ref().map(|m| m.accepted::<ipnet::Ipv4Net>()).transpose()?.unwrap_or_default();
     let direct = rec.v4.as_ref().map(|v4| routes::direct_routes_blocking(&rec.iface, v4.network)).unwrap_or_default();
-    let accepted6 = maps.as_ref().and_then(|m| m.accept6_entries().ok()).unwrap_or_default();
+    let accepted6 = maps.as_ref().and_then(|m| m.accepted::<ipnet::Ipv6Net>().ok()).unwrap_or_default();
     // what the agent's last pass found; the capacity itself is read from the maps
     // records.rs: the newer of the state dir's copy and the one under /run
     let fill: Option<Fill> = state.load_record(CAPACITY_FILE).ok().flatten();

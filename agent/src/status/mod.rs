@@ -5,80 +5,34 @@
 //! versioned ([`SCHEMA`]) and documented field by field in the book
 //! (docs/src/operations/status.md); [`verdict`] turns it into the exit code
 //! and the node-level metrics.
+mod agent;
+mod kernel;
 mod peers;
 mod text;
 mod verdict;
 
+#[cfg(test)]
+mod tests;
+
 pub use verdict::{NodeState, pinned};
 
-use std::path::Path;
-
 use anyhow::Result;
-use aya::programs::TcAttachType;
 use serde_json::{Value, json};
+
+use kernel::Kernel;
 
 use crate::{
     cli::StatusArgs,
-    dataplane::{bpffs::PinDir, clsact, loader, maps::Maps, order::Place, routes},
+    dataplane::{bpffs::PinDir, order::Place},
     metrics::startup::STARTUP_FILE,
+    peer::Peer,
     reconcile::{CAPACITY_FILE, Fill},
-    run::netns_lock,
-    state::StateDir,
+    state::{AgentRecord, StateDir},
 };
-
-/// The agent of this state dir, if one runs: the holder of this network
-/// namespace's lock, when it runs `edgevx run` on this state dir (a holder
-/// that wrote no record yet counts). `None` when none runs.
-fn running_agent(state_dir: &Path) -> Result<Option<netns_lock::Holder>> {
-    let Some(h) = netns_lock::holder()? else { return Ok(None) };
-    let same_dir = |r: &netns_lock::Record| {
-        r.state_dir == state_dir
-            || std::fs::canonicalize(&r.state_dir)
-                .ok()
-                .zip(std::fs::canonicalize(state_dir).ok())
-                .is_some_and(|(a, b)| a == b)
-    };
-    let ours = h.record.as_ref().is_none_or(|r| r.role == netns_lock::Role::Run && same_dir(r));
-    Ok(ours.then_some(h))
-}
 
 /// The version of the document `status --json` prints: raised when a
 /// field changes meaning or goes; new fields do not raise it.
 pub const SCHEMA: u32 = 1;
-
-/// What `status` says of the agent itself, the same in every document:
-/// running or not, its pid (as this pid namespace sees it), what it is
-/// doing, its release, and how its control plane stands.
-fn agent_json(agent: Option<&netns_lock::Holder>) -> serde_json::Map<String, Value> {
-    let record = agent.and_then(|h| h.record.as_ref());
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let source = record.and_then(|r| r.source.as_ref()).map(|s| {
-        json!({
-            "name": s.name,
-            // in touch with the control plane now: read in full, its watch open
-            "watching": s.watching,
-            // the view in use came from the source, not the cache
-            "connected": s.connected,
-            // how long `watching` has had its value: in touch for, or cut off for
-            "since_seconds": now.saturating_sub(s.since),
-            "view_age_seconds": s.view_at.map(|at| now.saturating_sub(at)),
-        })
-    });
-    let doc = json!({
-        "status_schema": SCHEMA,
-        "version": env!("CARGO_PKG_VERSION"),
-        "agent_running": agent.is_some(),
-        "agent_pid": agent.and_then(|h| h.pid),
-        "agent_phase": record.map(|r| r.phase.clone()),
-        // empty in the records of agents older than 0.2
-        "agent_version": record.map(|r| r.version.clone()).filter(|v| !v.is_empty()),
-        "source": source,
-    });
-    match doc {
-        Value::Object(m) => m,
-        _ => serde_json::Map::new(),
-    }
-}
 
 /// `doc`'s fields after `agent`'s, in one document.
 fn with_agent(agent: serde_json::Map<String, Value>, doc: Value) -> Value {
@@ -89,75 +43,92 @@ fn with_agent(agent: serde_json::Map<String, Value>, doc: Value) -> Value {
     Value::Object(out)
 }
 
+/// What the state dir says of a node that was brought up.
+struct Records {
+    /// What the agent configured.
+    rec: AgentRecord,
+    /// The peers of its last pass.
+    peers: Vec<Peer>,
+    /// What its last pass found of the capacity (records.rs: the newer of
+    /// the state dir's copy and the one under /run).
+    fill: Option<Fill>,
+    /// Its first bring-up: ms from process start to each step reached.
+    startup: Option<Value>,
+}
+
+impl Records {
+    fn load(state: &StateDir, rec: AgentRecord) -> Result<Self> {
+        Ok(Records {
+            rec,
+            peers: state.load_peers()?,
+            fill: state.load_record(CAPACITY_FILE).ok().flatten(),
+            startup: state.load_record(STARTUP_FILE).ok().flatten(),
+        })
+    }
+}
+
+/// The document: read from the lock, the state dir, the pins and the
+/// kernel, then put together.
 pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
     let state = StateDir(paths.state_dir.clone());
-    let agent = running_agent(&paths.state_dir)?;
-    let agent_running = agent.is_some();
-    let agent_doc = agent_json(agent.as_ref());
+    let agent = agent::running(&paths.state_dir)?;
+    let agent_doc = agent::section(agent.as_ref(), agent::unix_now());
     let pins = PinDir::new(&paths.bpffs);
     let pinned = verdict::pinned(&pins);
     let Some(rec) = state.load_agent()? else {
         // an agent waiting for the host has brought nothing up yet; with no
         // agent and no record, what is pinned (a state dir removed under a
         // dataplane) is still the kernel's and still runs
-        if agent_running || !pinned.is_empty() {
-            return Ok(verdict::judged(with_agent(
-                agent_doc,
-                json!({
-                    "node": null,
-                    "dataplane_attached": false,
-                    "pinned": pinned,
-                    "peers": [],
-                }),
-            )));
-        }
-        anyhow::bail!("no edgevx state in {} (has `edgevx run` ever started here?)", paths.state_dir.display());
+        anyhow::ensure!(
+            agent.is_some() || !pinned.is_empty(),
+            "no edgevx state in {} (has `edgevx run` ever started here?)",
+            paths.state_dir.display()
+        );
+        return Ok(unrecorded(agent_doc, pinned));
     };
-    let peers = state.load_peers()?;
-    let maps = Maps::open(&pins).ok();
-    // the kernel's word, not the pins': which programs run where, and in what order
-    let place = |name: &str, iface: &str, kind: TcAttachType| match rec.attach {
-        loader::AttachMode::Tcx => loader::tcx_place(&pins, name, iface, kind).ok(),
-        loader::AttachMode::Clsact => clsact::place_blocking(iface, kind),
-    };
-    let on = |name: &str, iface: &str, kind: TcAttachType| place(name, iface, kind).is_some_and(|p| p != Place::Absent);
-    // IPv6-only: no IPv4 VTEP, so no encap program and no VTEP guard
-    let encap_on = rec.v4.as_ref().is_none_or(|v4| {
-        on(loader::ENCAP, &v4.vtep_device, TcAttachType::Egress)
-            && on(loader::VTEP_GUARD, &v4.vtep_device, TcAttachType::Ingress)
-    });
-    let decap = place(loader::DECAP, &rec.iface, TcAttachType::Ingress);
-    let guard6_on = rec.v6.as_ref().is_none_or(|v6| on(loader::VTEP_GUARD6, &v6.device, TcAttachType::Ingress));
-    let dataplane_attached = encap_on && guard6_on && decap.as_ref().is_some_and(|p| *p != Place::Absent);
+    let records = Records::load(&state, rec)?;
+    let kernel = kernel::read(&state, &pins, &records.rec, &records.peers)?;
+    Ok(brought_up(agent_doc, pinned, &records, &kernel))
+}
+
+/// The document before the first bring-up (no agent record): the agent,
+/// and what is pinned.
+fn unrecorded(agent: serde_json::Map<String, Value>, pinned: Vec<String>) -> Value {
+    verdict::judged(with_agent(
+        agent,
+        json!({
+            "node": null,
+            "dataplane_attached": false,
+            "pinned": pinned,
+            "peers": [],
+        }),
+    ))
+}
+
+/// The document of a node that was brought up: what its records say, as
+/// the kernel holds it.
+fn brought_up(agent: serde_json::Map<String, Value>, pinned: Vec<String>, records: &Records, kernel: &Kernel) -> Value {
+    let rec = &records.rec;
+    let decap = kernel.decap.as_ref();
+    let dataplane_attached = kernel.vtep4_on && kernel.vtep6_on && decap.is_some_and(|p| *p != Place::Absent);
     // what runs ahead of decap on the underlay: a program that ends the chain there skips its judging
     let ahead_of_decap: Vec<String> =
-        decap.as_ref().map(|p| p.ahead().iter().map(ToString::to_string).collect()).unwrap_or_default();
-    let bridge_attached = on(loader::BRIDGE, &rec.pod_bridge, TcAttachType::Egress);
-    let counters = match &maps {
-        Some(m) => serde_json::to_value(m.global_stats()?)?,
-        None => Value::Null,
-    };
-    let programmed = maps.as_ref().map(|m| m.subnets()).transpose()?.unwrap_or_default();
-    let accepted = maps.as_ref().map(|m| m.accepted::<ipnet::Ipv4Net>()).transpose()?.unwrap_or_default();
-    let direct = rec.v4.as_ref().map(|v4| routes::direct_routes_blocking(&rec.iface, v4.network)).unwrap_or_default();
-    let accepted6 = maps.as_ref().and_then(|m| m.accepted::<ipnet::Ipv6Net>().ok()).unwrap_or_default();
+        decap.map(|p| p.ahead().iter().map(ToString::to_string).collect()).unwrap_or_default();
+    let fill = records.fill;
     // what the agent's last pass found; the capacity itself is read from the maps
-    // records.rs: the newer of the state dir's copy and the one under /run
-    let fill: Option<Fill> = state.load_record(CAPACITY_FILE).ok().flatten();
-    let capacity = maps.as_ref().map(|m| m.peer_capacity() as usize).or(fill.map(|f| f.capacity));
-    let seen = peers::Seen { programmed: &programmed, accepted: &accepted, accepted6: &accepted6, direct: &direct };
-    let peers: Vec<Value> = peers.iter().map(|p| peers::json(p, &seen, maps.as_ref())).collect();
-    Ok(verdict::judged(with_agent(
-        agent_doc,
+    let capacity = kernel.peer_capacity.map(|c| c as usize).or(fill.map(|f| f.capacity));
+    let peers: Vec<Value> = records.peers.iter().map(|p| peers::json(p, &kernel.peers)).collect();
+    verdict::judged(with_agent(
+        agent,
         json!({
             "node": rec.node,
             "dataplane_attached": dataplane_attached,
             // what is pinned under --bpffs (links and programs), read from the bpffs
             "pinned": pinned,
             // null when the kernel could not be asked, or decap is not attached
-            "decap_first": decap.as_ref().filter(|p| **p != Place::Absent).map(|p| *p == Place::First),
+            "decap_first": decap.filter(|p| **p != Place::Absent).map(|p| *p == Place::First),
             "ahead_of_decap": ahead_of_decap,
-            "bridge_attached": bridge_attached,
+            "bridge_attached": kernel.bridge_attached,
             "attach": rec.attach.name(),
             "iface": rec.iface,
             // null in an IPv6-only network
@@ -173,16 +144,16 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
             "ip_masq": rec.ip_masq,
             // "on", or why not; the per-reason counts are in counters (fast_path_*)
             "fast_path": if rec.fast_path.is_empty() { None } else { Some(rec.fast_path.clone()) },
-            "local_pods": maps.as_ref().map(|m| m.local_pods().len()).unwrap_or(0),
+            "local_pods": kernel.local_pods,
             // the limit: peers the maps hold (their max_entries)
             "peer_capacity": capacity,
             // the agent's last pass: peers its view had, and how many of them did not fit
             "peers_in_view": fill.map(|f| f.wanted),
             "peers_not_programmed": fill.map_or(0, |f| f.not_programmed),
             // the agent's first bring-up: ms from process start to each step reached
-            "startup": state.load_record::<Value>(STARTUP_FILE).ok().flatten(),
-            "xdp_judge": crate::dataplane::xdp::status_json(&state, &pins, &rec.iface, rec.xdp_judge),
-            "counters": counters,
+            "startup": records.startup,
+            "xdp_judge": kernel.xdp_judge,
+            "counters": kernel.counters,
             "peers": peers,
             // flannel-v6.<VNI> (null when IPv6 is off)
             "vtep6": rec.v6.as_ref().map(|v6| json!({
@@ -194,7 +165,12 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
                 "mtu": v6.mtu,
             })),
         }),
-    )))
+    ))
+}
+
+/// The document as `--json` prints it.
+fn json_text(doc: &Value) -> Result<String> {
+    Ok(serde_json::to_string_pretty(doc)? + "\n")
 }
 
 pub fn run(args: StatusArgs) -> Result<()> {
@@ -202,9 +178,9 @@ pub fn run(args: StatusArgs) -> Result<()> {
     if args.prometheus {
         print!("{}", verdict::prometheus(&v)?);
     } else if args.json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        print!("{}", json_text(&v)?);
     } else {
-        text::print(&v);
+        print!("{}", text::render(&v)?);
     }
     verdict::exit(&v)
 }

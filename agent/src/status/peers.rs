@@ -6,23 +6,27 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr},
 };
 
-use edgevx_common::maps::Peer as PeerEntry;
+use edgevx_common::maps::{Peer as PeerEntry, PeerStats};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::{Value, json};
 
-use crate::{dataplane::maps::Maps, peer::Peer, reconcile::Accept};
+use crate::{peer::Peer, reconcile::Accept};
 
 /// What the kernel holds, read once for every peer.
-pub(super) struct Seen<'a> {
+#[derive(Default)]
+pub(super) struct Seen {
     /// The IPv4 LPM map: pod subnet -> VTEP.
-    pub programmed: &'a [(Ipv4Net, PeerEntry)],
+    pub programmed: Vec<(Ipv4Net, PeerEntry)>,
     /// The IPv4 accept map: public IP -> what it may send.
-    pub accepted: &'a BTreeMap<Ipv4Addr, Accept<Ipv4Net>>,
+    pub accepted: BTreeMap<Ipv4Addr, Accept<Ipv4Net>>,
     /// The IPv6 accept map (the IPv6 entries themselves are the kernel's
     /// routes and neighbours on flannel-v6.<VNI>).
-    pub accepted6: &'a BTreeMap<Ipv6Addr, Accept<Ipv6Net>>,
+    pub accepted6: BTreeMap<Ipv6Addr, Accept<Ipv6Net>>,
     /// DirectRouting: the plain routes through the underlay.
-    pub direct: &'a BTreeMap<Ipv4Net, Ipv4Addr>,
+    pub direct: BTreeMap<Ipv4Net, Ipv4Addr>,
+    /// Each IPv4 peer's counters, summed over CPUs, by public IP (none
+    /// yet: zero).
+    pub stats: BTreeMap<Ipv4Addr, PeerStats>,
 }
 
 /// The IPv6 half of `p`, or `None`.
@@ -39,7 +43,7 @@ fn v6(p: &Peer, seen: &Seen) -> Option<Value> {
 /// `p` as `status` prints it: the IPv4 half at the top level (the layout
 /// of every earlier version), the IPv6 half under `v6` (null when it has
 /// none). In an IPv6-only network the top level is the IPv6 half.
-pub(super) fn json(p: &Peer, seen: &Seen, maps: Option<&Maps>) -> Value {
+pub(super) fn json(p: &Peer, seen: &Seen) -> Value {
     let Some(p4) = p.v4 else {
         let v6 = p.v6.as_ref();
         return json!({
@@ -52,7 +56,7 @@ pub(super) fn json(p: &Peer, seen: &Seen, maps: Option<&Maps>) -> Value {
             "v6": null,
         });
     };
-    let s = maps.and_then(|m| m.peer_stats(p4.public_ip)).unwrap_or_default();
+    let s = seen.stats.get(&p4.public_ip).copied().unwrap_or_default();
     json!({
         "node": p.node,
         "subnet": p4.subnet.to_string(),

@@ -1,4 +1,6 @@
 //! `edgevx status` as a table, from the same document `--json` prints.
+use std::fmt::{self, Write as _};
+
 use serde_json::{Map, Value};
 
 /// The control plane in one line: connected (and for how long) or cut off
@@ -25,14 +27,18 @@ fn field(v: &Value, k: &str) -> String {
     v[k].as_str().map(str::to_string).unwrap_or_else(|| v[k].to_string())
 }
 
-fn print_pinned(v: &Value) {
+fn print_pinned(out: &mut String, v: &Value) -> fmt::Result {
     if let Some(p) = v["pinned"].as_array().filter(|p| !p.is_empty()) {
         let names: Vec<&str> = p.iter().filter_map(Value::as_str).collect();
-        println!("pinned: {}", names.join(" "));
+        writeln!(out, "pinned: {}", names.join(" "))?;
     }
+    Ok(())
 }
 
-pub(super) fn print(v: &Value) {
+/// The document as the table `status` prints.
+pub(super) fn render(v: &Value) -> Result<String, fmt::Error> {
+    let mut out = String::new();
+    let out = &mut out;
     let agent = match (&v["agent_running"], v["agent_pid"].as_u64(), v["agent_phase"].as_str()) {
         (Value::Bool(true), pid, phase) => format!(
             "running{}{}",
@@ -45,41 +51,45 @@ pub(super) fn print(v: &Value) {
         Some(a) if a != env!("CARGO_PKG_VERSION") => format!("edgevx {} (agent {a})", env!("CARGO_PKG_VERSION")),
         _ => format!("edgevx {}", env!("CARGO_PKG_VERSION")),
     };
-    println!("{version}  {}", v["verdict"].as_str().unwrap_or_default());
+    writeln!(out, "{version}  {}", v["verdict"].as_str().unwrap_or_default())?;
     if let Some(src) = v["source"].as_object() {
-        println!("{}", source_line(src));
+        writeln!(out, "{}", source_line(src))?;
     }
     if v["iface"].is_null() {
-        println!("agent {agent} nothing brought up yet (no agent record in the state dir)");
-        print_pinned(v);
-        return;
+        writeln!(out, "agent {agent} nothing brought up yet (no agent record in the state dir)")?;
+        print_pinned(out, v)?;
+        return Ok(std::mem::take(out));
     }
-    println!(
+    writeln!(
+        out,
         "node {}  agent {agent}  dataplane {}",
         field(v, "node"),
         if v["dataplane_attached"] == true { "attached" } else { "NOT attached" }
-    );
+    )?;
     if let Some(ahead) = v["ahead_of_decap"].as_array().filter(|a| !a.is_empty()) {
         let names: Vec<&str> = ahead.iter().filter_map(Value::as_str).collect();
-        println!(
+        writeln!(
+            out,
             "NOT first on {}'s ingress: {} run ahead of edgevx's decap (the agent puts it back first at its next \
              check; meanwhile VXLAN they pass on unjudged is dropped on the VTEP)",
             field(v, "iface"),
             names.join("; ")
-        );
+        )?;
     }
-    print_vteps(v);
-    print_features(v);
-    print_peers(v);
+    print_vteps(out, v)?;
+    print_features(out, v)?;
+    print_peers(out, v)?;
+    Ok(std::mem::take(out))
 }
 
 /// The VTEP lines: IPv4 (or the IPv6-only line), then the IPv6 VTEP.
-fn print_vteps(v: &Value) {
+fn print_vteps(out: &mut String, v: &Value) -> fmt::Result {
     if v["vtep_device"].is_null() {
         // IPv6-only: the IPv6 VTEP below is the only one
-        println!("vni {} port {} mtu {} (IPv6-only)", field(v, "vni"), field(v, "port"), field(v, "mtu"));
+        writeln!(out, "vni {} port {} mtu {} (IPv6-only)", field(v, "vni"), field(v, "port"), field(v, "mtu"))?;
     } else {
-        println!(
+        writeln!(
+            out,
             "vtep {} mac {} vni {} port {} public-ip {} subnet {} mtu {} delivery {}",
             field(v, "vtep_device"),
             field(v, "vtep_mac"),
@@ -89,63 +99,70 @@ fn print_vteps(v: &Value) {
             field(v, "subnet"),
             field(v, "mtu"),
             field(v, "delivery")
-        );
+        )?;
     }
     if let Some(v6) = v["vtep6"].as_object() {
         let f = |k: &str| v6.get(k).map(|x| x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string()));
-        println!(
+        writeln!(
+            out,
             "vtep {} mac {} public-ip {} subnet {} mtu {} (IPv6)",
             f("device").unwrap_or_default(),
             f("mac").unwrap_or_default(),
             f("public_ip").unwrap_or_default(),
             f("subnet").unwrap_or_default(),
             f("mtu").unwrap_or_default()
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// Bring-up timings, the XDP judge and the fast path.
-fn print_features(v: &Value) {
+fn print_features(out: &mut String, v: &Value) -> fmt::Result {
     if let Some(t) = v["startup"].as_object() {
         let step = |k: &str| t.get(k).and_then(Value::as_f64).map_or("-".to_string(), |ms| format!("{ms:.0} ms"));
-        println!(
+        writeln!(
+            out,
             "started: subnet.env {}, VTEP up {}, attached {}, first peer {}, all peers {} (from process start)",
             step("subnet_env_ms"),
             step("vtep_up_ms"),
             step("attached_ms"),
             step("first_peer_ms"),
             step("all_peers_ms")
-        );
+        )?;
     }
     if let Some(x) = v["xdp_judge"].as_object() {
         match (x.get("attached"), x.get("reason").and_then(Value::as_str)) {
-            (Some(Value::Bool(true)), _) => println!("xdp judge on {} (native)", field(v, "iface")),
-            (_, Some(why)) => println!("xdp judge not attached: {why}"),
-            _ => println!("xdp judge not attached"),
+            (Some(Value::Bool(true)), _) => writeln!(out, "xdp judge on {} (native)", field(v, "iface"))?,
+            (_, Some(why)) => writeln!(out, "xdp judge not attached: {why}")?,
+            _ => writeln!(out, "xdp judge not attached")?,
         }
     }
     if let Some(fp) = v["fast_path"].as_str() {
-        println!("fast path {fp}");
+        writeln!(out, "fast path {fp}")?;
     }
+    Ok(())
 }
 
 /// The peer table (a dual-stack peer's IPv6 half on a line of its own), then the counters.
-fn print_peers(v: &Value) {
+fn print_peers(out: &mut String, v: &Value) -> fmt::Result {
     let programmed = v["peers"].as_array().map_or(0, |p| p.len());
-    println!("peers {programmed}  capacity {}", field(v, "peer_capacity"));
+    writeln!(out, "peers {programmed}  capacity {}", field(v, "peer_capacity"))?;
     if let Some(n) = v["peers_not_programmed"].as_u64().filter(|n| *n > 0) {
-        println!(
+        writeln!(
+            out,
             "{n} of the {} peers in the view NOT programmed: beyond the capacity (see the agent's log)",
             field(v, "peers_in_view")
-        );
+        )?;
     }
-    println!(
+    writeln!(
+        out,
         "\n{:<20} {:<18} {:<16} {:<18} {:<6} {:>12} {:>12}",
         "PEER", "SUBNET", "PUBLIC IP", "VTEP MAC", "ROUTE", "TX PKTS", "RX PKTS"
-    );
+    )?;
     for p in v["peers"].as_array().into_iter().flatten() {
         let f = |k: &str| p[k].as_str().map(str::to_string).unwrap_or_else(|| p[k].to_string());
-        println!(
+        writeln!(
+            out,
             "{:<20} {:<18} {:<16} {:<18} {:<6} {:>12} {:>12}",
             f("node"),
             f("subnet"),
@@ -154,24 +171,26 @@ fn print_peers(v: &Value) {
             f("route"),
             f("tx_packets"),
             f("rx_packets")
-        );
+        )?;
         // a dual-stack peer's IPv6 half, on a line of its own
         if let Some(h) = p["v6"].as_object() {
             let g = |k: &str| h.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-            println!(
+            writeln!(
+                out,
                 "{:<20} {:<18} {:<16} {:<18} {:<6}",
                 "",
                 g("subnet"),
                 g("public_ip"),
                 g("vtep_mac"),
                 if h.get("in_dataplane") == Some(&Value::Bool(true)) { "ipv6" } else { "ipv6!" }
-            );
+            )?;
         }
     }
     if let Some(c) = v["counters"].as_object() {
-        println!();
+        writeln!(out)?;
         for (k, n) in c {
-            println!("{k:<20} {n}");
+            writeln!(out, "{k:<20} {n}")?;
         }
     }
+    Ok(())
 }

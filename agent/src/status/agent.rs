@@ -4,9 +4,11 @@
 use std::path::Path;
 
 use anyhow::Result;
-use serde_json::{Value, json};
 
-use super::SCHEMA;
+use super::{
+    SCHEMA,
+    document::{Agent, Source},
+};
 use crate::run::netns_lock;
 
 /// The agent of this state dir, if one runs: the holder of this network
@@ -33,32 +35,23 @@ pub(super) fn unix_now() -> u64 {
 /// What `status` says of the agent itself, the same in every document:
 /// running or not, its pid (as this pid namespace sees it), what it is
 /// doing, its release, and how its control plane stands (aged to `now`).
-pub(super) fn section(agent: Option<&netns_lock::Holder>, now: u64) -> serde_json::Map<String, Value> {
+pub(super) fn section(agent: Option<&netns_lock::Holder>, now: u64) -> Agent {
     let record = agent.and_then(|h| h.record.as_ref());
-    let source = record.and_then(|r| r.source.as_ref()).map(|s| {
-        json!({
-            "name": s.name,
-            // in touch with the control plane now: read in full, its watch open
-            "watching": s.watching,
-            // the view in use came from the source, not the cache
-            "connected": s.connected,
-            // how long `watching` has had its value: in touch for, or cut off for
-            "since_seconds": now.saturating_sub(s.since),
-            "view_age_seconds": s.view_at.map(|at| now.saturating_sub(at)),
-        })
+    let source = record.and_then(|r| r.source.as_ref()).map(|s| Source {
+        name: s.name.clone(),
+        watching: s.watching,
+        since_seconds: now.saturating_sub(s.since),
+        connected: s.connected,
+        view_age_seconds: s.view_at.map(|at| now.saturating_sub(at)),
     });
-    let doc = json!({
-        "status_schema": SCHEMA,
-        "version": env!("CARGO_PKG_VERSION"),
-        "agent_running": agent.is_some(),
-        "agent_pid": agent.and_then(|h| h.pid),
-        "agent_phase": record.map(|r| r.phase.clone()),
+    Agent {
+        status_schema: SCHEMA,
+        version: env!("CARGO_PKG_VERSION"),
         // empty in the records of agents older than 0.2
-        "agent_version": record.map(|r| r.version.clone()).filter(|v| !v.is_empty()),
-        "source": source,
-    });
-    match doc {
-        Value::Object(m) => m,
-        _ => serde_json::Map::new(),
+        agent_version: record.map(|r| r.version.clone()).filter(|v| !v.is_empty()),
+        agent_running: agent.is_some(),
+        agent_pid: agent.and_then(|h| h.pid),
+        agent_phase: record.map(|r| r.phase.clone()),
+        source,
     }
 }

@@ -3,16 +3,14 @@
 //! pins'), what the maps hold, and the routes DirectRouting made.
 use std::collections::BTreeMap;
 
-use anyhow::Result;
-use aya::programs::TcAttachType;
-use serde_json::Value;
-
-use super::peers;
+use super::{document::XdpJudge, peers};
 use crate::{
     dataplane::{bpffs::PinDir, clsact, loader, maps::Maps, order::Place, routes},
     peer::Peer,
     state::{AgentRecord, StateDir},
 };
+use anyhow::{Context, Result};
+use aya::programs::TcAttachType;
 
 /// The kernel's answers for one document.
 pub(super) struct Kernel {
@@ -35,7 +33,7 @@ pub(super) struct Kernel {
     /// What the kernel holds of each peer.
     pub peers: peers::Seen,
     /// The XDP judge, as its module says it.
-    pub xdp_judge: Value,
+    pub xdp_judge: XdpJudge,
 }
 
 /// Reads what the kernel holds for the node `rec` describes and its `peers`.
@@ -43,6 +41,10 @@ pub(super) fn read(state: &StateDir, pins: &PinDir, rec: &AgentRecord, peers: &[
     let attached = Attached { pins, rec };
     let maps = Maps::open(pins).ok();
     let counters = maps.as_ref().map(Maps::global_stats).transpose()?;
+    let xdp_judge = crate::dataplane::xdp::status_json(state, pins, &rec.iface, rec.xdp_judge);
+    // dataplane::xdp says it as JSON; tests.rs holds that to XdpJudge's shape
+    let xdp_judge = serde_json::from_value(xdp_judge)
+        .context("cannot read dataplane::xdp's status of the judge as the document's XdpJudge")?;
     let mut seen = match &maps {
         Some(m) => peers_in_maps(m, peers)?,
         None => peers::Seen::default(),
@@ -61,7 +63,7 @@ pub(super) fn read(state: &StateDir, pins: &PinDir, rec: &AgentRecord, peers: &[
         local_pods: maps.as_ref().map_or(0, |m| m.local_pods().len()),
         peer_capacity: maps.as_ref().map(Maps::peer_capacity),
         peers: seen,
-        xdp_judge: crate::dataplane::xdp::status_json(state, pins, &rec.iface, rec.xdp_judge),
+        xdp_judge,
     })
 }
 

@@ -2,10 +2,13 @@
 //! dir, so it works with the agent running or stopped. Whether the agent
 //! runs is the kernel's answer: who holds the lock of this network
 //! namespace (`run::netns_lock`), never a recorded pid. The document is
-//! versioned ([`SCHEMA`]) and documented field by field in the book
-//! (docs/src/operations/status.md); [`verdict`] turns it into the exit code
-//! and the node-level metrics.
+//! versioned ([`SCHEMA`]), typed in [`document`] and documented field by
+//! field in the book (docs/src/operations/status.md); `verdict` turns it
+//! into the exit code and the node-level metrics. `collect` reads (the
+//! lock, the state dir's records, the kernel), then puts the document
+//! together without touching the host, which tests.rs holds to snapshots.
 mod agent;
+pub mod document;
 mod kernel;
 mod peers;
 mod text;
@@ -14,11 +17,12 @@ mod verdict;
 #[cfg(test)]
 mod tests;
 
-pub use verdict::{NodeState, pinned};
+pub use document::{NodeState, Status};
+pub use verdict::pinned;
 
-use anyhow::Result;
-use serde_json::{Value, json};
+use anyhow::{Context, Result};
 
+use document::{Agent, BroughtUp, Capacity, Delivery, Node, Startup, Vtep4, Vtep6};
 use kernel::Kernel;
 
 use crate::{
@@ -27,21 +31,12 @@ use crate::{
     metrics::startup::STARTUP_FILE,
     peer::Peer,
     reconcile::{CAPACITY_FILE, Fill},
-    state::{AgentRecord, StateDir},
+    state::{AgentRecord, Record4, Record6, StateDir},
 };
 
 /// The version of the document `status --json` prints: raised when a
 /// field changes meaning or goes; new fields do not raise it.
 pub const SCHEMA: u32 = 1;
-
-/// `doc`'s fields after `agent`'s, in one document.
-fn with_agent(agent: serde_json::Map<String, Value>, doc: Value) -> Value {
-    let mut out = agent;
-    if let Value::Object(m) = doc {
-        out.extend(m);
-    }
-    Value::Object(out)
-}
 
 /// What the state dir says of a node that was brought up.
 struct Records {
@@ -53,7 +48,7 @@ struct Records {
     /// the state dir's copy and the one under /run).
     fill: Option<Fill>,
     /// Its first bring-up: ms from process start to each step reached.
-    startup: Option<Value>,
+    startup: Option<Startup>,
 }
 
 impl Records {
@@ -69,7 +64,7 @@ impl Records {
 
 /// The document: read from the lock, the state dir, the pins and the
 /// kernel, then put together.
-pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
+pub fn collect(paths: &crate::cli::Paths) -> Result<Status> {
     let state = StateDir(paths.state_dir.clone());
     let agent = agent::running(&paths.state_dir)?;
     let agent_doc = agent::section(agent.as_ref(), agent::unix_now());
@@ -93,94 +88,99 @@ pub fn collect(paths: &crate::cli::Paths) -> Result<Value> {
 
 /// The document before the first bring-up (no agent record): the agent,
 /// and what is pinned.
-fn unrecorded(agent: serde_json::Map<String, Value>, pinned: Vec<String>) -> Value {
-    verdict::judged(with_agent(
-        agent,
-        json!({
-            "node": null,
-            "dataplane_attached": false,
-            "pinned": pinned,
-            "peers": [],
-        }),
-    ))
+fn unrecorded(agent: Agent, pinned: Vec<String>) -> Status {
+    let node = Node { node: None, dataplane_attached: false, pinned, brought_up: None, peers: Vec::new() };
+    verdict::judged(agent, node)
 }
 
 /// The document of a node that was brought up: what its records say, as
 /// the kernel holds it.
-fn brought_up(agent: serde_json::Map<String, Value>, pinned: Vec<String>, records: &Records, kernel: &Kernel) -> Value {
-    let rec = &records.rec;
-    let decap = kernel.decap.as_ref();
-    let dataplane_attached = kernel.vtep4_on && kernel.vtep6_on && decap.is_some_and(|p| *p != Place::Absent);
-    // what runs ahead of decap on the underlay: a program that ends the chain there skips its judging
-    let ahead_of_decap: Vec<String> =
-        decap.map(|p| p.ahead().iter().map(ToString::to_string).collect()).unwrap_or_default();
-    let fill = records.fill;
-    // what the agent's last pass found; the capacity itself is read from the maps
-    let capacity = kernel.peer_capacity.map(|c| c as usize).or(fill.map(|f| f.capacity));
-    let peers: Vec<Value> = records.peers.iter().map(|p| peers::json(p, &kernel.peers)).collect();
-    verdict::judged(with_agent(
-        agent,
-        json!({
-            "node": rec.node,
-            "dataplane_attached": dataplane_attached,
-            // what is pinned under --bpffs (links and programs), read from the bpffs
-            "pinned": pinned,
-            // null when the kernel could not be asked, or decap is not attached
-            "decap_first": decap.filter(|p| **p != Place::Absent).map(|p| *p == Place::First),
-            "ahead_of_decap": ahead_of_decap,
-            "bridge_attached": kernel.bridge_attached,
-            "attach": rec.attach.name(),
-            "iface": rec.iface,
-            // null in an IPv6-only network
-            "vtep_device": rec.v4.as_ref().map(|v4| v4.vtep_device.clone()),
-            "vtep_mac": rec.v4.as_ref().map(|v4| v4.vtep_mac.to_string()),
-            "vni": rec.vni,
-            "port": rec.port,
-            "public_ip": rec.v4.as_ref().map(|v4| v4.public_ip.to_string()),
-            "subnet": rec.v4.as_ref().map(|v4| v4.subnet.to_string()),
-            "network": rec.v4.as_ref().map(|v4| v4.network.to_string()),
-            "mtu": rec.mtu,
-            "delivery": if rec.bypass_netfilter { "bypass-netfilter" } else { "host-stack" },
-            "ip_masq": rec.ip_masq,
-            // "on", or why not; the per-reason counts are in counters (fast_path_*)
-            "fast_path": if rec.fast_path.is_empty() { None } else { Some(rec.fast_path.clone()) },
-            "local_pods": kernel.local_pods,
-            // the limit: peers the maps hold (their max_entries)
-            "peer_capacity": capacity,
-            // the agent's last pass: peers its view had, and how many of them did not fit
-            "peers_in_view": fill.map(|f| f.wanted),
-            "peers_not_programmed": fill.map_or(0, |f| f.not_programmed),
-            // the agent's first bring-up: ms from process start to each step reached
-            "startup": records.startup,
-            "xdp_judge": kernel.xdp_judge,
-            "counters": kernel.counters,
-            "peers": peers,
-            // flannel-v6.<VNI> (null when IPv6 is off)
-            "vtep6": rec.v6.as_ref().map(|v6| json!({
-                "device": v6.device,
-                "mac": v6.mac.to_string(),
-                "public_ip": v6.public_ip.to_string(),
-                "subnet": v6.subnet.to_string(),
-                "network": v6.network.to_string(),
-                "mtu": v6.mtu,
-            })),
-        }),
-    ))
+fn brought_up(agent: Agent, pinned: Vec<String>, records: &Records, kernel: &Kernel) -> Status {
+    let decap_on = kernel.decap.as_ref().is_some_and(|p| *p != Place::Absent);
+    let node = Node {
+        node: Some(records.rec.node.clone()),
+        dataplane_attached: kernel.vtep4_on && kernel.vtep6_on && decap_on,
+        pinned,
+        brought_up: Some(configured(records, kernel)),
+        peers: records.peers.iter().map(|p| peers::status(p, &kernel.peers)).collect(),
+    };
+    verdict::judged(agent, node)
 }
 
-/// The document as `--json` prints it.
-fn json_text(doc: &Value) -> Result<String> {
-    Ok(serde_json::to_string_pretty(doc)? + "\n")
+/// What the agent record says the node was brought up with, and where the
+/// kernel has its programs.
+fn configured(records: &Records, kernel: &Kernel) -> BroughtUp {
+    let rec = &records.rec;
+    let decap = kernel.decap.as_ref();
+    let fill = records.fill;
+    BroughtUp {
+        decap_first: decap.filter(|p| **p != Place::Absent).map(|p| *p == Place::First),
+        // a program that ends the chain there skips decap's judging
+        ahead_of_decap: decap.map(|p| p.ahead().iter().map(ToString::to_string).collect()).unwrap_or_default(),
+        bridge_attached: kernel.bridge_attached,
+        attach: rec.attach,
+        iface: rec.iface.clone(),
+        vtep: vtep4(rec.v4.as_ref()),
+        vni: rec.vni,
+        port: rec.port,
+        mtu: rec.mtu,
+        delivery: if rec.bypass_netfilter { Delivery::BypassNetfilter } else { Delivery::HostStack },
+        ip_masq: rec.ip_masq,
+        fast_path: Some(rec.fast_path.clone()).filter(|f| !f.is_empty()),
+        xdp_judge: kernel.xdp_judge.clone(),
+        local_pods: kernel.local_pods,
+        capacity: Capacity {
+            // read from the maps; the last pass's figure without them
+            peer_capacity: kernel.peer_capacity.map(|c| c as usize).or(fill.map(|f| f.capacity)),
+            peers_in_view: fill.map(|f| f.wanted),
+            peers_not_programmed: fill.map_or(0, |f| f.not_programmed),
+        },
+        startup: records.startup.clone(),
+        counters: kernel.counters.clone(),
+        vtep6: rec.v6.as_ref().map(vtep6),
+    }
+}
+
+/// The IPv4 VTEP the agent recorded (every field null in an IPv6-only network).
+fn vtep4(v4: Option<&Record4>) -> Vtep4 {
+    Vtep4 {
+        vtep_device: v4.map(|v4| v4.vtep_device.clone()),
+        vtep_mac: v4.map(|v4| v4.vtep_mac),
+        public_ip: v4.map(|v4| v4.public_ip),
+        subnet: v4.map(|v4| v4.subnet),
+        network: v4.map(|v4| v4.network),
+    }
+}
+
+/// The IPv6 VTEP the agent recorded.
+fn vtep6(v6: &Record6) -> Vtep6 {
+    Vtep6 {
+        device: v6.device.clone(),
+        mac: v6.mac,
+        public_ip: v6.public_ip,
+        subnet: v6.subnet,
+        network: v6.network,
+        mtu: v6.mtu,
+    }
+}
+
+/// The document as `--json` prints it. Through a `serde_json::Value`,
+/// whose objects sort their keys (no `preserve_order` here): the order of
+/// every earlier version, which the flattened sections could not give
+/// (document.rs).
+fn json_text(doc: &Status) -> Result<String> {
+    let v = serde_json::to_value(doc).context("cannot put the status document into JSON")?;
+    Ok(serde_json::to_string_pretty(&v)? + "\n")
 }
 
 pub fn run(args: StatusArgs) -> Result<()> {
-    let v = collect(&args.paths)?;
+    let doc = collect(&args.paths)?;
     if args.prometheus {
-        print!("{}", verdict::prometheus(&v)?);
+        print!("{}", verdict::prometheus(&doc)?);
     } else if args.json {
-        print!("{}", json_text(&v)?);
+        print!("{}", json_text(&doc)?);
     } else {
-        print!("{}", text::render(&v)?);
+        print!("{}", text::render(&doc)?);
     }
-    verdict::exit(&v)
+    verdict::exit(&doc)
 }

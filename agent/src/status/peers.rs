@@ -8,8 +8,8 @@ use std::{
 
 use edgevx_common::maps::{Peer as PeerEntry, PeerStats};
 use ipnet::{Ipv4Net, Ipv6Net};
-use serde_json::{Value, json};
 
+use super::document::{PeerCounters, PeerStatus, PeerV6, Route};
 use crate::{peer::Peer, reconcile::Accept};
 
 /// What the kernel holds, read once for every peer.
@@ -29,52 +29,60 @@ pub(super) struct Seen {
     pub stats: BTreeMap<Ipv4Addr, PeerStats>,
 }
 
+/// A peer's counters as the document says them.
+fn counters(s: PeerStats) -> PeerCounters {
+    PeerCounters {
+        tx_packets: s.tx_packets,
+        tx_bytes: s.tx_bytes,
+        rx_packets: s.rx_packets,
+        rx_bytes: s.rx_bytes,
+        tx_errors: s.tx_errors,
+    }
+}
+
 /// The IPv6 half of `p`, or `None`.
-fn v6(p: &Peer, seen: &Seen) -> Option<Value> {
+fn v6(p: &Peer, seen: &Seen) -> Option<PeerV6> {
     let h = p.v6.as_ref()?;
-    Some(json!({
-        "subnet": h.subnet.to_string(),
-        "public_ip": h.public_ip.to_string(),
-        "vtep_mac": h.vtep_mac.to_string(),
-        "in_dataplane": seen.accepted6.contains_key(&h.public_ip),
-    }))
+    Some(PeerV6 {
+        subnet: h.subnet,
+        public_ip: h.public_ip,
+        vtep_mac: h.vtep_mac,
+        in_dataplane: seen.accepted6.contains_key(&h.public_ip),
+    })
 }
 
 /// `p` as `status` prints it: the IPv4 half at the top level (the layout
 /// of every earlier version), the IPv6 half under `v6` (null when it has
 /// none). In an IPv6-only network the top level is the IPv6 half.
-pub(super) fn json(p: &Peer, seen: &Seen) -> Value {
+pub(super) fn status(p: &Peer, seen: &Seen) -> PeerStatus {
     let Some(p4) = p.v4 else {
         let v6 = p.v6.as_ref();
-        return json!({
-            "node": p.node,
-            "subnet": v6.map(|h| h.subnet.to_string()),
-            "public_ip": v6.map(|h| h.public_ip.to_string()),
-            "vtep_mac": v6.map(|h| h.vtep_mac.to_string()),
-            "in_dataplane": v6.is_some_and(|h| seen.accepted6.contains_key(&h.public_ip)),
-            "route": "ipv6",
-            "v6": null,
-        });
+        return PeerStatus {
+            node: p.node.clone(),
+            subnet: v6.map(|h| h.subnet.into()),
+            public_ip: v6.map(|h| h.public_ip.into()),
+            vtep_mac: v6.map(|h| h.vtep_mac),
+            in_dataplane: v6.is_some_and(|h| seen.accepted6.contains_key(&h.public_ip)),
+            route: Route::Ipv6,
+            counters: None,
+            v6: None,
+        };
     };
-    let s = seen.stats.get(&p4.public_ip).copied().unwrap_or_default();
-    json!({
-        "node": p.node,
-        "subnet": p4.subnet.to_string(),
-        "public_ip": p4.public_ip.to_string(),
-        "vtep_mac": p4.vtep_mac.to_string(),
+    PeerStatus {
+        node: p.node.clone(),
+        subnet: Some(p4.subnet.into()),
+        public_ip: Some(p4.public_ip.into()),
+        vtep_mac: Some(p4.vtep_mac),
         // read from the kernel: the LPM entry and the accepted address
-        "in_dataplane": seen.programmed.iter().any(|(net, e)| *net == p4.subnet
-            && e.vtep_mac == p4.vtep_mac.0
-            && e.public_ip == p4.public_ip.octets())
+        in_dataplane: seen
+            .programmed
+            .iter()
+            .any(|(net, e)| *net == p4.subnet && e.vtep_mac == p4.vtep_mac.0 && e.public_ip == p4.public_ip.octets())
             && seen.accepted.contains_key(&p4.public_ip),
         // DirectRouting: a plain route through the underlay, read from the kernel
-        "route": if seen.direct.get(&p4.subnet) == Some(&p4.public_ip) { "direct" } else { "vxlan" },
-        "tx_packets": s.tx_packets,
-        "tx_bytes": s.tx_bytes,
-        "rx_packets": s.rx_packets,
-        "rx_bytes": s.rx_bytes,
-        "tx_errors": s.tx_errors,
+        route: if seen.direct.get(&p4.subnet) == Some(&p4.public_ip) { Route::Direct } else { Route::Vxlan },
+        counters: Some(counters(seen.stats.get(&p4.public_ip).copied().unwrap_or_default())),
         // a dual-stack peer's other half
-        "v6": v6(p, seen),
-    })
+        v6: v6(p, seen),
+    }
 }

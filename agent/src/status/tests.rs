@@ -7,18 +7,19 @@ use std::{collections::BTreeMap, fmt::Debug, str::FromStr};
 use edgevx_common::maps::{Peer as PeerEntry, PeerStats};
 use serde::de::DeserializeOwned;
 
-use super::{Records, agent, brought_up, json_text, kernel::Kernel, peers, text, unrecorded};
+use super::{Records, agent, brought_up, document::XdpJudge, json_text, kernel::Kernel, peers, text, unrecorded};
 use crate::{
     dataplane::{
+        bpffs::PinDir,
         loader::AttachMode,
         order::{Foreign, Place},
-        xdp::XdpChoice,
+        xdp::{XdpChoice, status_json},
     },
     mac::VtepMac,
     peer::{Half, Peer},
     reconcile::{Accept, Fill},
     run::netns_lock::{Holder, Record, Role, SourceState},
-    state::{AgentRecord, Record4, Record6},
+    state::{AgentRecord, Record4, Record6, StateDir},
 };
 
 fn p<T: FromStr>(s: &str) -> T
@@ -217,4 +218,15 @@ fn write_snapshots() {
         std::fs::write(dir.join(format!("{name}.json")), json).unwrap();
         std::fs::write(dir.join(format!("{name}.txt")), table).unwrap();
     }
+}
+
+/// `dataplane::xdp` says the judge's status as JSON; [`XdpJudge`] reads it
+/// and prints it back the same.
+#[test]
+fn the_xdp_judges_own_words_read_as_its_section() {
+    let nowhere = std::env::temp_dir().join(format!("edgevx-status-xdp-{}", std::process::id()));
+    let said = status_json(&StateDir(nowhere.clone()), &PinDir::new(&nowhere), "edgevx-none0", XdpChoice::On);
+    let read: XdpJudge = serde_json::from_value(said.clone()).unwrap();
+    assert_eq!(read.attached, Some(false), "no such interface: {said}");
+    assert_eq!(serde_json::to_value(&read).unwrap(), said);
 }

@@ -6,52 +6,21 @@
 use std::{fmt::Write as _, fs, path::Path};
 
 use anyhow::Result;
-use serde_json::Value;
 
+use super::document::{Agent, Node, NodeState, Status};
 use crate::dataplane::bpffs::PinDir;
 
-/// The node's state, from the kernel's answers in the document.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NodeState {
-    /// An agent runs and the programs are attached: exit 0.
-    Forwarding,
-    /// The programs are not attached (or nothing was brought up): exit 1.
-    NotForwarding,
-    /// Programs are attached or pinned and no agent runs: they forward
-    /// and judge with whatever peers they last had, and nothing keeps them
-    /// current. Exit 3.
-    Unmanaged,
-}
-
-impl NodeState {
-    pub const ALL: [NodeState; 3] = [NodeState::Forwarding, NodeState::NotForwarding, NodeState::Unmanaged];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            NodeState::Forwarding => "forwarding",
-            NodeState::NotForwarding => "not_forwarding",
-            NodeState::Unmanaged => "unmanaged",
-        }
-    }
-
-    pub fn exit_code(self) -> u8 {
-        match self {
-            NodeState::Forwarding => 0,
-            NodeState::NotForwarding => 1,
-            NodeState::Unmanaged => 3,
-        }
-    }
-
-    fn of(v: &Value) -> Self {
-        let running = v["agent_running"] == true;
-        let attached = v["dataplane_attached"] == true;
-        let pinned = v["pinned"].as_array().is_some_and(|p| !p.is_empty());
-        match (running, attached) {
-            (true, true) => NodeState::Forwarding,
-            (false, true) => NodeState::Unmanaged,
-            (false, false) if pinned => NodeState::Unmanaged,
-            _ => NodeState::NotForwarding,
-        }
+/// The node's state, from the kernel's answers: who holds the lock, what
+/// is attached, what is pinned.
+fn state_of(agent: &Agent, node: &Node) -> NodeState {
+    let running = agent.agent_running;
+    let attached = node.dataplane_attached;
+    let pinned = !node.pinned.is_empty();
+    match (running, attached) {
+        (true, true) => NodeState::Forwarding,
+        (false, true) => NodeState::Unmanaged,
+        (false, false) if pinned => NodeState::Unmanaged,
+        _ => NodeState::NotForwarding,
     }
 }
 
@@ -76,28 +45,27 @@ pub fn pinned(pins: &PinDir) -> Vec<String> {
     out
 }
 
-/// `v` with the node's `state` and a one-line `verdict` for people.
-pub fn judged(mut v: Value) -> Value {
-    let state = NodeState::of(&v);
-    let why = match state {
+/// The document: `agent` and `node` with the node's state and a one-line
+/// verdict for people.
+pub(super) fn judged(agent: Agent, node: Node) -> Status {
+    let state = state_of(&agent, &node);
+    let verdict = match state {
         NodeState::Forwarding => "forwarding".to_string(),
         NodeState::Unmanaged => "NO AGENT: the pinned programs still forward and judge with the peers they last had, \
                                 and nothing keeps them current; start the agent (it adopts them) or remove them with \
                                 `edgevx cleanup` (deploy/uninstall on a cluster)"
             .to_string(),
-        NodeState::NotForwarding => match v["agent_phase"].as_str() {
-            Some(phase) if v["agent_running"] == true => format!("NOT forwarding: the agent is {phase}"),
+        NodeState::NotForwarding => match &agent.agent_phase {
+            Some(phase) if agent.agent_running => format!("NOT forwarding: the agent is {phase}"),
             _ => "NOT forwarding: no agent runs and the programs are not attached".to_string(),
         },
     };
-    v["state"] = state.name().into();
-    v["verdict"] = why.into();
-    v
+    Status { agent, state, verdict, node }
 }
 
 /// Exits with the state's code; the document already said why.
-pub fn exit(v: &Value) -> Result<()> {
-    match NodeState::of(v).exit_code() {
+pub fn exit(doc: &Status) -> Result<()> {
+    match doc.state.exit_code() {
         0 => Ok(()),
         code => Err(crate::SilentExit(code).into()),
     }
@@ -105,9 +73,7 @@ pub fn exit(v: &Value) -> Result<()> {
 
 /// The node's state in the Prometheus text format, for a node exporter's
 /// textfile collector (`edgevx status --prometheus > .../edgevx.prom`).
-pub fn prometheus(v: &Value) -> Result<String> {
-    let state = NodeState::of(v);
-    let pinned = v["pinned"].as_array().map_or(0, Vec::len);
+pub fn prometheus(doc: &Status) -> Result<String> {
     let gauge = |out: &mut String, name: &str, help: &str| -> std::fmt::Result {
         writeln!(out, "# HELP {name} {help}")?;
         writeln!(out, "# TYPE {name} gauge")
@@ -119,42 +85,52 @@ pub fn prometheus(v: &Value) -> Result<String> {
         "The node's state as edgevx status reads it from the kernel (1: this state).",
     )?;
     for s in NodeState::ALL {
-        writeln!(out, "edgevx_node_state{{state=\"{}\"}} {}", s.name(), u8::from(s == state))?;
+        writeln!(out, "edgevx_node_state{{state=\"{}\"}} {}", s.name(), u8::from(s == doc.state))?;
     }
     gauge(&mut out, "edgevx_node_agent_running", "Whether an edgevx agent holds this node's lock.")?;
-    writeln!(out, "edgevx_node_agent_running {}", u8::from(v["agent_running"] == true))?;
+    writeln!(out, "edgevx_node_agent_running {}", u8::from(doc.agent.agent_running))?;
     gauge(&mut out, "edgevx_node_dataplane_attached", "Whether the programs are attached, as the kernel says.")?;
-    writeln!(out, "edgevx_node_dataplane_attached {}", u8::from(v["dataplane_attached"] == true))?;
+    writeln!(out, "edgevx_node_dataplane_attached {}", u8::from(doc.node.dataplane_attached))?;
     gauge(&mut out, "edgevx_node_pinned_objects", "Links and programs pinned under the bpffs.")?;
-    writeln!(out, "edgevx_node_pinned_objects {pinned}")?;
+    writeln!(out, "edgevx_node_pinned_objects {}", doc.node.pinned.len())?;
     Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
+
+    /// A node with nothing brought up but what `attached` and `pinned` say.
+    fn node(attached: bool, pinned: &[&str]) -> Node {
+        let pinned = pinned.iter().map(ToString::to_string).collect();
+        Node { node: None, dataplane_attached: attached, pinned, brought_up: None, peers: Vec::new() }
+    }
+
+    /// The agent section, running or not.
+    fn agent(running: bool) -> Agent {
+        let holder = crate::run::netns_lock::Holder { pid: None, record: None };
+        crate::status::agent::section(running.then_some(&holder), 0)
+    }
 
     #[test]
     fn the_state_is_the_kernels_answer_with_the_agents() {
-        let doc = |running: bool, attached: bool, pinned: &[&str]| json!({"agent_running": running, "dataplane_attached": attached, "pinned": pinned});
-        assert_eq!(NodeState::of(&doc(true, true, &["v7/links/edgevx_decap"])), NodeState::Forwarding);
-        assert_eq!(NodeState::of(&doc(true, false, &[])), NodeState::NotForwarding);
-        assert_eq!(NodeState::of(&doc(false, false, &[])), NodeState::NotForwarding);
+        let state = |running: bool, attached: bool, pinned: &[&str]| state_of(&agent(running), &node(attached, pinned));
+        assert_eq!(state(true, true, &["v7/links/edgevx_decap"]), NodeState::Forwarding);
+        assert_eq!(state(true, false, &[]), NodeState::NotForwarding);
+        assert_eq!(state(false, false, &[]), NodeState::NotForwarding);
         // clsact filters run with nothing pinned
-        assert_eq!(NodeState::of(&doc(false, true, &[])), NodeState::Unmanaged);
+        assert_eq!(state(false, true, &[]), NodeState::Unmanaged);
         // a pinned link the kernel detached still holds a program
-        assert_eq!(NodeState::of(&doc(false, false, &["v7/progs/edgevx_decap"])), NodeState::Unmanaged);
+        assert_eq!(state(false, false, &["v7/progs/edgevx_decap"]), NodeState::Unmanaged);
         let codes: Vec<u8> = NodeState::ALL.iter().map(|s| s.exit_code()).collect();
         assert_eq!(codes, [0, 1, 3], "2 stays the usage error's");
     }
 
     #[test]
     fn the_textfile_says_one_state_and_the_kernels_facts() {
-        let v = judged(json!({"agent_running": false, "dataplane_attached": true, "pinned": ["a", "b"]}));
-        assert_eq!(v["state"], "unmanaged");
-        let text = prometheus(&v).unwrap();
+        let doc = judged(agent(false), node(true, &["a", "b"]));
+        assert_eq!(doc.state, NodeState::Unmanaged);
+        let text = prometheus(&doc).unwrap();
         for line in [
             "edgevx_node_state{state=\"unmanaged\"} 1",
             "edgevx_node_state{state=\"forwarding\"} 0",

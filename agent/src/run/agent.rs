@@ -208,94 +208,22 @@ impl<'a> Agent<'a> {
     /// view says, then the peers, the rules, the attach and the local pods.
     async fn pass(&mut self) -> Asks {
         let retry = Asks::run(Job::Pass, RETRY_AFTER);
-        let (c, report) = (self.c, self.report.clone());
-        let Some(d) = self.desired.as_ref() else { return Asks::nothing() };
-        let Some(own) = d.view.own.clone() else { return Asks::nothing() };
         let pass = Instant::now();
-        match &mut self.phase {
-            Phase::Down => match bring_up(
-                c,
-                &d.conf,
-                own,
-                &crate::vtep_mac::OthersMacs::of(&d.view.peers),
-                &self.state,
-                &self.handle,
-                &report.startup,
-            )
-            .await
-            {
-                Ok(n) => {
-                    self.local.send_replace(Some(n.local_vtep()));
-                    self.phase = Phase::Up(Box::new(n));
-                }
-                Err(e) => {
-                    // a program the verifier refuses: retried with a back-off, its log once per change
-                    let after = e
-                        .chain()
-                        .find_map(|c| c.downcast_ref::<crate::dataplane::refused::Refused>())
-                        .map_or(RETRY_AFTER, crate::dataplane::refused::Refused::retry_after);
-                    error!(retry_in_secs = after.as_secs(), "cannot bring up the dataplane, retrying: {e:#}");
-                    report.pass_failed(Stage::BringUp, pass);
-                    return Asks::run(Job::Pass, after);
-                }
-            },
-            Phase::Up(n) if n.own().subnet != own.subnet || n.own().subnet6 != own.subnet6 => {
-                warn!(old = ?n.own().subnet, new = ?own.subnet, old6 = ?n.own().subnet6, new6 = ?own.subnet6,
-                    "own pod CIDR changed; re-addressing the VTEP");
-                if let Err(e) = readdress(n, &own, &self.state).await {
-                    error!("cannot apply the new pod CIDR: {e:#}");
-                    report.pass_failed(Stage::Readdress, pass);
-                    return retry;
-                }
-                self.local.send_replace(Some(n.local_vtep()));
-            }
-            Phase::Up(_) => {}
+        if let Err(asks) = self.come_up(pass).await {
+            return asks;
         }
-        let Phase::Up(n) = &mut self.phase else { return Asks::nothing() };
-        let families_changed = d.conf.ipv6.as_ref().map(|v6| v6.network) != n.record().v6.as_ref().map(|v6| v6.network)
-            || d.conf.ipv4 != n.record().v4.is_some();
-        if families_changed {
-            // a dual-stack node must publish both halves or flannel peers skip it whole: apply it now
-            warn!("EnableIPv4, EnableIPv6 or IPv6Network changed; rebuilding the dataplane to apply it");
-            report.rebuilding();
-            self.phase = Phase::Down;
-            return Asks::run(Job::Pass, std::time::Duration::ZERO);
+        if let Some(asks) = self.rebuild_if_families_changed() {
+            return asks;
         }
+        let (Some(d), Phase::Up(n)) = (self.desired.as_ref(), &mut self.phase) else { return Asks::nothing() };
         let conf_changed = d.conf.vni != n.record().vni
             || d.conf.port != n.record().port
             || n.record().v4.as_ref().is_some_and(|v4| v4.network != d.conf.network);
         if conf_changed && !self.cached {
             warn!("the network config changed (VNI, port or Network); restart the agent to apply it");
         }
-        let mut asks = Asks::nothing();
-        // the inner-source exemption is the operator's alone (`--any-inner-source`)
-        let view = crate::exempt::Exemptions::new(&c.args.any_inner_source);
-        let view = view.apply(&d.view);
-        let peers_ok = n.reconcile(&view, d.conf.direct_routing, &self.state, &mut self.warned).await;
-        report.set_peers(n.accepted().iter());
-        n.enforce_rules();
-        let first_attach = !n.attached();
-        let attached = match n.attach().await {
-            Ok(()) => {
-                report.startup.reached(Milestone::Attached, Instant::now());
-                if first_attach {
-                    // what the first pass held back until the programs were on
-                    asks = asks.and(Job::Pass, std::time::Duration::ZERO);
-                    // after decap, the authority: the XDP judge only drops early what TC drops
-                    n.attach_xdp_judge(&self.state).await;
-                }
-                true
-            }
-            Err(e) => {
-                error!("cannot attach the programs, retrying: {e:#}");
-                false
-            }
-        };
-        // the IPv6 kernel entries after the attach: the first IPv4 packet does not wait for them
-        let peers_ok = n.reconcile_follower(d.conf.direct_routing).await && peers_ok;
-        if attached {
-            n.learn_pods().await;
-        }
+        let (peers_ok, attached, mut asks) = sync_node(n, d, self.c, &self.state, &self.report, &mut self.warned).await;
+        let report = &self.report;
         if let Some(t) = n.first_peer_at() {
             report.startup.reached(Milestone::FirstPeer, t);
         }
@@ -311,22 +239,131 @@ impl<'a> Agent<'a> {
         if !(peers_ok && attached) {
             asks = asks.with(retry);
         }
-        if !self.cached && self.origin == Origin::Source && !matches!(c.source, Source::File(_)) {
-            match self.state.save_view(d) {
-                Ok(()) => {
-                    self.cached = true;
-                    self.cache_failure_said = false;
-                }
-                // a full or read-only state dir: forwarding goes on, an offline boot would start from an older view
-                Err(e) if !self.cache_failure_said => {
-                    self.cache_failure_said = true;
-                    warn!("cannot cache the view (tried again with each view; said once): {e:#}");
-                }
-                Err(_) => {}
-            }
-        }
+        self.cache_view();
         asks
     }
+
+    /// The dataplane up as the view says: brought up when it is down,
+    /// re-addressed when our pod CIDRs changed. `Err`: what to run instead
+    /// of the rest of the pass (nothing to do, or a retry).
+    async fn come_up(&mut self, pass: Instant) -> Result<(), Asks> {
+        let (c, report) = (self.c, &self.report);
+        let Some(d) = self.desired.as_ref() else { return Err(Asks::nothing()) };
+        let Some(own) = d.view.own.clone() else { return Err(Asks::nothing()) };
+        match &mut self.phase {
+            Phase::Down => {
+                let others = crate::vtep_mac::OthersMacs::of(&d.view.peers);
+                match bring_up(c, &d.conf, own, &others, &self.state, &self.handle, &report.startup).await {
+                    Ok(n) => {
+                        self.local.send_replace(Some(n.local_vtep()));
+                        self.phase = Phase::Up(Box::new(n));
+                    }
+                    Err(e) => {
+                        // a program the verifier refuses: retried with a back-off, its log once per change
+                        let after = e
+                            .chain()
+                            .find_map(|c| c.downcast_ref::<crate::dataplane::refused::Refused>())
+                            .map_or(RETRY_AFTER, crate::dataplane::refused::Refused::retry_after);
+                        error!(retry_in_secs = after.as_secs(), "cannot bring up the dataplane, retrying: {e:#}");
+                        report.pass_failed(Stage::BringUp, pass);
+                        return Err(Asks::run(Job::Pass, after));
+                    }
+                }
+            }
+            Phase::Up(n) if n.own().subnet != own.subnet || n.own().subnet6 != own.subnet6 => {
+                warn!(old = ?n.own().subnet, new = ?own.subnet, old6 = ?n.own().subnet6, new6 = ?own.subnet6,
+                    "own pod CIDR changed; re-addressing the VTEP");
+                if let Err(e) = readdress(n, &own, &self.state).await {
+                    error!("cannot apply the new pod CIDR: {e:#}");
+                    report.pass_failed(Stage::Readdress, pass);
+                    return Err(Asks::run(Job::Pass, RETRY_AFTER));
+                }
+                self.local.send_replace(Some(n.local_vtep()));
+            }
+            Phase::Up(_) => {}
+        }
+        Ok(())
+    }
+
+    /// A dual-stack node must publish both halves or flannel peers skip it
+    /// whole: a change of `EnableIPv4`, `EnableIPv6` or `IPv6Network`
+    /// rebuilds the dataplane now.
+    fn rebuild_if_families_changed(&mut self) -> Option<Asks> {
+        let (Some(d), Phase::Up(n)) = (self.desired.as_ref(), &self.phase) else { return None };
+        let families_changed = d.conf.ipv6.as_ref().map(|v6| v6.network) != n.record().v6.as_ref().map(|v6| v6.network)
+            || d.conf.ipv4 != n.record().v4.is_some();
+        if !families_changed {
+            return None;
+        }
+        warn!("EnableIPv4, EnableIPv6 or IPv6Network changed; rebuilding the dataplane to apply it");
+        self.report.rebuilding();
+        self.phase = Phase::Down;
+        Some(Asks::run(Job::Pass, std::time::Duration::ZERO))
+    }
+
+    /// Caches the view in force once, when it came from the source (not a
+    /// nodes file, which is its own cache).
+    fn cache_view(&mut self) {
+        let Some(d) = self.desired.as_ref() else { return };
+        if self.cached || self.origin != Origin::Source || matches!(self.c.source, Source::File(_)) {
+            return;
+        }
+        match self.state.save_view(d) {
+            Ok(()) => {
+                self.cached = true;
+                self.cache_failure_said = false;
+            }
+            // a full or read-only state dir: forwarding goes on, an offline boot would start from an older view
+            Err(e) if !self.cache_failure_said => {
+                self.cache_failure_said = true;
+                warn!("cannot cache the view (tried again with each view; said once): {e:#}");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// The peers of the view, the rules, the attach, the IPv6 side of a
+/// dual-stack node and the local pods: returns whether every peer write
+/// went through, whether the programs are attached, and what else to run.
+async fn sync_node(
+    n: &mut Node,
+    d: &Desired,
+    c: &Checked,
+    state: &StateDir,
+    report: &LoopReport,
+    warned: &mut Warned,
+) -> (bool, bool, Asks) {
+    let mut asks = Asks::nothing();
+    // the inner-source exemption is the operator's alone (`--any-inner-source`)
+    let view = crate::exempt::Exemptions::new(&c.args.any_inner_source);
+    let view = view.apply(&d.view);
+    let peers_ok = n.reconcile(&view, d.conf.direct_routing, state, warned).await;
+    report.set_peers(n.accepted().iter());
+    n.enforce_rules();
+    let first_attach = !n.attached();
+    let attached = match n.attach().await {
+        Ok(()) => {
+            report.startup.reached(Milestone::Attached, Instant::now());
+            if first_attach {
+                // what the first pass held back until the programs were on
+                asks = asks.and(Job::Pass, std::time::Duration::ZERO);
+                // after decap, the authority: the XDP judge only drops early what TC drops
+                n.attach_xdp_judge(state).await;
+            }
+            true
+        }
+        Err(e) => {
+            error!("cannot attach the programs, retrying: {e:#}");
+            false
+        }
+    };
+    // the IPv6 kernel entries after the attach: the first IPv4 packet does not wait for them
+    let peers_ok = n.reconcile_follower(d.conf.direct_routing).await && peers_ok;
+    if attached {
+        n.learn_pods().await;
+    }
+    (peers_ok, attached, asks)
 }
 
 /// Decap's place on the underlay's ingress, checked and restored: what ran

@@ -53,7 +53,7 @@ pub trait Family: Copy + Ord + Debug + Display + Default + Into<IpNet> {
 }
 
 macro_rules! family {
-    ($net:ty, $addr:ty, $bits:ty, $variant:ident, $netlink:ident, $v6:expr, $multicast:expr, $iptables:expr, $not_unicast:ident) => {
+    ($net:ty, $addr:ty, $bits:ty, $variant:ident, $netlink:ident, $v6:expr, $multicast:expr, $iptables:expr) => {
         impl Family for $net {
             type Addr = $addr;
             const NETLINK: AddressFamily = AddressFamily::$netlink;
@@ -82,7 +82,7 @@ macro_rules! family {
                 self.contains(other)
             }
             fn not_unicast(ip: $addr) -> Option<&'static str> {
-                $not_unicast(ip)
+                ip.special()
             }
             const BITS: u8 = <$bits>::BITS as u8;
             fn bits(addr: $addr) -> u128 {
@@ -94,47 +94,58 @@ macro_rules! family {
         }
     };
 }
-family!(Ipv4Net, Ipv4Addr, u32, V4, Inet, false, "224.0.0.0/4", "iptables", not_unicast4);
-family!(Ipv6Net, Ipv6Addr, u128, V6, Inet6, true, "ff00::/8", "ip6tables", not_unicast6);
+family!(Ipv4Net, Ipv4Addr, u32, V4, Inet, false, "224.0.0.0/4", "iptables");
+family!(Ipv6Net, Ipv6Addr, u128, V6, Inet6, true, "ff00::/8", "ip6tables");
 
-/// One per family (with `not_unicast6`): each family has its own special
-/// ranges, and Rust's `Ipv4Addr` and `Ipv6Addr` their own tests for them.
-fn not_unicast4(ip: Ipv4Addr) -> Option<&'static str> {
-    if ip.octets()[0] == 0 {
-        Some("0.0.0.0/8, \"this network\"")
-    } else if ip.is_loopback() {
-        Some("loopback")
-    } else if ip.is_multicast() {
-        Some("multicast")
-    } else if ip.is_broadcast() {
-        Some("broadcast")
-    } else if ip.is_link_local() {
-        // one link only; 169.254.1.1 is also the VTEP's on-link gateway
-        Some("link-local, 169.254.0.0/16")
-    } else if ip.octets()[0] >= 240 {
-        Some("reserved, 240.0.0.0/4")
-    } else {
-        None
+/// The addresses of one type that no VTEP can have, which
+/// [`Family::not_unicast`] asks for. Written per address type, not over the
+/// family: each family has its own special ranges, and Rust's `Ipv4Addr`
+/// and `Ipv6Addr` their own tests for them.
+trait SpecialRanges {
+    /// What kind of special address this is, if it is one.
+    fn special(self) -> Option<&'static str>;
+}
+
+impl SpecialRanges for Ipv4Addr {
+    fn special(self) -> Option<&'static str> {
+        if self.octets()[0] == 0 {
+            Some("0.0.0.0/8, \"this network\"")
+        } else if self.is_loopback() {
+            Some("loopback")
+        } else if self.is_multicast() {
+            Some("multicast")
+        } else if self.is_broadcast() {
+            Some("broadcast")
+        } else if self.is_link_local() {
+            // one link only; 169.254.1.1 is also the VTEP's on-link gateway
+            Some("link-local, 169.254.0.0/16")
+        } else if self.octets()[0] >= 240 {
+            Some("reserved, 240.0.0.0/4")
+        } else {
+            None
+        }
     }
 }
 
 /// A link-local address is reachable only on one link and the kernel would
 /// need a scope for it, so a peer's `flannel-v6` device could not send to it.
-fn not_unicast6(ip: Ipv6Addr) -> Option<&'static str> {
-    if ip.is_unspecified() {
-        Some("unspecified")
-    } else if ip.is_loopback() {
-        Some("loopback")
-    } else if ip.is_multicast() {
-        Some("multicast")
-    } else if ip.segments()[0] & 0xffc0 == 0xfe80 {
-        Some("link-local, fe80::/10")
-    } else if ip.to_ipv4_mapped().is_some() {
-        // never on the wire as IPv6: the kernel would send it as IPv4
-        Some("IPv4-mapped, ::ffff:0:0/96; give the IPv4 address as public-ip")
-    } else if ip.segments()[..6] == [0; 6] {
-        Some("IPv4-compatible, ::/96 (deprecated)")
-    } else {
-        None
+impl SpecialRanges for Ipv6Addr {
+    fn special(self) -> Option<&'static str> {
+        if self.is_unspecified() {
+            Some("unspecified")
+        } else if self.is_loopback() {
+            Some("loopback")
+        } else if self.is_multicast() {
+            Some("multicast")
+        } else if self.segments()[0] & 0xffc0 == 0xfe80 {
+            Some("link-local, fe80::/10")
+        } else if self.to_ipv4_mapped().is_some() {
+            // never on the wire as IPv6: the kernel would send it as IPv4
+            Some("IPv4-mapped, ::ffff:0:0/96; give the IPv4 address as public-ip")
+        } else if self.segments()[..6] == [0; 6] {
+            Some("IPv4-compatible, ::/96 (deprecated)")
+        } else {
+            None
+        }
     }
 }

@@ -39,7 +39,7 @@ pub struct NetConf {
 
 /// The IPv6 half of a dual-stack network config. Only the etcd subnet
 /// manager reads the subnet fields (flannel's `CheckNetworkConfig`, see
-/// `source::subnet_range::subnet_range6`); the Kubernetes one takes the node's
+/// `source::subnet_range::ipv6_subnet_range`); the Kubernetes one takes the node's
 /// IPv6 pod CIDR as it is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Ipv6Conf {

@@ -24,11 +24,16 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use crate::gone::Gone;
-use crate::{mac::VtepMac, peer::Peer};
+use crate::{family::Family, mac::VtepMac, peer::Peer};
 
+/// The saved MAC of `flannel.<VNI>`; code of one family takes [`mac_file`].
 pub const MAC_FILE: &str = "vtep-mac";
-/// The MAC of `flannel-v6.<VNI>` (dual-stack), kept apart from the IPv4
-/// one as flannel keeps `backend-v6-data` apart from `backend-data`.
+/// Twin of [`MAC_FILE`] because each family's VTEP MAC is a file of its
+/// own on disk, under a name state dirs of earlier releases hold and must
+/// still load; code that lists every state file (cleanup, the owner
+/// stamp) names both, code of one family takes [`mac_file`]. The MAC of
+/// `flannel-v6.<VNI>` (dual-stack), kept apart from the IPv4 one as
+/// flannel keeps `backend-v6-data` apart from `backend-data`.
 pub const MAC6_FILE: &str = "vtep-mac6";
 pub const PEERS_FILE: &str = "peers.json";
 pub const AGENT_FILE: &str = "agent.json";
@@ -55,6 +60,12 @@ pub enum StateError {
     OpenDir { path: PathBuf, mode: u32 },
     #[error("cannot {what} {}: {source}", path.display())]
     Io { what: &'static str, path: PathBuf, source: io::Error },
+}
+
+/// The file the VTEP MAC of the family `N` is saved in: [`MAC_FILE`] or
+/// [`MAC6_FILE`].
+pub fn mac_file<N: Family>() -> &'static str {
+    if N::V6 { MAC6_FILE } else { MAC_FILE }
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StateError + use<> {
@@ -291,7 +302,7 @@ impl StateDir {
 
     /// The saved VTEP MAC. A damaged file is an error, not "no MAC": a
     /// silent new MAC is the outage edgevx exists to prevent.
-    /// The saved MAC in `file` ([`MAC_FILE`] or [`MAC6_FILE`]).
+    /// The saved MAC in `file` (a family's [`mac_file`]).
     pub fn load_mac(&self, file: &str) -> Result<Option<VtepMac>> {
         let path = self.path(file);
         let Some(bytes) = self.read(file)? else { return Ok(None) };
@@ -476,6 +487,8 @@ mod tests {
         fs::write(d.join(MAC6_FILE), "not a mac").unwrap();
         let e = s.load_mac(MAC6_FILE).unwrap_err();
         assert!(format!("{e:#}").contains(MAC6_FILE), "{e:#}");
+        // the names on disk: state dirs of earlier releases hold them
+        assert_eq!((mac_file::<Ipv4Net>(), mac_file::<Ipv6Net>()), ("vtep-mac", "vtep-mac6"));
         fs::remove_dir_all(d).unwrap();
     }
 }

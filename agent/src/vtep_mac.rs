@@ -30,7 +30,7 @@ use crate::{
     family::Family,
     mac::VtepMac,
     peer::Peer,
-    state::{MAC_FILE, MAC6_FILE, StateDir},
+    state::{StateDir, mac_file},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,10 +134,6 @@ pub fn candidate<N: Family>(state: &StateDir, others: &OthersMacs) -> Result<Vte
     }
 }
 
-fn mac_file<N: Family>() -> &'static str {
-    if N::V6 { MAC6_FILE } else { MAC_FILE }
-}
-
 #[cfg(test)]
 mod tests {
     use std::fs;
@@ -145,6 +141,7 @@ mod tests {
     use ipnet::{Ipv4Net, Ipv6Net};
 
     use super::*;
+    use crate::state::{MAC_FILE, MAC6_FILE};
 
     fn none() -> OthersMacs {
         OthersMacs::default()

@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Some(v6) = &conf.ipv6 {
         assert_eq!(v6.network.trunc(), v6.network, "host bits are dropped");
-        let Ok(r6) = subnet_range::subnet_range6(v6) else { return };
+        let Ok(r6) = subnet_range::ipv6_subnet_range(v6) else { return };
         assert!(r6.len <= 126 && r6.len >= v6.network.prefix_len() + 2, "{r6:?}");
         assert!(v6.network.contains(&r6.min) && v6.network.contains(&r6.max), "{r6:?}");
         if let Some(n6) = subnet_range::allocate(r6, &[], None, u64::from(conf.vni)) {

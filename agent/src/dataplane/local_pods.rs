@@ -29,7 +29,9 @@ struct LinkFacts {
     controller: Option<u32>,
 }
 
-fn mac6(bytes: &[u8]) -> Option<[u8; 6]> {
+/// A link-layer address as an Ethernet MAC (its 6 bytes): `None` for one
+/// of another length, as a tunnel device has (no pod's or bridge's).
+fn ethernet_mac(bytes: &[u8]) -> Option<[u8; 6]> {
     bytes.try_into().ok()
 }
 
@@ -40,7 +42,7 @@ async fn links(handle: &Handle) -> Result<HashMap<u32, LinkFacts>> {
         let mut facts = LinkFacts { kind: None, mac: None, controller: None };
         for a in &link.attributes {
             match a {
-                LinkAttribute::Address(m) => facts.mac = mac6(m),
+                LinkAttribute::Address(m) => facts.mac = ethernet_mac(m),
                 LinkAttribute::Controller(c) => facts.controller = Some(*c),
                 LinkAttribute::LinkInfo(infos) => {
                     for i in infos {
@@ -68,7 +70,7 @@ async fn bridge_fdb(handle: &Handle, links: &HashMap<u32, LinkFacts>) -> Result<
         };
         for a in &n.attributes {
             if let NeighbourAttribute::LinkLayerAddress(m) = a
-                && let Some(mac) = mac6(m)
+                && let Some(mac) = ethernet_mac(m)
             {
                 out.insert((bridge, mac), port);
             }
@@ -99,7 +101,7 @@ pub async fn discover(handle: &Handle, subnet: Ipv4Net) -> Result<BTreeMap<[u8; 
         for a in &n.attributes {
             match a {
                 NeighbourAttribute::Destination(NeighbourAddress::Inet(v)) => ip = Some(*v),
-                NeighbourAttribute::LinkLayerAddress(m) => mac = mac6(m),
+                NeighbourAttribute::LinkLayerAddress(m) => mac = ethernet_mac(m),
                 _ => {}
             }
         }

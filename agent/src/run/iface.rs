@@ -104,7 +104,7 @@ pub enum IfaceError {
     #[error(
         "no interface matches {tried} (interfaces: {available}); in an IPv6-only network (EnableIPv4 false) an interface qualifies only with a global IPv6 address"
     )]
-    NoMatch6 { tried: String, available: String },
+    NoMatchIpv6Only { tried: String, available: String },
     #[error(
         "--iface-can-reach {0}: the network is IPv6-only (EnableIPv4 false), so there is no IPv4 route to follow; choose the underlay with --iface or --iface-regex"
     )]
@@ -112,7 +112,7 @@ pub enum IfaceError {
     #[error(
         "no --iface or --iface-regex, no IPv6 default route to take the interface from (the network is IPv6-only), and no interface with the public IPv6 of an earlier bring-up"
     )]
-    NoDefaultRoute6,
+    NoDefaultRouteIpv6Only,
     #[error("cannot read the interfaces: {0:#}")]
     Netlink(anyhow::Error),
 }
@@ -127,8 +127,8 @@ impl IfaceError {
             IfaceError::NoMatch { .. }
             | IfaceError::Unreachable(_)
             | IfaceError::NoDefaultRoute
-            | IfaceError::NoMatch6 { .. }
-            | IfaceError::NoDefaultRoute6
+            | IfaceError::NoMatchIpv6Only { .. }
+            | IfaceError::NoDefaultRouteIpv6Only
             | IfaceError::Netlink(_) => true,
         }
     }
@@ -188,10 +188,10 @@ impl ChoosingFamily for Ipv6Net {
         Err(IfaceError::CanReachIpv6Only(to))
     }
     fn no_match(tried: String, available: String) -> IfaceError {
-        IfaceError::NoMatch6 { tried, available }
+        IfaceError::NoMatchIpv6Only { tried, available }
     }
     fn no_default_route() -> IfaceError {
-        IfaceError::NoDefaultRoute6
+        IfaceError::NoDefaultRouteIpv6Only
     }
     fn recorded(rec: &AgentRecord) -> Option<Ipv6Addr> {
         rec.v6.as_ref().map(|v6| v6.public_ip)
@@ -430,21 +430,22 @@ mod tests {
     type V4 = Ipv4Net;
     type V6 = Ipv6Net;
 
-    fn a(s: &str) -> Ipv4Addr {
+    /// An address of either family, by the type the test wants.
+    fn ip<A: std::str::FromStr<Err = std::net::AddrParseError>>(s: &str) -> A {
         s.parse().unwrap()
     }
 
     fn node() -> Vec<Link> {
         vec![
             Link { name: "lo".into(), index: 1, ipv4: vec![], ipv6: vec![] },
-            Link { name: "eth0".into(), index: 2, ipv4: vec![a("198.18.0.1")], ipv6: vec![] },
-            Link { name: "eth1".into(), index: 3, ipv4: vec![a("198.19.0.1"), a("198.19.0.11")], ipv6: vec![] },
+            Link { name: "eth0".into(), index: 2, ipv4: vec![ip("198.18.0.1")], ipv6: vec![] },
+            Link { name: "eth1".into(), index: 3, ipv4: vec![ip("198.19.0.1"), ip("198.19.0.11")], ipv6: vec![] },
             Link { name: "bond0".into(), index: 4, ipv4: vec![], ipv6: vec![] },
         ]
     }
 
-    fn chosen(name: &str, address: &str) -> Option<Chosen<Ipv4Addr>> {
-        Some(Chosen { name: name.into(), address: a(address) })
+    fn chosen<A: std::str::FromStr<Err = std::net::AddrParseError>>(name: &str, address: &str) -> Option<Chosen<A>> {
+        Some(Chosen { name: name.into(), address: ip(address) })
     }
 
     #[test]
@@ -486,7 +487,7 @@ mod tests {
         let want = Wanted { ifaces: &ifaces, ..Default::default() };
         assert_eq!(by_flags::<V4>(&node(), &want, Some((2, None))).unwrap(), chosen("eth0", "198.18.0.1"));
         assert_eq!(
-            by_flags::<V4>(&node(), &want, Some((3, Some(a("198.19.0.11"))))).unwrap(),
+            by_flags::<V4>(&node(), &want, Some((3, Some(ip("198.19.0.11"))))).unwrap(),
             chosen("eth1", "198.19.0.11")
         );
         assert_eq!(by_flags::<V4>(&node(), &want, None).unwrap(), None);
@@ -497,8 +498,8 @@ mod tests {
 
     #[test]
     fn the_public_ip_names_its_owner() {
-        assert_eq!(owner_of::<V4>(&node(), a("198.19.0.11")), chosen("eth1", "198.19.0.11"));
-        assert_eq!(owner_of::<V4>(&node(), a("203.0.113.1")), None);
+        assert_eq!(owner_of::<V4>(&node(), ip("198.19.0.11")), chosen("eth1", "198.19.0.11"));
+        assert_eq!(owner_of::<V4>(&node(), ip("203.0.113.1")), None);
     }
 
     #[test]
@@ -510,56 +511,51 @@ mod tests {
 
     // the IPv6 stack: an IPv6-only network
 
-    fn a6(s: &str) -> Ipv6Addr {
-        s.parse().unwrap()
-    }
-
-    fn node6() -> Vec<Link> {
+    fn ipv6_only_node() -> Vec<Link> {
         let link = |name: &str, index, ipv6: Vec<Ipv6Addr>| Link { name: name.into(), index, ipv4: vec![], ipv6 };
         vec![
             link("lo", 1, vec![]),
-            link("eth0", 2, vec![a6("fd00:198:18::1")]),
-            link("eth1", 3, vec![a6("fd00:198:19::1"), a6("fd00:198:19::11")]),
+            link("eth0", 2, vec![ip("fd00:198:18::1")]),
+            link("eth1", 3, vec![ip("fd00:198:19::1"), ip("fd00:198:19::11")]),
             link("bond0", 4, vec![]),
         ]
-    }
-
-    fn chosen6(name: &str, address: &str) -> Option<Chosen<Ipv6Addr>> {
-        Some(Chosen { name: name.into(), address: a6(address) })
     }
 
     #[test]
     fn v6_iface_by_name_or_ipv6_address_first_that_matches_wins() {
         let ifaces = ["nosuch0".to_string(), "bond0".into(), "198.18.0.1".into(), "eth1".into(), "eth0".into()];
         let want = Wanted { ifaces: &ifaces, ..Default::default() };
-        assert_eq!(by_flags::<V6>(&node6(), &want, None).unwrap(), chosen6("eth1", "fd00:198:19::1"));
+        assert_eq!(by_flags::<V6>(&ipv6_only_node(), &want, None).unwrap(), chosen("eth1", "fd00:198:19::1"));
         let ifaces = ["fd00:198:19::11".to_string()];
         let want = Wanted { ifaces: &ifaces, ..Default::default() };
-        assert_eq!(by_flags::<V6>(&node6(), &want, None).unwrap(), chosen6("eth1", "fd00:198:19::11"));
+        assert_eq!(by_flags::<V6>(&ipv6_only_node(), &want, None).unwrap(), chosen("eth1", "fd00:198:19::11"));
         let ifaces = ["fd00:198:19::99".to_string()];
-        assert_eq!(by_flags::<V6>(&node6(), &Wanted { ifaces: &ifaces, ..Default::default() }, None).unwrap(), None);
+        assert_eq!(
+            by_flags::<V6>(&ipv6_only_node(), &Wanted { ifaces: &ifaces, ..Default::default() }, None).unwrap(),
+            None
+        );
     }
 
     #[test]
     fn v6_regex_matches_ipv6_addresses_before_names() {
         let regexes = [r"eth0|^fd00:198:19:".to_string()];
         let want = Wanted { regexes: &regexes, ..Default::default() };
-        assert_eq!(by_flags::<V6>(&node6(), &want, None).unwrap(), chosen6("eth1", "fd00:198:19::1"));
+        assert_eq!(by_flags::<V6>(&ipv6_only_node(), &want, None).unwrap(), chosen("eth1", "fd00:198:19::1"));
         let regexes = ["^wlan".to_string(), "^eth".into()];
         let want = Wanted { regexes: &regexes, ..Default::default() };
-        assert_eq!(by_flags::<V6>(&node6(), &want, None).unwrap(), chosen6("eth0", "fd00:198:18::1"));
+        assert_eq!(by_flags::<V6>(&ipv6_only_node(), &want, None).unwrap(), chosen("eth0", "fd00:198:18::1"));
         let bad = ["(".to_string()];
         assert!(matches!(
-            by_flags::<V6>(&node6(), &Wanted { regexes: &bad, ..Default::default() }, None),
+            by_flags::<V6>(&ipv6_only_node(), &Wanted { regexes: &bad, ..Default::default() }, None),
             Err(IfaceError::BadRegex { .. })
         ));
     }
 
     #[test]
     fn the_public_ipv6_names_its_owner() {
-        assert_eq!(owner_of::<V6>(&node6(), a6("fd00:198:19::11")), chosen6("eth1", "fd00:198:19::11"));
-        assert_eq!(owner_of::<V6>(&node6(), a6("2001:db8::1")), None);
-        let e = no_match::<V6>(&node6(), "--iface bond0".into()).to_string();
+        assert_eq!(owner_of::<V6>(&ipv6_only_node(), ip("fd00:198:19::11")), chosen("eth1", "fd00:198:19::11"));
+        assert_eq!(owner_of::<V6>(&ipv6_only_node(), ip("2001:db8::1")), None);
+        let e = no_match::<V6>(&ipv6_only_node(), "--iface bond0".into()).to_string();
         assert!(e.contains("--iface bond0") && e.contains("eth1:[\"fd00:198:19::1\""), "{e}");
     }
 }

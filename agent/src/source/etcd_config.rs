@@ -53,7 +53,7 @@ pub(super) fn read_config(text: &str, key: &str) -> Result<(NetConf, Ranges), Re
     let v4 = subnet_range::subnet_range(text, &conf).map_err(|e| RefusedConfig(format!("{key}: {e}")))?;
     let v6 = match &conf.ipv6 {
         None => None,
-        Some(v6) => Some(subnet_range::subnet_range6(v6).map_err(|e| RefusedConfig(format!("{key}: {e}")))?),
+        Some(v6) => Some(subnet_range::ipv6_subnet_range(v6).map_err(|e| RefusedConfig(format!("{key}: {e}")))?),
     };
     Ok((conf, Ranges { v4, v6 }))
 }

@@ -1,16 +1,20 @@
 //! flannel's rules for reading Node objects (pkg/subnet/kube/kube.go,
-//! pkg/backend/vxlan): which nodes are peers, and what each peer is.
+//! pkg/backend/vxlan): which nodes are peers, and what each peer is. Each
+//! family's half of a Node is read once for both (`node_half.rs`).
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::Value;
 
-use super::node_error::{NodeError, parse_ip};
+use super::{
+    node_error::{NodeError, parse_ip},
+    node_half::{NodeFamily, annotations, checked, half, pod_cidr, vtep_mac},
+    peer_record::checked_half,
+};
 use crate::{
     annotations::{ANY_INNER_SOURCE, AnnotationNames},
-    mac::VtepMac,
     netconf::NetConf,
-    peer::{ClusterView, Desired, Half, OwnNode, Peer, Rejection},
+    peer::{ClusterView, Desired, OwnNode, Peer, Rejection},
 };
 
 /// Reads Node objects (from a file or the API) with flannel's rules.
@@ -51,101 +55,6 @@ enum Verdict {
     Ignored(String),
 }
 
-/// A Node's annotations, borrowed: a node list of 10,000 Nodes is read
-/// without copying a single annotation.
-#[derive(Default)]
-struct Annotations<'a>(Option<&'a serde_json::Map<String, Value>>);
-
-impl<'a> Annotations<'a> {
-    fn get(&self, key: &str) -> Option<&'a str> {
-        self.0?.get(key).and_then(Value::as_str)
-    }
-}
-
-fn annotations(node: &Value) -> Result<Annotations<'_>, NodeError> {
-    match node.pointer("/metadata/annotations") {
-        None | Some(Value::Null) => Ok(Annotations(None)),
-        Some(Value::Object(map)) => {
-            if let Some((k, _)) = map.iter().find(|(_, v)| !v.is_string()) {
-                return Err(NodeError::AnnotationNotAString(k.clone()));
-            }
-            Ok(Annotations(Some(map)))
-        }
-        Some(_) => Err(NodeError::AnnotationsNotAMap),
-    }
-}
-
-/// `spec.podCIDRs`, else `spec.podCIDR` (flannel reads the single field
-/// only when the list is empty).
-fn pod_cidr_texts(node: &Value) -> Vec<&str> {
-    let mut texts: Vec<&str> = Vec::new();
-    if let Some(list) = node.pointer("/spec/podCIDRs").and_then(Value::as_array) {
-        texts.extend(list.iter().filter_map(Value::as_str));
-    }
-    if texts.is_empty()
-        && let Some(one) = node.pointer("/spec/podCIDR").and_then(Value::as_str)
-    {
-        texts.push(one);
-    }
-    texts
-}
-
-/// The first IPv4 pod CIDR. A twin of [`pod_cidr6`], as flannel's two
-/// halves are read apart: a pod CIDR list with no IPv4 one is refused
-/// here in edgevx's words, the IPv6 one in flannel's own.
-fn pod_cidr(node: &Value) -> Result<Ipv4Net, NodeError> {
-    let texts = pod_cidr_texts(node);
-    if texts.is_empty() {
-        return Err(NodeError::PodCidrNotAssigned);
-    }
-    for text in &texts {
-        if text.contains(':') {
-            continue; // IPv6 half of a dual-stack node
-        }
-        let net: Ipv4Net = text.parse().map_err(|_| NodeError::BadPodCidr(text.to_string()))?;
-        if net.trunc() != net {
-            return Err(NodeError::PodCidrHostBits(text.to_string()));
-        }
-        return Ok(net);
-    }
-    Err(NodeError::NoIpv4PodCidr(texts.iter().map(|t| t.to_string()).collect()))
-}
-
-/// The first IPv6 pod CIDR, as flannel's `nodeToLease` picks it.
-fn pod_cidr6(node: &Value) -> Result<Ipv6Net, NodeError> {
-    let texts = pod_cidr_texts(node);
-    let text = texts
-        .iter()
-        .find(|t| t.contains(':'))
-        .ok_or_else(|| NodeError::NoIpv6PodCidr(texts.iter().map(|t| t.to_string()).collect()))?;
-    let net: Ipv6Net = text.parse().map_err(|_| NodeError::BadIpv6PodCidr(text.to_string()))?;
-    if net.trunc() != net {
-        return Err(NodeError::Ipv6PodCidrHostBits(text.to_string()));
-    }
-    Ok(net)
-}
-
-/// The VtepMAC of flannel's vxlan backend data; `what` names the
-/// annotation (`backend-data` or `backend-v6-data`).
-fn vtep_mac(what: &'static str, backend_data: &str) -> Result<VtepMac, NodeError> {
-    /// The part of flannel's vxlan backend data we read (`VNI` is not used).
-    #[derive(serde::Deserialize)]
-    struct BackendData<'a> {
-        #[serde(rename = "VtepMAC", borrow, default)]
-        vtep_mac: Option<std::borrow::Cow<'a, str>>,
-    }
-    let data = backend_data.to_string();
-    let parsed: BackendData = serde_json::from_str(backend_data).map_err(|e| {
-        if e.is_data() && e.to_string().contains("VtepMAC") {
-            NodeError::MacNotAString { what, data: data.clone() }
-        } else {
-            NodeError::BackendDataNotJson { what, error: e.to_string(), data: data.clone() }
-        }
-    })?;
-    let mac = parsed.vtep_mac.ok_or_else(|| NodeError::NoMac { what, data: data.clone() })?;
-    mac.parse().map_err(|error| NodeError::BadMac { what, error })
-}
-
 /// This node's addresses as its own Node publishes them: no peer may claim one.
 #[derive(Default)]
 struct OwnIps {
@@ -168,7 +77,7 @@ impl Rules<'_> {
         }
         // IPv6-only: flannel's nodeToLease reads no IPv4 annotation or pod CIDR
         let v4 = match self.network {
-            Some(network) => Some(self.peer4(&ann, node, network, own_ips)?),
+            Some(network) => Some(checked(half::<Ipv4Net>(n, &ann, node)?, network, &own_ips.v4)?),
             None => None,
         };
         // the exemption is the operator's (`--any-inner-source`), never the node's own
@@ -176,63 +85,19 @@ impl Rules<'_> {
         let Some(network6) = self.network6 else {
             return Ok(Verdict::Peer(Peer { node: name.to_string(), v4, any_inner_source, appeared, v6: None }, None));
         };
-        let half6 = self.peer6(&ann, node)?;
+        let half6 = half::<Ipv6Net>(n, &ann, node)?;
         let (v6, partial) = match v4 {
             // dual-stack: flannel skips a node without its IPv6 half whole (nodeToLease,
             // handleSubnetEvents), so kernel flannel nodes never program its IPv4 half either;
             // a half that parses but no IPv6 VTEP can be is left out alone
-            Some(_) => match super::peer_record::checked_half6(half6, network6, &own_ips.v6) {
+            Some(_) => match checked_half(half6, network6, &own_ips.v6) {
                 Ok(v6) => (Some(v6), None),
-                Err(why) => (None, Some(format!("public-ipv6 annotation or IPv6 pod CIDR: {why}"))),
+                Err(why) => (None, Some(format!("{}: {why}", Ipv6Net::PARTS))),
             },
             // IPv6-only: that half is the whole peer
-            None => {
-                super::peer_record::check(half6.public_ip, half6.subnet, network6, &own_ips.v6).map_err(|problem| {
-                    NodeError::Record { parts: "public-ipv6 annotation or IPv6 pod CIDR", problem }
-                })?;
-                (Some(half6), None)
-            }
+            None => (Some(checked(half6, network6, &own_ips.v6)?), None),
         };
         Ok(Verdict::Peer(Peer { node: name.to_string(), v4, any_inner_source, appeared, v6 }, partial))
-    }
-
-    /// A peer's IPv4 half; every part is required and must parse.
-    fn peer4(
-        &self,
-        ann: &Annotations,
-        node: &Value,
-        network: Ipv4Net,
-        own_ips: &OwnIps,
-    ) -> Result<Half<Ipv4Net>, NodeError> {
-        let n = self.names;
-        let data = ann.get(&n.backend_data).ok_or_else(|| NodeError::NoAnnotation(n.backend_data.clone()))?;
-        let vtep_mac = vtep_mac("backend-data", data)?;
-        // public-ip-overwrite is what the node's own agent publishes as public-ip
-        let public_ip = match (ann.get(&n.public_ip_overwrite), ann.get(&n.public_ip)) {
-            (Some(o), _) if !o.is_empty() => parse_ip::<Ipv4Net>("public-ip-overwrite", o)?,
-            (_, Some(p)) => parse_ip::<Ipv4Net>("public-ip", p)?,
-            (_, None) => return Err(NodeError::NoAnnotation(n.public_ip.clone())),
-        };
-        let subnet = pod_cidr(node)?;
-        super::peer_record::check(public_ip, subnet, network, &own_ips.v4)
-            .map_err(|problem| NodeError::Record { parts: "public-ip annotation or pod CIDR", problem })?;
-        Ok(Half { subnet, public_ip, vtep_mac })
-    }
-
-    /// A peer's IPv6 half; every part is required and must parse. A twin
-    /// of [`peer4`](Self::peer4) because flannel reads the halves apart: the
-    /// annotations and their errors are the IPv6 ones, and this half's
-    /// subnet is checked against the IPv6 Network with the whole view.
-    fn peer6(&self, ann: &Annotations, node: &Value) -> Result<Half<Ipv6Net>, NodeError> {
-        let n = self.names;
-        let public_ip = match (ann.get(&n.public_ipv6_overwrite), ann.get(&n.public_ipv6)) {
-            (Some(o), _) if !o.is_empty() => parse_ip::<Ipv6Net>("public-ipv6-overwrite", o)?,
-            (_, Some(p)) => parse_ip::<Ipv6Net>("public-ipv6", p)?,
-            (_, None) => return Err(NodeError::NoIpv6Annotation(n.public_ipv6.clone())),
-        };
-        let data = ann.get(&n.backend_v6_data).ok_or_else(|| NodeError::NoIpv6Annotation(n.backend_v6_data.clone()))?;
-        let vtep_mac = vtep_mac("backend-v6-data", data)?;
-        Ok(Half { subnet: pod_cidr6(node)?, public_ip, vtep_mac })
     }
 
     fn own(&self, node: &Value) -> Result<OwnNode, NodeError> {
@@ -246,19 +111,19 @@ impl Rules<'_> {
             node_public_ipv6: None,
         };
         if let Some(network) = self.network {
-            let subnet = pod_cidr(node)?;
+            let subnet = pod_cidr::<Ipv4Net>(node)?;
             if !network.contains(&subnet) {
                 return Err(NodeError::OutsideNetwork { subnet, network });
             }
             own.subnet = Some(subnet);
-            own.published_mac = ann.get(&self.names.backend_data).and_then(|d| vtep_mac("backend-data", d).ok());
+            own.published_mac = ann.get(&self.names.backend_data).and_then(|d| vtep_mac(Ipv4Net::BACKEND_DATA, d).ok());
             own.node_public_ip = match ann.get(&self.names.node_public_ip) {
                 Some(ip) => Some(parse_ip::<Ipv4Net>("node-public-ip", ip)?),
                 None => None,
             };
         }
         if let Some(network6) = self.network6 {
-            let subnet6 = pod_cidr6(node)?;
+            let subnet6 = pod_cidr::<Ipv6Net>(node)?;
             if !network6.contains(&subnet6) {
                 return Err(NodeError::Ipv6OutsideNetwork {
                     network: network6,
@@ -267,7 +132,8 @@ impl Rules<'_> {
                 });
             }
             own.subnet6 = Some(subnet6);
-            own.published_mac6 = ann.get(&self.names.backend_v6_data).and_then(|d| vtep_mac("backend-v6-data", d).ok());
+            own.published_mac6 =
+                ann.get(&self.names.backend_v6_data).and_then(|d| vtep_mac(Ipv6Net::BACKEND_DATA, d).ok());
             own.node_public_ipv6 = match ann.get(&self.names.node_public_ipv6) {
                 Some(ip) => Some(parse_ip::<Ipv6Net>("node-public-ipv6", ip)?),
                 None => None,
@@ -368,23 +234,28 @@ mod tests {
         })
     }
 
-    fn view(nodes: &[Value]) -> ClusterView {
+    /// The view of node "me" in 10.244.0.0/16 and, with `ipv4` and `ipv6`
+    /// as asked, fd00:10:244::/56.
+    fn view_with(ipv4: bool, ipv6: bool, nodes: &[Value]) -> ClusterView {
         let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
-        Rules { names: &names, own_name: "me", network: Some("10.244.0.0/16".parse().unwrap()), network6: None }
-            .view(nodes)
+        let network = ipv4.then(|| "10.244.0.0/16".parse().unwrap());
+        let network6 = ipv6.then(|| "fd00:10:244::/56".parse().unwrap());
+        Rules { names: &names, own_name: "me", network, network6 }.view(nodes)
     }
 
-    fn view6(nodes: &[Value]) -> ClusterView {
-        let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
-        let network6 = Some("fd00:10:244::/56".parse().unwrap());
-        Rules { names: &names, own_name: "me", network: Some("10.244.0.0/16".parse().unwrap()), network6 }.view(nodes)
+    fn view(nodes: &[Value]) -> ClusterView {
+        view_with(true, false, nodes)
+    }
+
+    fn dual_stack_view(nodes: &[Value]) -> ClusterView {
+        view_with(true, true, nodes)
     }
 
     const GOOD6: &str = r#"{"VNI":1,"VtepMAC":"ae:00:00:00:00:06"}"#;
 
     /// A dual-stack flannel node: node `n` has 10.244.<n>.0/24, fd00:10:244:<n>::/64
     /// and public addresses 198.18.0.<n>, fd00:198:18::<n>.
-    fn node6(name: &str, n: u8) -> Value {
+    fn dual_stack_node(name: &str, n: u8) -> Value {
         let mut v = node(name, &format!("10.244.{n}.0/24"), &format!("198.18.0.{n}"), GOOD);
         let a = &mut v["metadata"]["annotations"];
         a["flannel.alpha.coreos.com/backend-v6-data"] = json!(GOOD6);
@@ -500,9 +371,9 @@ mod tests {
 
     #[test]
     fn dual_stack_reads_both_halves_of_peer_and_own_node() {
-        let mut me = node6("me", 1);
+        let mut me = dual_stack_node("me", 1);
         me["metadata"]["annotations"]["flannel.alpha.coreos.com/node-public-ipv6"] = json!("fd00:198:18::a");
-        let v = view6(&[me, node6("b", 2)]);
+        let v = dual_stack_view(&[me, dual_stack_node("b", 2)]);
         let own = v.own.unwrap();
         assert_eq!(own.subnet6, Some("fd00:10:244:1::/64".parse().unwrap()));
         assert_eq!(own.published_mac6.unwrap().to_string(), "ae:00:00:00:00:06");
@@ -516,7 +387,7 @@ mod tests {
 
     #[test]
     fn ipv6_annotations_are_ignored_with_ipv6_off() {
-        let v = view(&[node6("me", 1), node6("b", 2)]);
+        let v = view(&[dual_stack_node("me", 1), dual_stack_node("b", 2)]);
         let own = v.own.unwrap();
         assert_eq!((own.subnet6, own.published_mac6, own.node_public_ipv6), (None, None, None));
         assert_eq!(v.peers[0].v6, None);
@@ -527,36 +398,36 @@ mod tests {
 
     #[test]
     fn ipv6_pod_cidr_comes_from_pod_cidr_when_the_list_is_empty() {
-        let mut b = node6("b", 2);
+        let mut b = dual_stack_node("b", 2);
         b["spec"] = json!({"podCIDR": "fd00:10:244:2::/64", "podCIDRs": []});
         // the single field holds only the IPv6 one: no IPv4 pod CIDR, rejected for that
-        let v = view6(&[b]);
+        let v = dual_stack_view(&[b]);
         assert!(v.rejected[0].reason.contains("no IPv4 pod CIDR"), "{:?}", v.rejected);
     }
 
     #[test]
     fn public_ipv6_overwrite_wins() {
-        let mut b = node6("b", 2);
+        let mut b = dual_stack_node("b", 2);
         b["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ipv6-overwrite"] = json!("2001:db8::5");
         b["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ipv6"] = json!("garbage");
-        assert_eq!(view6(&[b]).peers[0].v6.unwrap().public_ip, "2001:db8::5".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(dual_stack_view(&[b]).peers[0].v6.unwrap().public_ip, "2001:db8::5".parse::<Ipv6Addr>().unwrap());
     }
 
     #[test]
     fn a_broken_ipv6_half_drops_the_node_and_an_unusable_one_only_the_half() {
         let without = |name: &str, n: u8, key: &str| {
-            let mut v = node6(name, n);
+            let mut v = dual_stack_node(name, n);
             v["metadata"]["annotations"].as_object_mut().unwrap().remove(key);
             v
         };
         let with = |name: &str, n: u8, key: &str, value: &str| {
-            let mut v = node6(name, n);
+            let mut v = dual_stack_node(name, n);
             v["metadata"]["annotations"][key] = json!(value);
             v
         };
-        let mut v4_only = node6("v4only", 12);
+        let mut v4_only = dual_stack_node("v4only", 12);
         v4_only["spec"] = json!({"podCIDR": "10.244.12.0/24", "podCIDRs": ["10.244.12.0/24"]});
-        let mut hostbits = node6("hostbits6", 14);
+        let mut hostbits = dual_stack_node("hostbits6", 14);
         hostbits["spec"]["podCIDRs"][1] = json!("fd00:10:244:14::1/64");
         let ip6 = "flannel.alpha.coreos.com/public-ipv6";
         let data6 = "flannel.alpha.coreos.com/backend-v6-data";
@@ -572,7 +443,7 @@ mod tests {
             (hostbits, "host bits"),
         ];
         // well formed, but no IPv6 VTEP can be it: flannel would program it; only the half goes
-        let mut outside = node6("outside6", 13);
+        let mut outside = dual_stack_node("outside6", 13);
         outside["spec"]["podCIDRs"][1] = json!("fd00:99::/64");
         let half = vec![
             (with("lo6", 6, ip6, "::1"), "loopback"),
@@ -582,9 +453,13 @@ mod tests {
             (with("ours6", 10, ip6, "fd00:198:18::1"), "this node's own address"),
             (outside, "outside the network fd00:10:244::/56"),
         ];
-        let nodes: Vec<Value> =
-            whole.iter().chain(&half).map(|(n, _)| n.clone()).chain([node6("me", 1), node6("ok", 2)]).collect();
-        let v = view6(&nodes);
+        let nodes: Vec<Value> = whole
+            .iter()
+            .chain(&half)
+            .map(|(n, _)| n.clone())
+            .chain([dual_stack_node("me", 1), dual_stack_node("ok", 2)])
+            .collect();
+        let v = dual_stack_view(&nodes);
         let name = |n: &Value| n["metadata"]["name"].as_str().unwrap().to_string();
         let mut peers: Vec<(String, bool)> = v.peers.iter().map(|p| (p.node.clone(), p.v6.is_some())).collect();
         peers.sort();
@@ -606,22 +481,22 @@ mod tests {
 
     #[test]
     fn own_node_needs_an_ipv6_pod_cidr_inside_the_ipv6_network() {
-        let mut me = node6("me", 1);
+        let mut me = dual_stack_node("me", 1);
         me["spec"]["podCIDRs"][1] = json!("fd00:99:1::/64");
-        let problem = view6(&[me]).own_problem.unwrap();
+        let problem = dual_stack_view(&[me]).own_problem.unwrap();
         assert_eq!(
             problem,
             "own node me: subnet \"fd00:10:244::/56\" specified in the flannel net config doesn't contain \
              \"fd00:99:1::/64\" IPv6 PodCIDR of the \"me\" node"
         );
-        let mut me = node6("me", 1);
+        let mut me = dual_stack_node("me", 1);
         me["spec"] = json!({"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]});
-        assert!(view6(&[me]).own_problem.unwrap().contains("missing IPv6 address"));
+        assert!(dual_stack_view(&[me]).own_problem.unwrap().contains("missing IPv6 address"));
     }
 
     /// An IPv6-only flannel node, as flannel's AcquireLease leaves it: no
     /// IPv4 annotation, one IPv6 pod CIDR.
-    fn node_v6_only(name: &str, n: u8) -> Value {
+    fn ipv6_only_node(name: &str, n: u8) -> Value {
         json!({
             "metadata": {"name": name, "annotations": {
                 "flannel.alpha.coreos.com/kube-subnet-manager": "true",
@@ -633,23 +508,21 @@ mod tests {
         })
     }
 
-    fn view_v6_only(nodes: &[Value]) -> ClusterView {
-        let names = AnnotationNames::new(DEFAULT_PREFIX).unwrap();
-        let network6 = Some("fd00:10:244::/56".parse().unwrap());
-        Rules { names: &names, own_name: "me", network: None, network6 }.view(nodes)
+    fn ipv6_only_view(nodes: &[Value]) -> ClusterView {
+        view_with(false, true, nodes)
     }
 
     #[test]
     fn ipv6_only_reads_no_ipv4_and_needs_the_ipv6_half() {
-        let mut bad_ip = node_v6_only("badip", 4);
+        let mut bad_ip = ipv6_only_node("badip", 4);
         bad_ip["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ipv6"] = json!("198.18.0.4");
-        let mut link_local = node_v6_only("linklocal", 5);
+        let mut link_local = ipv6_only_node("linklocal", 5);
         link_local["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ipv6"] = json!("fe80::5");
-        let v = view_v6_only(&[
-            node_v6_only("me", 1),
-            node_v6_only("b", 2),
+        let v = ipv6_only_view(&[
+            ipv6_only_node("me", 1),
+            ipv6_only_node("b", 2),
             // a dual-stack node is read by its IPv6 half
-            node6("c", 3),
+            dual_stack_node("c", 3),
             bad_ip,
             link_local,
             node("v4only", "10.244.6.0/24", "198.18.0.6", GOOD),
@@ -672,7 +545,7 @@ mod tests {
         assert!(reason("v4only").contains("public-ipv6"), "{:?}", v.rejected);
         assert!(v.partial.is_empty(), "{:?}", v.partial);
         // our own node without an IPv6 pod CIDR
-        let v = view_v6_only(&[node("me", "10.244.1.0/24", "198.18.0.1", GOOD)]);
+        let v = ipv6_only_view(&[node("me", "10.244.1.0/24", "198.18.0.1", GOOD)]);
         assert!(v.own.is_none() && v.own_problem.unwrap().contains("IPv6"));
     }
 }

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::peer_record::{self, RecordProblem};
 use crate::{
+    family::Family,
     mac::{MacError, VtepMac},
     peer::{ClusterView, Half, Peer, Rejection},
 };
@@ -106,17 +107,19 @@ pub struct Lease {
     pub backend_type: String,
     pub vtep_mac: Option<VtepMac>,
     /// The IPv6 half, read only when asked for (dual-stack).
-    pub v6: Option<LeaseV6>,
+    pub v6: Option<LeaseHalf<Ipv6Net>>,
 }
 
-/// A lease's IPv6 half: the key's `&<v6>` part, `PublicIPv6` and
-/// `BackendV6Data.VtepMAC`, each as far as the lease has it. The IPv4
-/// half has no type of its own: flannel's lease carries it at the top
-/// (`PublicIP`, `BackendData`), and a lease without it is no lease.
+/// One family's half of a lease, each part as far as the lease has it
+/// (a part is required only when the half is taken, [`Reader::peers`]): in
+/// dual-stack the IPv6 half, the key's `&<v6>` part, `PublicIPv6` and
+/// `BackendV6Data.VtepMAC`. The IPv4 half is not one: flannel's lease
+/// carries it at the top (`PublicIP`, `BackendData`), and a lease without
+/// it is no lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeaseV6 {
-    pub subnet: Ipv6Net,
-    pub public_ip: Option<Ipv6Addr>,
+pub struct LeaseHalf<N: Family> {
+    pub subnet: N,
+    pub public_ip: Option<N::Addr>,
     pub vtep_mac: Option<VtepMac>,
 }
 
@@ -179,7 +182,7 @@ pub fn parse_lease(key: &str, value: &str, ipv6: bool) -> Result<Lease, LeaseErr
                 }
                 Some(other) => return Err(LeaseError::NotAString("PublicIPv6", other.clone())),
             };
-            Some(LeaseV6 {
+            Some(LeaseHalf {
                 subnet,
                 public_ip,
                 vtep_mac: mac_at(&v, "/BackendV6Data/VtepMAC", "BackendV6Data.VtepMAC")?,
@@ -212,7 +215,7 @@ impl Reader {
     /// dual-stack a lease with an IPv6 subnet must have its IPv6 half whole
     /// and parsing, or it is rejected (flannel's `handleSubnetEvents` skips
     /// it before programming either family); a half that parses but no IPv6
-    /// VTEP can be is left out alone ([`peer_record::checked_half6`]), and
+    /// VTEP can be is left out alone ([`peer_record::checked_half`]), and
     /// a lease without one stays an IPv4 peer. A lease of a prefix length
     /// other than `SubnetLen` (`IPv6SubnetLen`) is rejected, named by its
     /// key. `created` gives each key's create revision: when it appeared.
@@ -271,8 +274,7 @@ impl Reader {
                 let public_ip = v6.public_ip.ok_or(LeaseError::Ipv6HalfLacks("PublicIPv6"))?;
                 let mac = v6.vtep_mac.ok_or(LeaseError::Ipv6HalfLacks("BackendV6Data.VtepMAC"))?;
                 let own6: Vec<Ipv6Addr> = self.own_ip6.into_iter().collect();
-                match peer_record::checked_half6(Half { subnet: v6.subnet, public_ip, vtep_mac: mac }, network6, &own6)
-                {
+                match peer_record::checked_half(Half { subnet: v6.subnet, public_ip, vtep_mac: mac }, network6, &own6) {
                     Ok(v6) => (Some(v6), None),
                     Err(why) => (None, Some(why.to_string())),
                 }
@@ -314,7 +316,7 @@ mod tests {
     }
 
     /// The same node in dual-stack, fd00:10:244::/56.
-    fn reader6() -> Reader {
+    fn dual_stack_reader() -> Reader {
         Reader {
             network6: Some("fd00:10:244::/56".parse().unwrap()),
             own_ip6: Some("fd00:198:18::1".parse().unwrap()),
@@ -391,7 +393,7 @@ mod tests {
             ("10.244.5.0-24&fd00:10:244:4::-63".to_string(), v6("fd00:198:18::5")),
             ("10.244.6.0-24&fd00:10:244:6::-64".to_string(), v6("fd00:198:18::6")),
         ]);
-        let ClusterView { peers, rejected, .. } = reader6().peers(&leases, &BTreeMap::new());
+        let ClusterView { peers, rejected, .. } = dual_stack_reader().peers(&leases, &BTreeMap::new());
         assert_eq!(peers.len(), 1);
         assert!(rejected[0].reason.contains("IPv6SubnetLen is 64"), "{rejected:?}");
     }
@@ -471,7 +473,7 @@ mod tests {
             r#"{"PublicIP":"192.0.2.10","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":7,"VtepMAC":"02:00:00:00:00:0a"}}"#
         );
         let l = parse_lease("10.244.3.0-24&fd00:10:244:3::-64", &v, true).unwrap();
-        let want = LeaseV6 {
+        let want = LeaseHalf {
             subnet: "fd00:10:244:3::/64".parse().unwrap(),
             public_ip: Some("2001:db8::10".parse().unwrap()),
             vtep_mac: Some(mac(0xb)),
@@ -491,7 +493,7 @@ mod tests {
             // an older, IPv4-only node: still an IPv4 peer, as in flannel's etcd mode
             ("10.244.3.0-24".to_string(), value(3, false)),
         ]);
-        let ClusterView { peers: p, rejected, .. } = reader6().peers(&leases, &BTreeMap::new());
+        let ClusterView { peers: p, rejected, .. } = dual_stack_reader().peers(&leases, &BTreeMap::new());
         assert!(rejected.is_empty(), "{rejected:?}");
         assert_eq!(
             p[0].v6,
@@ -541,7 +543,7 @@ mod tests {
         ];
         let leases: BTreeMap<String, String> =
             whole.iter().chain(&half).map(|(k, v, _)| (k.to_string(), v.clone())).collect();
-        let view = reader6().peers(&leases, &BTreeMap::new());
+        let view = dual_stack_reader().peers(&leases, &BTreeMap::new());
         let peers: Vec<(&str, bool)> = view.peers.iter().map(|p| (p.node.as_str(), p.v6.is_some())).collect();
         assert_eq!(peers, half.iter().map(|(k, _, _)| (*k, false)).collect::<Vec<_>>());
         for (list, cases) in [(&view.rejected, &whole[..]), (&view.partial, &half[..])] {

@@ -12,6 +12,7 @@ pub mod flannel_rules;
 pub mod kube;
 pub mod leases;
 pub mod node_error;
+mod node_half;
 pub mod nodes_file;
 mod own_lease;
 pub mod peer_record;

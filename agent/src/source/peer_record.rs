@@ -2,11 +2,11 @@
 //! Kubernetes Node (`flannel_rules.rs`) or an etcd lease (`leases.rs`).
 //! One function for both families, so neither the sources nor the
 //! families drift apart.
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 
-use ipnet::{IpNet, Ipv6Net};
+use ipnet::IpNet;
 
-use crate::family::Family;
+use crate::{family::Family, peer::Half};
 
 /// Why a record cannot be a peer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -40,27 +40,37 @@ pub fn check<N: Family>(public_ip: N::Addr, subnet: N, network: N, own: &[N::Add
     Ok(())
 }
 
-/// A peer's IPv6 half, kept if [`check`] passes. flannel skips a peer
-/// only when a part is missing or does not parse, and would program a half
-/// that fails these checks; so only the half is dropped (`Err` says why)
-/// and the peer's IPv4 half still carries traffic.
-pub fn checked_half6(
-    v6: crate::peer::Half<ipnet::Ipv6Net>,
-    network: Ipv6Net,
-    own: &[Ipv6Addr],
-) -> Result<crate::peer::Half<ipnet::Ipv6Net>, HalfLeftOut> {
-    check(v6.public_ip, v6.subnet, network, own).map(|()| v6).map_err(HalfLeftOut)
+/// A peer's half of the family `N`, kept if [`check`] passes. flannel
+/// skips a peer only when a part is missing or does not parse, and would
+/// program a half that fails these checks; so only the half is dropped
+/// (`Err` says why) and the peer's other half still carries traffic. In
+/// dual-stack that is the IPv6 half: the IPv4 one is required.
+pub fn checked_half<N: Family>(half: Half<N>, network: N, own: &[N::Addr]) -> Result<Half<N>, HalfLeftOut> {
+    // the other family's half is the one kept
+    let (left_out, kept) = if N::V6 { ("IPv6", "IPv4") } else { ("IPv4", "IPv6") };
+    check(half.public_ip, half.subnet, network, own).map(|()| half).map_err(|problem| HalfLeftOut {
+        left_out,
+        kept,
+        problem,
+    })
 }
 
-/// Why a peer's IPv6 half is left out while its IPv4 half is kept.
+/// Why a peer's half of one family is left out while its other half is
+/// kept: in dual-stack, "IPv6 half not used, IPv4 half kept".
 #[derive(Debug, thiserror::Error)]
-#[error("IPv6 half not used, IPv4 half kept: {0}")]
-pub struct HalfLeftOut(pub RecordProblem);
+#[error("{left_out} half not used, {kept} half kept: {problem}")]
+pub struct HalfLeftOut {
+    /// The family of the half left out: `IPv4` or `IPv6`.
+    pub left_out: &'static str,
+    /// The family of the half kept.
+    pub kept: &'static str,
+    pub problem: RecordProblem,
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Ipv4Addr;
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     use ipnet::{Ipv4Net, Ipv6Net};
 
@@ -113,5 +123,19 @@ mod tests {
         assert_eq!(e.to_string(), "subnet fd00:99::/64 is outside the network fd00:10:244::/56");
         assert_eq!(check("fd00:198:18::2".parse().unwrap(), sub, net, &[me]), Ok(()));
         assert_eq!(check("fec0::2".parse().unwrap(), sub, net, &[me]), Ok(()), "fec0::/10 is not link-local");
+    }
+
+    #[test]
+    fn a_half_that_fails_the_checks_is_left_out_naming_both_families() {
+        let net: Ipv6Net = "fd00:10:244::/56".parse().unwrap();
+        let mac = "02:00:00:00:00:06".parse().unwrap();
+        let half = Half {
+            subnet: "fd00:10:244:2::/64".parse().unwrap(),
+            public_ip: "fd00:198:18::2".parse().unwrap(),
+            vtep_mac: mac,
+        };
+        assert_eq!(checked_half(half, net, &[]).ok(), Some(half));
+        let e = checked_half(Half { public_ip: "::1".parse().unwrap(), ..half }, net, &[]).unwrap_err();
+        assert!(e.to_string().starts_with("IPv6 half not used, IPv4 half kept: public IP ::1 is not a unicast"), "{e}");
     }
 }

@@ -3,10 +3,15 @@
 //! `SubnetLen`/`SubnetMin`/`SubnetMax` and their IPv6 twins, and its
 //! `allocateSubnet`, which takes both families' subnets the same way.
 //!
-//! The checks are two functions, [`subnet_range`] and [`subnet_range6`]:
-//! flannel keeps the two families' rules apart, with different defaults,
-//! bounds and messages, and the IPv4 keys are read from the raw JSON (a
-//! `SubnetLen` outside 1 to 32 is refused, not truncated).
+//! The checks are two functions, named by the keys they read:
+//! [`subnet_range`] (`SubnetLen`, `SubnetMin`, `SubnetMax`) and
+//! [`ipv6_subnet_range`] (`IPv6SubnetLen`, `IPv6SubnetMin`,
+//! `IPv6SubnetMax`). They are not one generic function because flannel
+//! keeps the two families' rules apart, with different defaults, bounds
+//! and messages, and the IPv4 keys are read from the raw JSON (a
+//! `SubnetLen` outside 1 to 32 is refused, not truncated). What both
+//! families do the same way ([`SubnetRange::fits`], [`allocate`],
+//! [`previous_subnet`]) is written once over the family.
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -60,8 +65,10 @@ impl<N: Family> SubnetRange<N> {
     }
 }
 
-/// The IPv4 subnet range of a network config; [`subnet_range6`] is its
-/// twin, as flannel keeps the two families' checks apart (see the module doc).
+/// The IPv4 subnet range of a network config, from `SubnetLen`,
+/// `SubnetMin` and `SubnetMax` with flannel's `CheckNetworkConfig`
+/// defaults; [`ipv6_subnet_range`] reads the IPv6 keys by flannel's other
+/// rules (see the module doc).
 pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange<Ipv4Net>, RangeError> {
     let v: Value = serde_json::from_str(config).map_err(RangeError::NotJson)?;
     let net = conf.network;
@@ -105,9 +112,11 @@ pub fn subnet_range(config: &str, conf: &NetConf) -> Result<SubnetRange<Ipv4Net>
     Ok(SubnetRange { len, min, max })
 }
 
-/// The IPv6 subnet range of a dual-stack network config, with flannel's
-/// `CheckNetworkConfig` defaults and its error messages word for word.
-pub fn subnet_range6(v6: &Ipv6Conf) -> Result<SubnetRange<Ipv6Net>, RangeError> {
+/// The IPv6 subnet range of a dual-stack network config, from
+/// `IPv6SubnetLen`, `IPv6SubnetMin` and `IPv6SubnetMax` (as `Ipv6Conf`
+/// holds them), with flannel's `CheckNetworkConfig` defaults and its error
+/// messages word for word.
+pub fn ipv6_subnet_range(v6: &Ipv6Conf) -> Result<SubnetRange<Ipv6Net>, RangeError> {
     let net = v6.network;
     let len = match v6.subnet_len {
         Some(l) if l > 126 => return Err(RangeError::Ipv6SubnetLenTooLong),
@@ -241,25 +250,25 @@ mod tests {
         );
     }
 
-    fn range6(conf: &str) -> Result<SubnetRange<Ipv6Net>, RangeError> {
+    fn ipv6_range(conf: &str) -> Result<SubnetRange<Ipv6Net>, RangeError> {
         let c = NetConf::parse(conf, "x").unwrap();
-        subnet_range6(&c.ipv6.unwrap())
+        ipv6_subnet_range(&c.ipv6.unwrap())
     }
 
     #[test]
     fn ipv6_subnet_range_follows_flannels_check_network_config() {
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"}"#).unwrap();
+        let r = ipv6_range(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"}"#).unwrap();
         assert_eq!(
             (r.len, r.min.to_string(), r.max.to_string()),
             (64, "fd00:10:244:1::".into(), "fd00:10:244:ff::".into())
         );
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/62"}"#).unwrap();
+        let r = ipv6_range(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/62"}"#).unwrap();
         assert_eq!(r.len, 64, "/62 still gets /64s");
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/63"}"#).unwrap();
+        let r = ipv6_range(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/63"}"#).unwrap();
         assert_eq!(r.len, 65, "beyond /62: prefix + 2");
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00::/124"}"#).unwrap();
+        let r = ipv6_range(r#"{"EnableIPv6":true,"IPv6Network":"fd00::/124"}"#).unwrap();
         assert_eq!((r.len, r.min.to_string(), r.max.to_string()), (126, "fd00::4".into(), "fd00::c".into()));
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"::/0"}"#).unwrap();
+        let r = ipv6_range(r#"{"EnableIPv6":true,"IPv6Network":"::/0"}"#).unwrap();
         assert_eq!(r.max.to_string(), "ffff:ffff:ffff:ffff::", "no overflow at /0");
         let errors = [
             (r#""IPv6Network":"fd00::/125""#, "IPv6Network is too small. Minimum useful network prefix is /124"),
@@ -286,10 +295,10 @@ mod tests {
             ),
         ];
         for (keys, want) in errors {
-            let got = range6(&format!(r#"{{"EnableIPv6":true,{keys}}}"#)).map_err(|e| e.to_string());
+            let got = ipv6_range(&format!(r#"{{"EnableIPv6":true,{keys}}}"#)).map_err(|e| e.to_string());
             assert_eq!(got, Err(want.to_string()), "{keys}");
         }
-        let r = range6(
+        let r = ipv6_range(
             r#"{"EnableIPv6":true,"IPv6Network":"fd00::/56","IPv6SubnetLen":60,"IPv6SubnetMin":"fd00:0:0:20::"}"#,
         )
         .unwrap();
@@ -298,7 +307,7 @@ mod tests {
 
     #[test]
     fn ipv6_allocation_prefers_previous_then_a_free_one_of_the_first_100() {
-        let r = range6(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"}"#).unwrap();
+        let r = ipv6_range(r#"{"EnableIPv6":true,"IPv6Network":"fd00:10:244::/56"}"#).unwrap();
         let net = |s: &str| -> Ipv6Net { s.parse().unwrap() };
         let taken = vec![net("fd00:10:244:1::/64"), net("fd00:10:244:3::/64")];
         assert_eq!(allocate(r, &taken, Some(net("fd00:10:244:9::/64")), 0), Some(net("fd00:10:244:9::/64")));

@@ -19,7 +19,9 @@ pub trait Family: Copy + Ord + Debug + Display + Default + Into<IpNet> {
     /// The netlink family its routes are dumped in (`ip -4` / `ip -6`).
     const NETLINK: AddressFamily;
     /// IPv6: no broadcast, and the `ip6tables` binary.
-    const V6: bool;
+    const IPV6: bool;
+    /// `IPv4` / `IPv6`, as flannel's network config and the logs say it.
+    const NAME: &'static str;
     /// The multicast range, as iptables spells it.
     const MULTICAST: &'static str;
     /// The binary that writes this family's firewall rules.
@@ -53,11 +55,12 @@ pub trait Family: Copy + Ord + Debug + Display + Default + Into<IpNet> {
 }
 
 macro_rules! family {
-    ($net:ty, $addr:ty, $bits:ty, $variant:ident, $netlink:ident, $v6:expr, $multicast:expr, $iptables:expr) => {
+    ($net:ty, $addr:ty, $bits:ty, $variant:ident, $netlink:ident, $v6:expr, $name:expr, $multicast:expr, $iptables:expr) => {
         impl Family for $net {
             type Addr = $addr;
             const NETLINK: AddressFamily = AddressFamily::$netlink;
-            const V6: bool = $v6;
+            const IPV6: bool = $v6;
+            const NAME: &'static str = $name;
             const MULTICAST: &'static str = $multicast;
             const IPTABLES: &'static str = $iptables;
             fn with_len(addr: $addr, len: u8) -> Option<Self> {
@@ -94,8 +97,8 @@ macro_rules! family {
         }
     };
 }
-family!(Ipv4Net, Ipv4Addr, u32, V4, Inet, false, "224.0.0.0/4", "iptables");
-family!(Ipv6Net, Ipv6Addr, u128, V6, Inet6, true, "ff00::/8", "ip6tables");
+family!(Ipv4Net, Ipv4Addr, u32, V4, Inet, false, "IPv4", "224.0.0.0/4", "iptables");
+family!(Ipv6Net, Ipv6Addr, u128, V6, Inet6, true, "IPv6", "ff00::/8", "ip6tables");
 
 /// The addresses of one type that no VTEP can have, which
 /// [`Family::not_unicast`] asks for. Written per address type, not over the

@@ -65,7 +65,7 @@ pub enum StateError {
 /// The file the VTEP MAC of the family `N` is saved in: [`MAC_FILE`] or
 /// [`MAC6_FILE`].
 pub fn mac_file<N: Family>() -> &'static str {
-    if N::V6 { MAC6_FILE } else { MAC_FILE }
+    if N::IPV6 { MAC6_FILE } else { MAC_FILE }
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StateError + use<> {
@@ -221,7 +221,11 @@ pub struct AgentRecord {
 }
 
 /// What the IPv6 VTEP was set up with (in the agent record, for `edgevx
-/// status` and cleanup).
+/// status` and cleanup). Twin of [`Record4`] because the record on disk
+/// has two shapes that earlier releases wrote and must still load: the
+/// IPv4 VTEP's fields flattened into the record under their first names,
+/// the IPv6 VTEP an object of its own with its MTU. In memory, the agent
+/// reads both through one view per family (`run/node/side.rs`, `Vtep`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record6 {
     pub device: String,

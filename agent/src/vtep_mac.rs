@@ -101,7 +101,7 @@ pub fn choose<N: Family>(
                 found = Some((m, source));
                 break;
             }
-            Some(whose) => warn!(mac = %m, node = whose, from = ?source, ipv6 = N::V6,
+            Some(whose) => warn!(mac = %m, node = whose, from = ?source, ipv6 = N::IPV6,
                 "the VTEP MAC this node would use is the one node {whose:?} publishes (a state dir or an image \
                  copied from it?): two VTEPs cannot share a MAC, so this node does not take it"),
         }
@@ -114,12 +114,12 @@ pub fn choose<N: Family>(
         && let Err(e) = state.save_mac(file, mac)
     {
         // forwarding now beats a MAC kept later: come up, and say what it costs
-        error!(%mac, file = %state.path(file).display(), ipv6 = N::V6,
+        error!(%mac, file = %state.path(file).display(), ipv6 = N::IPV6,
                 "cannot save the VTEP MAC ({e:#}); coming up with it anyway, but THE MAC WILL CHANGE AT THE \
                  NEXT BOOT unless the state dir can be written before then (free space, or repair and remount \
                  it read-write): peers cut off from the control plane then cannot reach this node");
     }
-    info!(%mac, ?source, ipv6 = N::V6, "VTEP MAC chosen");
+    info!(%mac, ?source, ipv6 = N::IPV6, "VTEP MAC chosen");
     Ok((mac, source))
 }
 

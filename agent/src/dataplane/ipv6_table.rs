@@ -4,6 +4,11 @@
 //! maps decap judges by. Reading takes them all back from the kernel; the
 //! plan and the write order are `reconcile/ipv6_entries.rs`'s.
 //!
+//! Twin of `ipv4_table.rs` by design: a family's table writer is the one
+//! place an IPv6 peer's path differs from an IPv4 peer's, because what
+//! holds the peers differs (the kernel's entries here, the programs' maps
+//! there).
+//!
 //! The device is edgevx's alone, so anything else on it is stale; on the
 //! underlay only the direct routes of programmed peers are.
 use std::net::{IpAddr, Ipv6Addr};

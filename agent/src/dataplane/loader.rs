@@ -67,8 +67,10 @@ pub const POD_GUARD: &str = "edgevx_pod_guard";
 /// On `flannel.<VNI>`'s ingress (see ebpf/src/vtep_guard.rs): drops what
 /// decap did not judge; attached after decap, which marks what it judged.
 pub const VTEP_GUARD: &str = "edgevx_vtep_guard";
-/// The VTEP guard on `flannel-v6.<VNI>`'s ingress: the same program, its
-/// link pinned under a name of its own (see [`program_of`]).
+/// The VTEP guard on `flannel-v6.<VNI>`'s ingress. Twin of [`VTEP_GUARD`]
+/// because a program attached to two devices needs two link pins: the
+/// same program, its link pinned under a name of its own (see
+/// [`program_of`]).
 pub const VTEP_GUARD6: &str = "edgevx_vtep_guard6";
 /// Every TC program, for loading, status and cleanup. The VTEP guard first:
 /// cleanup detaches in this order, and it must go before decap stops marking.

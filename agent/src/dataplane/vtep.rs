@@ -129,7 +129,7 @@ fn compatible<N: VtepFamily>(link: &LinkMessage, spec: &VtepSpec<N>) -> bool {
     let has = |want: &InfoVxlan| info.iter().any(|i| i == want);
     let foreign = |i: &InfoVxlan| match i {
         InfoVxlan::CollectMetadata(on) => *on,
-        InfoVxlan::UDPZeroCsumRX(on) | InfoVxlan::UDPZeroCsumTX(on) => N::V6 && *on,
+        InfoVxlan::UDPZeroCsumRX(on) | InfoVxlan::UDPZeroCsumTX(on) => N::IPV6 && *on,
         _ => false,
     };
     has(&InfoVxlan::Id(spec.vni))

@@ -39,7 +39,7 @@ impl Firewall {
     /// naming the binary, where it cannot be run.
     pub fn new<N: Family>() -> Result<Self> {
         let binary = N::IPTABLES;
-        let mut ipt = iptables::new(N::V6).map_err(err(format!("cannot run {binary} (is it installed?)")))?;
+        let mut ipt = iptables::new(N::IPV6).map_err(err(format!("cannot run {binary} (is it installed?)")))?;
         // never reverse-resolve addresses: without DNS (an edge node cut off
         // from the cloud) a plain `iptables -L` blocks for seconds or forever
         ipt.set_numeric(true);

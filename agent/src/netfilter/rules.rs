@@ -67,7 +67,7 @@ pub struct Settings {
 /// broadcast, and its multicast is ff00::/8.
 pub fn plan<N: Family>(network: N, subnet: N, settings: &Settings) -> RuleSet {
     let Settings { vxlan_port, ip_masq, forward, vxlan_only_on } = settings;
-    let mut chains = vec![vxlan_guard(*vxlan_port, N::V6, vxlan_only_on.as_deref())];
+    let mut chains = vec![vxlan_guard(*vxlan_port, N::IPV6, vxlan_only_on.as_deref())];
     let (n, s, m) = (network.to_string(), subnet.to_string(), N::MULTICAST);
     if *ip_masq {
         chains.push(Chain {

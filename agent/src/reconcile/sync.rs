@@ -44,7 +44,7 @@ pub async fn sync<T: PeerTable>(
     let (want, skipped) = table.plan(&peers, &on_link);
     let planned = t.elapsed();
     let outcome = table.write(&have, &want).await;
-    debug!(ipv6 = T::Family::V6, observe_and_plan_ms = planned.as_millis() as u64, "peer table pass");
+    debug!(ipv6 = T::Family::IPV6, observe_and_plan_ms = planned.as_millis() as u64, "peer table pass");
     // every write went through and none was held back: the kernel now
     // holds `want`, until the next event or resync says otherwise
     known.keep(want, on_link, direct_routing, outcome.complete());

@@ -25,8 +25,6 @@ use crate::{
 /// Where a family's settings are in the network config, the view of our
 /// own node and the flags.
 pub(super) trait StackFamily: VtepFamily {
-    /// `IPv4` / `IPv6`, as the network config's `Enable...` says it.
-    const NAME: &'static str;
     /// The family's pod network, when the network config has it on
     /// (`EnableIPv4` with `Network`, `EnableIPv6` with `IPv6Network`).
     fn network(conf: &NetConf) -> Option<Self>;
@@ -39,7 +37,6 @@ pub(super) trait StackFamily: VtepFamily {
 }
 
 impl StackFamily for Ipv4Net {
-    const NAME: &'static str = "IPv4";
     fn network(conf: &NetConf) -> Option<Self> {
         conf.ipv4.then_some(conf.network)
     }
@@ -52,7 +49,6 @@ impl StackFamily for Ipv4Net {
 }
 
 impl StackFamily for Ipv6Net {
-    const NAME: &'static str = "IPv6";
     fn network(conf: &NetConf) -> Option<Self> {
         conf.ipv6.as_ref().map(|v6| v6.network)
     }
@@ -91,7 +87,7 @@ pub(super) fn prepare<N: StackFamily>(
     })?;
     let (mac, _) = vtep_mac::choose::<N>(published_mac, state, others)?;
     let public_ip = config::public_ip::<N>(N::flag(&c.args), node_public_ip, underlay).with_context(|| {
-        let (kind, suffix) = if N::V6 { ("global IPv6", "v6") } else { ("IPv4", "") };
+        let (kind, suffix) = if N::IPV6 { ("global IPv6", "v6") } else { ("IPv4", "") };
         format!(
             "{name} is on (Enable{name}), but {} has no usable {kind} address: add one, or give \
              --public-ip{suffix} (or the node-public-ip{suffix} annotation)",

@@ -60,7 +60,7 @@ pub enum NodeError {
 
 /// The address of the family `N` in `text`; `what` names the annotation.
 pub(super) fn parse_ip<N: Family>(what: &'static str, text: &str) -> Result<N::Addr, NodeError> {
-    let family = if N::V6 { "IPv6" } else { "IPv4" };
+    let family = N::NAME;
     text.parse::<IpAddr>().ok().and_then(N::of).ok_or_else(|| NodeError::BadAddress {
         what,
         text: text.to_string(),

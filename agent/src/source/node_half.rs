@@ -149,7 +149,7 @@ fn pod_cidr_texts(node: &Value) -> Vec<&str> {
 /// it: an IPv6 one has a colon, an IPv4 one none.
 pub(super) fn pod_cidr<N: NodeFamily>(node: &Value) -> Result<N, NodeError> {
     let texts = pod_cidr_texts(node);
-    let text = texts.iter().find(|t| t.contains(':') == N::V6).ok_or_else(|| N::no_pod_cidr(&texts))?;
+    let text = texts.iter().find(|t| t.contains(':') == N::IPV6).ok_or_else(|| N::no_pod_cidr(&texts))?;
     let net: N = text.parse().map_err(|_| N::bad_pod_cidr(text))?;
     // host bits set: the prefix's own address differs
     if N::with_len(net.network_addr(), net.prefix_length()) != Some(net) {

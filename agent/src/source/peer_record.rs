@@ -47,7 +47,7 @@ pub fn check<N: Family>(public_ip: N::Addr, subnet: N, network: N, own: &[N::Add
 /// dual-stack that is the IPv6 half: the IPv4 one is required.
 pub fn checked_half<N: Family>(half: Half<N>, network: N, own: &[N::Addr]) -> Result<Half<N>, HalfLeftOut> {
     // the other family's half is the one kept
-    let (left_out, kept) = if N::V6 { ("IPv6", "IPv4") } else { ("IPv4", "IPv6") };
+    let (left_out, kept) = if N::IPV6 { ("IPv6", "IPv4") } else { ("IPv4", "IPv6") };
     check(half.public_ip, half.subnet, network, own).map(|()| half).map_err(|problem| HalfLeftOut {
         left_out,
         kept,

@@ -184,7 +184,7 @@ pub fn allocate<N: Family>(range: SubnetRange<N>, taken: &[N], previous: Option<
 /// (`fd00:10:244:5::1/64` -> `fd00:10:244:5::/64`), masked as Go's
 /// `net.ParseCIDR` does.
 pub fn previous_subnet<N: Family>(subnet_env: &str) -> Option<N> {
-    let key = if N::V6 { "FLANNEL_IPV6_SUBNET=" } else { "FLANNEL_SUBNET=" };
+    let key = if N::IPV6 { "FLANNEL_IPV6_SUBNET=" } else { "FLANNEL_SUBNET=" };
     let line = subnet_env.lines().find_map(|l| l.strip_prefix(key))?;
     let net = line.trim().parse::<ipnet::IpNet>().ok()?.trunc();
     N::with_len(N::of(net.network())?, net.prefix_len())

@@ -212,7 +212,11 @@ pub struct Vtep4 {
     pub network: Option<Ipv4Net>,
 }
 
-/// The IPv6 VTEP, `flannel-v6.<VNI>`.
+/// The IPv6 VTEP, `flannel-v6.<VNI>`. Twin of [`Vtep4`] because the
+/// document's schema (version 1) has two shapes: the IPv4 VTEP's fields at
+/// the top level under the names of the first release, the IPv6 VTEP an
+/// object `vtep6` with its own names and its MTU. One type would change
+/// the document.
 #[derive(Debug, Serialize)]
 pub struct Vtep6 {
     /// The device, `flannel-v6.<VNI>`.
@@ -329,7 +333,7 @@ pub struct PeerStatus {
     #[serde(flatten)]
     pub counters: Option<PeerCounters>,
     /// A dual-stack peer's IPv6 half (`None` otherwise).
-    pub v6: Option<PeerV6>,
+    pub v6: Option<Ipv6HalfStatus>,
 }
 
 /// How a peer's pods are reached.
@@ -378,7 +382,7 @@ pub struct PeerCounters {
 
 /// A dual-stack peer's IPv6 half.
 #[derive(Debug, Serialize)]
-pub struct PeerV6 {
+pub struct Ipv6HalfStatus {
     /// Its IPv6 pod subnet.
     pub subnet: Ipv6Net,
     /// Its IPv6 underlay address, its IPv6 VTEP's.

@@ -120,7 +120,7 @@ fn configured(records: &Records, kernel: &Kernel) -> BroughtUp {
         bridge_attached: kernel.bridge_attached,
         attach: rec.attach,
         iface: rec.iface.clone(),
-        vtep: vtep4(rec.v4.as_ref()),
+        vtep: Vtep4::from(rec.v4.as_ref()),
         vni: rec.vni,
         port: rec.port,
         mtu: rec.mtu,
@@ -137,30 +137,34 @@ fn configured(records: &Records, kernel: &Kernel) -> BroughtUp {
         },
         startup: records.startup.clone(),
         counters: kernel.counters.clone(),
-        vtep6: rec.v6.as_ref().map(vtep6),
+        vtep6: rec.v6.as_ref().map(Vtep6::from),
     }
 }
 
 /// The IPv4 VTEP the agent recorded (every field null in an IPv6-only network).
-fn vtep4(v4: Option<&Record4>) -> Vtep4 {
-    Vtep4 {
-        vtep_device: v4.map(|v4| v4.vtep_device.clone()),
-        vtep_mac: v4.map(|v4| v4.vtep_mac),
-        public_ip: v4.map(|v4| v4.public_ip),
-        subnet: v4.map(|v4| v4.subnet),
-        network: v4.map(|v4| v4.network),
+impl From<Option<&Record4>> for Vtep4 {
+    fn from(v4: Option<&Record4>) -> Self {
+        Vtep4 {
+            vtep_device: v4.map(|v4| v4.vtep_device.clone()),
+            vtep_mac: v4.map(|v4| v4.vtep_mac),
+            public_ip: v4.map(|v4| v4.public_ip),
+            subnet: v4.map(|v4| v4.subnet),
+            network: v4.map(|v4| v4.network),
+        }
     }
 }
 
 /// The IPv6 VTEP the agent recorded.
-fn vtep6(v6: &Record6) -> Vtep6 {
-    Vtep6 {
-        device: v6.device.clone(),
-        mac: v6.mac,
-        public_ip: v6.public_ip,
-        subnet: v6.subnet,
-        network: v6.network,
-        mtu: v6.mtu,
+impl From<&Record6> for Vtep6 {
+    fn from(v6: &Record6) -> Self {
+        Vtep6 {
+            device: v6.device.clone(),
+            mac: v6.mac,
+            public_ip: v6.public_ip,
+            subnet: v6.subnet,
+            network: v6.network,
+            mtu: v6.mtu,
+        }
     }
 }
 

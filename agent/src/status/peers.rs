@@ -9,7 +9,7 @@ use std::{
 use edgevx_common::maps::{Peer as PeerEntry, PeerStats};
 use ipnet::{Ipv4Net, Ipv6Net};
 
-use super::document::{PeerCounters, PeerStatus, PeerV6, Route};
+use super::document::{Ipv6HalfStatus, PeerCounters, PeerStatus, Route};
 use crate::{peer::Peer, reconcile::Accept};
 
 /// What the kernel holds, read once for every peer.
@@ -41,9 +41,9 @@ fn counters(s: PeerStats) -> PeerCounters {
 }
 
 /// The IPv6 half of `p`, or `None`.
-fn v6(p: &Peer, seen: &Seen) -> Option<PeerV6> {
+fn ipv6_half(p: &Peer, seen: &Seen) -> Option<Ipv6HalfStatus> {
     let h = p.v6.as_ref()?;
-    Some(PeerV6 {
+    Some(Ipv6HalfStatus {
         subnet: h.subnet,
         public_ip: h.public_ip,
         vtep_mac: h.vtep_mac,
@@ -83,6 +83,6 @@ pub(super) fn status(p: &Peer, seen: &Seen) -> PeerStatus {
         route: if seen.direct.get(&p4.subnet) == Some(&p4.public_ip) { Route::Direct } else { Route::Vxlan },
         counters: Some(counters(seen.stats.get(&p4.public_ip).copied().unwrap_or_default())),
         // a dual-stack peer's other half
-        v6: v6(p, seen),
+        v6: ipv6_half(p, seen),
     }
 }

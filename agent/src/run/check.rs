@@ -21,7 +21,7 @@ use crate::{
     dataplane::{bpffs, device},
     netconf::NetConf,
     source::{etcd_settings::EtcdSettings, kube},
-    state::{self, AGENT_FILE, MAC_FILE, PEERS_FILE, StateDir},
+    state::{self, AGENT_FILE, MAC_FILE, MAC6_FILE, PEERS_FILE, StateDir},
 };
 
 /// Where desired state comes from.
@@ -188,7 +188,7 @@ fn check_files(args: &RunArgs) -> Result<()> {
     let state = StateDir(args.paths.state_dir.clone());
     let refuse = |e: state::StateError| usage(e.to_string());
     state.check().map_err(refuse)?;
-    for name in [MAC_FILE, PEERS_FILE, AGENT_FILE, VIEW_FILE, crate::owner::OWNER_FILE] {
+    for name in [MAC_FILE, MAC6_FILE, PEERS_FILE, AGENT_FILE, VIEW_FILE, crate::owner::OWNER_FILE] {
         state::check_target(&state.path(name)).map_err(refuse)?;
     }
     let subnet_file = &args.subnet_file;

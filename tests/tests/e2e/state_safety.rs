@@ -43,16 +43,19 @@ fn a_symlinked_state_file_or_subnet_env_is_refused_and_its_target_untouched() ->
     let victim = c.dir.join("victim");
     std::fs::write(&victim, "root-owned file an attacker wants overwritten\n")?;
 
-    // 1. a link where the VTEP MAC is saved
+    // 1. a link where a VTEP MAC is saved (either family's: the IPv6 one is
+    // refused before anything starts too, IPv6 on or not)
     std::fs::create_dir_all(h.state_dir())?;
-    let mac_file = h.state_dir().join("vtep-mac");
-    symlink(&victim, &mac_file)?;
-    let out = run_once(h, &nodes)?;
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains(&mac_file.display().to_string()) && err.contains("symlink"), "{err}");
-    assert_untouched(h);
-    std::fs::remove_file(&mac_file)?;
+    for name in ["vtep-mac", "vtep-mac6"] {
+        let mac_file = h.state_dir().join(name);
+        symlink(&victim, &mac_file)?;
+        let out = run_once(h, &nodes)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(&mac_file.display().to_string()) && err.contains("symlink"), "{err}");
+        assert_untouched(h);
+        std::fs::remove_file(&mac_file)?;
+    }
 
     // 2. a link (here dangling: the file would be created) where subnet.env goes
     let planted = c.dir.join("planted-by-attacker");

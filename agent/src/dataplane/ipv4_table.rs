@@ -61,9 +61,8 @@ impl PeerTable for Ipv4MapTable<'_> {
         Ok((Ipv4Maps { routes: table.via(self.vtep_index).collect(), direct, subnets, accept }, on_link))
     }
 
-    /// The peer's IPv4 subnet is in the LPM map, to its public IP.
     fn holds(&self, have: &Ipv4Maps, p: &Peer) -> bool {
-        p.v4.is_some_and(|v4| have.subnets.get(&v4.subnet).is_some_and(|t| t.public_ip == v4.public_ip))
+        ipv4_maps::holds(have, p)
     }
 
     fn plan(&self, peers: &[Peer], on_link: &OnLink) -> (Ipv4Maps, Vec<Rejection>) {

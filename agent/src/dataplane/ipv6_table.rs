@@ -77,9 +77,8 @@ impl PeerTable for Ipv6EntryTable<'_> {
         Ok((have, on_link))
     }
 
-    /// The peer's public IPv6 is in the IPv6 accept map.
     fn holds(&self, have: &Ipv6Entries, p: &Peer) -> bool {
-        p.v6.is_some_and(|v6| have.accept.contains_key(&v6.public_ip))
+        ipv6_entries::holds(have, p)
     }
 
     fn plan(&self, peers: &[Peer], on_link: &OnLink<Ipv6Net>) -> (Ipv6Entries, Vec<Rejection>) {

@@ -85,6 +85,13 @@ pub fn plan(peers: &[Peer], network: Ipv4Net, on_link: &OnLink) -> Ipv4Maps {
     }
 }
 
+/// Whether `have` already holds `p`: its IPv4 subnet is in the LPM map,
+/// to its public IP. Over the capacity, such a peer stays ahead of one not
+/// in yet.
+pub fn holds(have: &Ipv4Maps, p: &Peer) -> bool {
+    p.v4.is_some_and(|v4| have.subnets.get(&v4.subnet).is_some_and(|t| t.public_ip == v4.public_ip))
+}
+
 /// One accept entry per public IP, of either family, for `halves`
 /// (public IP, pod CIDR, exempt). Entries that share a public IP (a node
 /// with more than one subnet, or two nodes claiming one address: both are
@@ -305,6 +312,18 @@ mod tests {
         assert!(c.del_subnets.is_empty());
         assert_eq!(c.del_accept, ["198.18.0.2".parse::<Ipv4Addr>().unwrap()]);
         assert!(c.put_routes.is_empty() && c.del_routes.is_empty());
+    }
+
+    #[test]
+    fn a_peer_is_held_by_its_subnet_to_its_public_ip() {
+        let have = plan(&[peer("a", "10.244.2.0/24", "198.18.0.2")], net(), &none());
+        assert!(holds(&have, &peer("a", "10.244.2.0/24", "198.18.0.2")));
+        assert!(holds(&have, &peer("renamed", "10.244.2.0/24", "198.18.0.2")), "the entry, not the name");
+        assert!(!holds(&have, &peer("a", "10.244.2.0/24", "198.18.0.9")), "another public IP is not held");
+        assert!(!holds(&have, &peer("b", "10.244.3.0/24", "198.18.0.2")));
+        let mut v6_only = peer("c", "10.244.2.0/24", "198.18.0.2");
+        v6_only.v4 = None;
+        assert!(!holds(&have, &v6_only));
     }
 
     #[test]

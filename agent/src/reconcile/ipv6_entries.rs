@@ -108,6 +108,13 @@ pub fn plan(peers: &[Peer], own: Ipv6Addr, on_link: &OnLink<Ipv6Net>) -> (Ipv6En
     (t, skipped)
 }
 
+/// Whether `have` already holds `p`: its public IPv6 is in the IPv6 accept
+/// map. Over the capacity (an IPv6-only network), such a peer stays ahead
+/// of one not in yet.
+pub fn holds(have: &Ipv6Entries, p: &Peer) -> bool {
+    p.v6.is_some_and(|v6| have.accept.contains_key(&v6.public_ip))
+}
+
 /// Which of the peers through the device lose their v6 VtepMAC to another
 /// peer's at a different address (`true` at their index), each skipped
 /// with its reason into `skipped`.

@@ -132,6 +132,17 @@ fn both_maps_hold_every_peer_but_one_claiming_our_address() {
     assert!(!t.accept.contains_key(&OWN));
 }
 
+#[test]
+fn a_peer_is_held_by_its_public_ipv6_in_the_accept_map() {
+    let a = peer("a", "fd00:10:244:2::/64", "fd00:198:18:1::2", "02:66:00:00:00:02");
+    let (have, _) = plan(std::slice::from_ref(&a), OWN, &OnLink::default());
+    assert!(holds(&have, &a));
+    let elsewhere = peer("a", "fd00:10:244:2::/64", "fd00:198:18:1::9", "02:66:00:00:00:02");
+    assert!(!holds(&have, &elsewhere));
+    let v4_only = Peer { v6: None, ..a };
+    assert!(!holds(&have, &v4_only));
+}
+
 /// A writer in memory that logs each write and can fail one.
 #[derive(Default)]
 struct Fake {

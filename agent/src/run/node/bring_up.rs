@@ -17,7 +17,7 @@ use super::{
     side::{Side, SideFamily, Sides},
 };
 use crate::{
-    dataplane::{bpffs, device, fast_path, features::Features, guard, loaded::Loaded, loader, maps::Maps},
+    dataplane::{bpffs, device, fast_path, features::Features, guard, loaded::Loaded, loader, maps::Maps, vtep},
     metrics::startup::{Milestone, Startup},
     netconf::NetConf,
     netfilter,
@@ -77,34 +77,37 @@ pub(in crate::run) async fn bring_up(
     let mtu = plans.mtu(conf, underlay.mtu);
     // restore first: subnet.env before anything else, so the CNI adds pods at
     // once (after a reboot /run is empty); it says only what is decided by now
-    subnet_env::write(
-        &c.args.subnet_file,
-        plans.v4.as_ref().map(|p| (p.network, p.subnet)),
-        plans.v6.as_ref().map(|p| (p.network, p.subnet)),
-        mtu,
-        c.args.ip_masq,
-    )
-    .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))?;
+    write_subnet_env(c, &plans, mtu)?;
     startup.reached(Milestone::SubnetEnv, Instant::now());
     let Shared { pins, ebpf, features, rules } = load(c, conf)?;
-    // the IPv4 side before the config map, which names its VTEP
-    let v4 = bring_up_side(&plans.v4, &rules, conf.vni, handle, startup).await?;
+    // the IPv4 VTEP before the config map, which names it
+    let index4 = match &plans.v4 {
+        Some(p) => Some(vtep_up(p, handle, startup).await?),
+        None => {
+            vtep_plan::remove_leftovers::<Ipv4Net>(handle, conf.vni).await?;
+            None
+        }
+    };
     let mut maps = Maps::open(&pins)?;
     // the pods learned by an earlier run may sit on a bridge our program is
     // not attached to yet; they come back at the first learning pass
     maps.sync_local_pods(&Default::default())?;
-    maps.set_config(&config(c, conf, &plans, v4.as_ref().map(|s| s.index)))?;
-    // the fast path is optional: whatever fails there leaves it off and says why
-    let (fast_path, fast_path_tasks) = match fast_path::state(c.args.fast_path, &features.conntrack) {
-        Ok(()) if plans.v4.is_none() => (Err("off: no IPv4 overlay".to_string()), None),
-        state => crate::run::fast_path::start(&pins, state, c.args.fast_path_test_ignore_liberal),
-    };
-    match &fast_path {
-        Ok(()) => info!("fast path on: established plain flows from peers' pods skip the host stack"),
-        Err(why) => info!(state = %why, "fast path off"),
+    if plans.v6.is_none() {
+        // before the config map says IPv6 is off: no socket of an old flannel-v6 left to take IPv6 VXLAN
+        vtep_plan::remove_leftovers::<Ipv6Net>(handle, conf.vni).await?;
     }
+    maps.set_config(&config(c, conf, &plans, index4))?;
+    let (fast_path, fast_path_tasks) = start_fast_path(c, &features, &pins, plans.v4.is_some());
     // only now that the programs judge IPv6 VXLAN: the device's socket
-    let v6 = bring_up_side(&plans.v6, &rules, conf.vni, handle, startup).await?;
+    let v6 = match &plans.v6 {
+        Some(p) => Some(Side::new(vtep_up(p, handle, startup).await?, p, &rules)?),
+        None => None,
+    };
+    // each family's firewall chains once its VTEP is up, the IPv4 ones last as ever
+    let v4 = match (index4, &plans.v4) {
+        (Some(index), Some(p)) => Some(Side::new(index, p, &rules)?),
+        _ => None,
+    };
     let record = agent_record(c, conf, &plans, mtu, &fast_path, &features);
     // best effort (records.rs): a full or read-only state dir never stops the bring-up
     state.save_agent(&record);
@@ -131,26 +134,48 @@ pub(in crate::run) async fn bring_up(
     })
 }
 
-/// The family's side as `plan` says, or what an earlier run left of it
-/// removed when the family is off.
-async fn bring_up_side<N: SideFamily>(
-    plan: &Option<Plan<N>>,
-    rules: &netfilter::Settings,
-    vni: u32,
-    handle: &Handle,
-    startup: &Startup,
-) -> Result<Option<Side<N>>> {
-    let Some(plan) = plan else {
-        vtep_plan::remove_leftovers::<N>(handle, vni).await?;
-        return Ok(None);
+/// subnet.env with what is decided before anything is created.
+fn write_subnet_env(c: &Checked, plans: &Plans, mtu: u32) -> Result<()> {
+    subnet_env::write(
+        &c.args.subnet_file,
+        plans.v4.as_ref().map(|p| (p.network, p.subnet)),
+        plans.v6.as_ref().map(|p| (p.network, p.subnet)),
+        mtu,
+        c.args.ip_masq,
+    )
+    .with_context(|| format!("cannot write {}", c.args.subnet_file.display()))
+}
+
+/// The fast path, on where the kernel and the flags allow it (only with an
+/// IPv4 overlay): whatever fails there leaves it off and says why.
+fn start_fast_path(
+    c: &Checked,
+    features: &Features,
+    pins: &bpffs::PinDir,
+    ipv4: bool,
+) -> (Result<(), String>, Option<crate::run::fast_path::FastPathTasks>) {
+    let (state, tasks) = match fast_path::state(c.args.fast_path, &features.conntrack) {
+        Ok(()) if !ipv4 => (Err("off: no IPv4 overlay".to_string()), None),
+        state => crate::run::fast_path::start(pins, state, c.args.fast_path_test_ignore_liberal),
     };
-    let side = Side::up(plan, rules, handle).await?;
+    match &state {
+        Ok(()) => info!("fast path on: established plain flows from peers' pods skip the host stack"),
+        Err(why) => info!(state = %why, "fast path off"),
+    }
+    (state, tasks)
+}
+
+/// The family's VTEP device as `plan` says, with its address; returns its
+/// ifindex.
+async fn vtep_up<N: SideFamily>(plan: &Plan<N>, handle: &Handle, startup: &Startup) -> Result<u32> {
+    let index = vtep::ensure_vtep(handle, &plan.spec).await?;
+    vtep::ensure_address(handle, index, plan.subnet, plan.network).await?;
     let spec = &plan.spec;
     info!(family = N::NAME, device = %spec.name, mac = %spec.mac, public_ip = %spec.local, subnet = %plan.subnet,
         mtu = spec.mtu, "VTEP ready");
     // the first family's (dual-stack: flannel.<VNI>; IPv6-only, flannel-v6.<VNI>)
     startup.reached(Milestone::VtepUp, Instant::now());
-    Ok(Some(side))
+    Ok(index)
 }
 
 /// The pin dir, the kernel's features, the programs loaded (not

@@ -212,12 +212,10 @@ pub(super) struct Side<N: SideFamily> {
 }
 
 impl<N: SideFamily> Side<N> {
-    /// Brings up the family's VTEP as `plan` says, with its address and its
-    /// firewall chains (always: the broadcast and multicast VXLAN guard is
-    /// in the rule set whatever the flags).
-    pub(super) async fn up(plan: &Plan<N>, rules: &netfilter::Settings, handle: &Handle) -> Result<Self> {
-        let index = vtep::ensure_vtep(handle, &plan.spec).await?;
-        vtep::ensure_address(handle, index, plan.subnet, plan.network).await?;
+    /// The side of the family's VTEP, up at `index` as `plan` says, with its
+    /// firewall chains installed (always: the broadcast and multicast VXLAN
+    /// guard is in the rule set whatever the flags).
+    pub(super) fn new(index: u32, plan: &Plan<N>, rules: &netfilter::Settings) -> Result<Self> {
         let firewall = netfilter::Firewall::new::<N>()?;
         firewall
             .apply(&netfilter::plan(plan.network, plan.subnet, rules))

@@ -104,6 +104,11 @@ fn peer(node: &str, v4: Option<(&str, &str, &str)>, v6: Option<(&str, &str, &str
 }
 
 fn dual_stack() -> (String, String) {
+    dual_stack_with(|_| {})
+}
+
+/// The dual-stack node of the snapshot, its kernel's answers changed by `edit`.
+fn dual_stack_with(edit: impl FnOnce(&mut Kernel)) -> (String, String) {
     let source =
         SourceState { name: "kube".into(), connected: true, watching: true, since: 1_000, view_at: Some(1_500) };
     let agent = agent::section(Some(&holder("forwarding", Some(source))), 2_000);
@@ -131,7 +136,7 @@ fn dual_stack() -> (String, String) {
             PeerStats { tx_packets: 10, tx_bytes: 1_500, rx_packets: 20, rx_bytes: 3_000, tx_errors: 1 },
         )]),
     };
-    let kernel = Kernel {
+    let mut kernel = Kernel {
         vtep4_on: true,
         vtep6_on: true,
         decap: Some(Place::Behind(vec![Foreign { id: Some(77), name: Some("other_fw".into()), filter: None }])),
@@ -142,6 +147,7 @@ fn dual_stack() -> (String, String) {
         peers: seen,
         xdp_judge: parse(r#"{"choice": "auto", "attached": true, "mode": "native", "reason": null}"#),
     };
+    edit(&mut kernel);
     let records = Records {
         rec: record(Some(record4()), Some(record6())),
         peers,
@@ -192,6 +198,15 @@ fn a_dual_stack_node_prints_as_its_snapshot() {
     let (json, table) = dual_stack();
     assert_eq!(json, include_str!("snapshots/dual_stack.json"));
     assert_eq!(table, include_str!("snapshots/dual_stack.txt"));
+}
+
+#[test]
+fn either_familys_vtep_program_missing_means_not_attached() {
+    let attached = |json: &str| json.contains("\"dataplane_attached\": true");
+    assert!(attached(&dual_stack().0), "the snapshot's node is attached");
+    assert!(!attached(&dual_stack_with(|k| k.vtep6_on = false).0), "the IPv6 guard gone");
+    assert!(!attached(&dual_stack_with(|k| k.vtep4_on = false).0), "the IPv4 encap or guard gone");
+    assert!(!attached(&dual_stack_with(|k| k.decap = None).0), "decap gone");
 }
 
 #[test]

@@ -11,7 +11,10 @@
 //!
 //! The device is edgevx's alone, so anything else on it is stale; on the
 //! underlay only the direct routes of programmed peers are.
-use std::net::{IpAddr, Ipv6Addr};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv6Addr},
+};
 
 use anyhow::{Context, Result};
 use futures::TryStreamExt;
@@ -67,8 +70,8 @@ impl PeerTable for Ipv6EntryTable<'_> {
         // programmed peer's address or to a programmed peer's subnet:
         // anyone else's route into the Network through the underlay is left alone
         let accept = &have.accept;
-        let programmed =
-            |dst: &Ipv6Net, gw: &Ipv6Addr| accept.contains_key(gw) || accept.values().any(|a| a.subnet == *dst);
+        let subnets: BTreeSet<Ipv6Net> = accept.values().map(|a| a.subnet).collect();
+        let programmed = |dst: &Ipv6Net, gw: &Ipv6Addr| accept.contains_key(gw) || subnets.contains(dst);
         have.direct = table.direct(self.underlay, self.network).filter(|(dst, gw)| programmed(dst, gw)).collect();
         let on_link = match direct_routing {
             true => OnLink::new(table.hops(self.underlay), self.network),

@@ -192,7 +192,7 @@ pub fn diff(want: &Ipv6Entries, have: &Ipv6Entries) -> EntryChanges {
     let (put_owners, del_owners) = diff_map(&want.owners, &have.owners);
     let (put_accept, del_accept) = diff_map(&want.accept, &have.accept);
     let (put_neigh, del_neigh) = diff_map(&want.neigh, &have.neigh);
-    let (put_routes, del_routes) = diff_map(&want.routes, &have.routes);
+    let (_, del_routes) = diff_map(&want.routes, &have.routes);
     let (put_direct, del_direct) = diff_map(&want.direct, &have.direct);
     let to_device = want
         .routes
@@ -201,7 +201,7 @@ pub fn diff(want: &Ipv6Entries, have: &Ipv6Entries) -> EntryChanges {
             subnet: *net,
             gateway: *gw,
             direct_first: have.direct.get(net).copied(),
-            write: put_routes.iter().any(|(n, _)| n == net),
+            write: have.routes.get(net) != Some(gw),
         })
         .filter(|t| t.write || t.direct_first.is_some())
         .collect();

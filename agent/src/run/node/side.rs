@@ -157,7 +157,6 @@ impl SideFamily for Ipv6Net {
 }
 
 /// The node's sides: one per family the network config has on.
-#[derive(Default)]
 pub(super) struct Sides {
     pub(super) v4: Option<Side<Ipv4Net>>,
     pub(super) v6: Option<Side<Ipv6Net>>,
